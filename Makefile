@@ -1,0 +1,35 @@
+# Two commands do all set-up: `make train` and `make test` create .venv and install pinned versions first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.seqlab-installed
+PORT ?= 5000
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install train test ui clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@echo "  pass options with ARGS, e.g. make train ARGS='data.batch_size=128 trainer.accelerator=cpu'"
+
+install: $(STAMP) ## create .venv and install the project with pinned versions (requirements.lock)
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@touch $@
+
+train: $(STAMP) ## train the default experiment (override anything with ARGS='key=value ...')
+	$(PY) train.py $(ARGS)
+
+test: $(STAMP) ## run the test suite
+	$(PY) -m pytest $(ARGS)
+
+ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:$(PORT)
+	@mkdir -p mlruns/artifacts
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
+		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
+
+clean: ## remove Hydra output folders (keeps mlruns/ and .venv)
+	rm -rf logs outputs multirun .pytest_cache
