@@ -1,0 +1,74 @@
+"""What a task knows about the Hydra job it runs in, and the small files that connect a
+multirun's jobs to their sweep: `sweep.json` (written once by the sweep callback) and one
+`seqlab_job.json` per job (written by the job, read back for the sweep summary). Files, not
+in-memory state, so that launchers running jobs in other processes work the same way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+SWEEP_FILE = "sweep.json"
+JOB_FILE = "seqlab_job.json"
+
+
+@dataclass
+class Job:
+    output_dir: Path
+    overrides: list[str] = field(default_factory=list)
+    sweep_dir: Optional[Path] = None  # set in a multirun
+    num: Optional[int] = None
+
+    @property
+    def multirun(self) -> bool:
+        return self.sweep_dir is not None
+
+    @classmethod
+    def from_hydra(cls, cfg: DictConfig) -> "Job":
+        """The current Hydra job; outside Hydra (tests, notebooks) a single run in
+        cfg.paths.output_dir."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        output_dir = Path(cfg.paths.output_dir)
+        if not HydraConfig.initialized():
+            return cls(output_dir)
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        if hc.mode == RunMode.MULTIRUN:
+            return cls(output_dir, overrides, Path(hc.sweep.dir), hc.job.num)
+        return cls(output_dir, overrides)
+
+    def sweep_info(self) -> dict[str, Any]:
+        if self.sweep_dir is None:
+            return {}
+        path = self.sweep_dir / SWEEP_FILE
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@dataclass
+class JobResult:
+    status: str  # RUNNING | FINISHED | FAILED | KILLED
+    job: Optional[int] = None
+    overrides: list[str] = field(default_factory=list)
+    run_id: Optional[str] = None
+    run_name: Optional[str] = None
+    accelerator: Optional[str] = None
+    batch_size: Optional[int] = None
+    it_per_s: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    val_rmse: Optional[float] = None
+    val_rmse_baseline: Optional[float] = None
+    reason: Optional[str] = None
+
+    def write(self, output_dir: Path) -> None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / JOB_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> "JobResult":
+        return cls(**json.loads(path.read_text()))

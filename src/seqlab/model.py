@@ -1,0 +1,65 @@
+"""The CNN-LSTM of the MATLAB seed as a plain nn.Module, and its two weight initialisations.
+
+Input (batch, steps, features) -> Conv1d along time (features are channels, 'same' padding)
+-> BatchNorm1d -> ReLU -> LSTM, last step -> Dropout -> Linear.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from seqlab import SeqlabError
+
+
+class CNNLSTM(nn.Module):
+    def __init__(
+        self,
+        n_features: int,
+        n_outputs: int = 1,
+        filters: int = 2,
+        kernel_size: int = 5,
+        hidden_size: int = 24,
+        dropout: float = 0.1,
+        init: str = "pytorch",
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(n_features, filters, kernel_size, padding="same")
+        self.bn = nn.BatchNorm1d(filters, eps=1e-5, momentum=0.1)
+        self.relu = nn.ReLU()
+        self.lstm = nn.LSTM(filters, hidden_size, batch_first=True)
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(hidden_size, n_outputs)
+        if init == "matlab":
+            init_matlab_(self)
+        elif init != "pytorch":
+            raise SeqlabError(f"model.init must be 'pytorch' or 'matlab', got {init!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.transpose(1, 2))  # (B, filters, steps)
+        h = self.relu(self.bn(h))
+        out, _ = self.lstm(h.transpose(1, 2))  # (B, steps, hidden)
+        return self.fc(self.drop(out[:, -1]))
+
+
+@torch.no_grad()
+def init_matlab_(model: CNNLSTM) -> None:
+    """MATLAB's initialisers for this network (see docs in the shared MATLAB notes):
+    conv 'he' N(0, 2/(kernel*channels)); LSTM input/recurrent 'He' N(0, 2/InputSize) and
+    N(0, 2/NumHiddenUnits); one 'unit-forget-gate' bias (PyTorch has two: the second stays 0);
+    fully connected Glorot-uniform; every other bias zero."""
+    conv = model.conv
+    fan_in = conv.in_channels * conv.kernel_size[0]
+    nn.init.normal_(conv.weight, 0.0, math.sqrt(2.0 / fan_in))
+    nn.init.zeros_(conv.bias)
+    lstm = model.lstm
+    hidden = lstm.hidden_size
+    nn.init.normal_(lstm.weight_ih_l0, 0.0, math.sqrt(2.0 / lstm.input_size))
+    nn.init.normal_(lstm.weight_hh_l0, 0.0, math.sqrt(2.0 / hidden))
+    nn.init.zeros_(lstm.bias_ih_l0)
+    nn.init.zeros_(lstm.bias_hh_l0)
+    lstm.bias_ih_l0[hidden : 2 * hidden] = 1.0  # gate order i, f, g, o: the forget gate
+    nn.init.xavier_uniform_(model.fc.weight)
+    nn.init.zeros_(model.fc.bias)

@@ -1,0 +1,47 @@
+"""The training-progress picture MATLAB drew live: loss and RMSE per iteration with validation
+points, and the learning rate, saved as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+Series = Sequence[tuple[int, float]]
+
+
+def training_curves(history: Mapping[str, Series], path: Path, title: str = "") -> Path:
+    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    panels = [
+        ("RMSE", "train_rmse", "val_rmse", "linear"),
+        ("loss (half-MSE)", "train_loss", "val_loss", "log"),
+    ]
+    for ax, (label, train_key, val_key, scale) in zip(axes, panels):
+        _line(ax, history.get(train_key, ()), "training (mini-batch)", color="tab:blue", alpha=0.6)
+        _line(ax, history.get(val_key, ()), "validation", color="black", marker="o", ls="--")
+        ax.set_ylabel(label)
+        if scale == "log" and all(v > 0 for _, v in history.get(train_key, ())):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right")
+    _line(axes[2], history.get("lr", ()), "learning rate", color="tab:green")
+    axes[2].set_ylabel("learning rate")
+    axes[2].set_xlabel("iteration")
+    axes[2].grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _line(ax, points: Series, label: str, **style) -> None:
+    if points:
+        steps, values = zip(*points)
+        ax.plot(steps, values, label=label, **style)

@@ -1,0 +1,153 @@
+"""Typed config schema: Hydra merges conf/ into these dataclasses, so a misspelled key or a value
+of the wrong type fails at compose time; `validate` then checks ranges and choices before any data
+is loaded. Light imports only: this runs on the CLI's start-up path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+from seqlab import SeqlabError
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
+INITS = ("pytorch", "matlab")
+
+
+class ConfigError(SeqlabError):
+    """A config value out of range or not one of its choices."""
+
+
+@dataclass
+class DataConfig:
+    _target_: str = "seqlab.data.SeqDataModule"
+    name: str = MISSING
+    source: Any = MISSING  # a _partial_ callable that returns (X, y) arrays
+    path: Optional[str] = None
+    n_samples: Optional[int] = None
+    batch_size: int = 64
+    val_fraction: float = 0.2
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+
+
+@dataclass
+class ModelConfig:
+    _target_: str = "seqlab.model.CNNLSTM"
+    filters: int = 2
+    kernel_size: int = 5
+    hidden_size: int = 24
+    dropout: float = 0.1
+    init: str = "pytorch"
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"
+    devices: Any = 1
+    max_epochs: int = 30
+    max_steps: int = -1
+    precision: str = "32-true"
+    gradient_clip_val: Optional[float] = None
+    check_val_every_n_epoch: int = 1
+    num_sanity_val_steps: int = 0
+    # Any other lightning.Trainer argument, e.g. trainer.extra={limit_train_batches:0.5}.
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoggerConfig:
+    _target_: str = "seqlab.tracking.MlflowTracker"
+    tracking_uri: str = MISSING
+    artifact_root: Optional[str] = None
+    experiment_name: str = "seqlab"
+    run_name: Optional[str] = None
+    flush_every_n_steps: int = 50
+    log_checkpoint: bool = True
+
+
+@dataclass
+class PathsConfig:
+    root_dir: str = MISSING
+    data_dir: str = MISSING
+    log_dir: str = MISSING
+    mlruns_dir: str = MISSING
+    tracking_uri: str = MISSING
+    artifact_root: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # Optimizer and scheduler keys differ per class (betas, momentum, step_size...), so they are
+    # untyped here; `validate` checks what every option shares.
+    optimizer: Any = MISSING
+    scheduler: Any = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0
+    deterministic: bool = False
+    notes: str = ""
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register()
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check ranges and choices; raise ConfigError with one line naming the key and the fix."""
+    d, m, t = cfg.data, cfg.model, cfg.trainer
+    _require(d.batch_size > 0, f"data.batch_size must be a positive integer, got {d.batch_size}")
+    _require(
+        d.n_samples is None or d.n_samples > 0,
+        f"data.n_samples must be positive (or null for all), got {d.n_samples}",
+    )
+    _require(
+        0.0 <= d.val_fraction < 1.0, f"data.val_fraction must be in [0, 1), got {d.val_fraction}"
+    )
+    if "path" in d.source:
+        path = d.path
+        _require(path not in (None, "???"), f"data={d.name} needs a file: add data.path=FILE")
+        _require(Path(path).is_file(), f"data.path={path}: no such file")
+    for key in ("filters", "kernel_size", "hidden_size"):
+        _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
+    _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    _require(m.init in INITS, f"model.init must be one of {', '.join(INITS)}; got {m.init!r}")
+    _require(
+        t.accelerator in ACCELERATORS,
+        f"trainer.accelerator must be one of {', '.join(ACCELERATORS)}; got {t.accelerator!r}",
+    )
+    _require(
+        str(t.precision) in PRECISIONS,
+        f"trainer.precision must be one of {', '.join(PRECISIONS)}; got {t.precision!r}",
+    )
+    _require(
+        t.max_epochs > 0 or t.max_steps > 0,
+        f"trainer.max_epochs must be positive, got {t.max_epochs}",
+    )
+    _require(
+        t.max_steps == -1 or t.max_steps > 0,
+        f"trainer.max_steps must be positive or -1 (no limit), got {t.max_steps}",
+    )
+    lr = cfg.optimizer.get("lr") if cfg.optimizer else None
+    _require(lr is not None and lr > 0, f"optimizer.lr must be positive, got {lr}")
+    _require(
+        cfg.logger.flush_every_n_steps > 0,
+        f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
+    )

@@ -1,0 +1,113 @@
+"""Hydra callback for multiruns: one MLflow parent run per sweep with every job as its child,
+and a one-screen summary at the end (exit status 1 if any job failed)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from seqlab.job import JOB_FILE, SWEEP_FILE, JobResult
+
+
+def collect(sweep_dir: Path) -> list[JobResult]:
+    """Every job of the sweep that got as far as writing its result file, in job order."""
+    results = [JobResult.read(p) for p in sweep_dir.glob(f"**/{JOB_FILE}")]
+    return sorted(results, key=lambda r: (r.job is None, r.job))
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_rows(results: list[JobResult]) -> list[dict[str, str]]:
+    return [
+        {
+            "job": _fmt(r.job, "d"),
+            "overrides": " ".join(r.overrides) or "(defaults)",
+            "status": r.status,
+            "it/s": _fmt(r.it_per_s, ",.0f"),
+            "val_rmse": _fmt(r.val_rmse, ".4g"),
+            "run": r.run_name or "-",
+        }
+        for r in results
+    ]
+
+
+def format_summary(results: list[JobResult]) -> str:
+    rows = summary_rows(results)
+    if not rows:
+        return "no job results found"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(row[c].ljust(widths[c]) for c in columns) for row in rows]
+    lines += [f"job {r.job}: {r.reason}" for r in results if r.reason]
+    return "\n".join(lines)
+
+
+def summary_csv(results: list[JobResult]) -> str:
+    rows = summary_rows(results)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[*rows[0], "reason"] if rows else ["job"])
+    writer.writeheader()
+    for row, result in zip(rows, results):
+        writer.writerow({**row, "reason": result.reason or ""})
+    return out.getvalue()
+
+
+class MlflowSweepCallback(Callback):
+    """Configured in conf/hydra/default.yaml. MLflow is imported only when a sweep starts."""
+
+    def __init__(self) -> None:
+        self.tracker = None
+        self.sweep_id = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.utils import instantiate
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
+        self.tracker = instantiate(config.logger, run_name=None)
+        overrides = " ".join(config.hydra.overrides.task)
+        run_id = self.tracker.start(
+            f"sweep-{self.sweep_id}",
+            {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": overrides},
+        )
+        (sweep_dir / SWEEP_FILE).write_text(
+            json.dumps(
+                {
+                    "sweep_id": self.sweep_id,
+                    "parent_run_id": run_id,
+                    "tracking_uri": self.tracker.tracking_uri,
+                    "experiment_id": self.tracker.experiment_id,
+                },
+                indent=2,
+            )
+        )
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        results = collect(sweep_dir)
+        failed = [r for r in results if r.status != "FINISHED"]
+        table = format_summary(results)
+        header = f"sweep {self.sweep_id}: {len(results)} jobs, {len(failed)} failed"
+        if self.tracker is not None and self.tracker.run_id:
+            header += f"; MLflow parent run {self.tracker.run_id} in experiment '{self.tracker.experiment_name}'"
+        print(f"\n{header}\n{table}\noutputs in {sweep_dir}", flush=True)
+        if self.tracker is not None and self.tracker.run_id:
+            (sweep_dir / "sweep_summary.txt").write_text(f"{header}\n{table}\n")
+            (sweep_dir / "sweep_summary.csv").write_text(summary_csv(results))
+            self.tracker.log_artifact(sweep_dir / "sweep_summary.txt")
+            self.tracker.log_artifact(sweep_dir / "sweep_summary.csv")
+            self.tracker.set_tags({"n_jobs": len(results), "n_failed": len(failed)})
+            self.tracker.end("FAILED" if failed else "FINISHED")
+        if failed:
+            raise SystemExit(1)

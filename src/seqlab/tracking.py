@@ -1,0 +1,270 @@
+"""MLflow tracking: one run per job, its params (the whole resolved config), tags, metrics and
+artifacts, and its final status. The tracker owns the run's lifecycle (`MlflowTracker.run`), so a
+run is never left RUNNING, whatever ends the job.
+
+Per-step metrics are kept on the training device and sent in batches (`StepMetricsRecorder`):
+reading a loss back every step would synchronise the device every step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+import mlflow
+import pytorch_lightning as pl
+import torch
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers.logger import Logger
+from pytorch_lightning.utilities import rank_zero_only
+
+MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
+MAX_PARAMS = 100
+
+
+def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
+    """{'data': {'batch_size': 64}} -> {'data.batch_size': '64'}; lists stay one value."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    flat: dict[str, str] = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "default"
+
+
+class MlflowTracker:
+    """Built from conf/logger/mlflow.yaml. `run()` opens a run; everything else logs to it."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_name: str = "seqlab",
+        artifact_root: Optional[str] = None,
+        run_name: Optional[str] = None,
+        flush_every_n_steps: int = 50,
+        log_checkpoint: bool = True,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.artifact_root = artifact_root
+        self.run_name = run_name
+        self.flush_every_n_steps = flush_every_n_steps
+        self.log_checkpoint = log_checkpoint
+        self.client: Optional[mlflow.MlflowClient] = None
+        self.run_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        # Every metric point logged, kept for the training-curves plot and the final summary.
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def connect(self) -> mlflow.MlflowClient:
+        if self.client is None:
+            if self.tracking_uri.startswith("sqlite:///"):
+                Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            self.client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+            self.experiment_id = ensure_experiment(
+                self.client, self.experiment_name, self._artifact_location()
+            )
+        return self.client
+
+    def _artifact_location(self) -> Optional[str]:
+        # A local store needs an explicit artifact folder (MLflow would pick one relative to the
+        # working directory); a server decides its own.
+        if self.artifact_root is None or self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        path = Path(self.artifact_root).resolve() / _safe_name(self.experiment_name)
+        return path.as_uri()
+
+    def start(
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        parent_run_id: Optional[str] = None,
+        description: str = "",
+    ) -> str:
+        """Create the run (a child of parent_run_id if given) and return its id."""
+        client = self.connect()
+        all_tags = dict(tags)
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        if description:
+            all_tags["mlflow.note.content"] = description
+        run = client.create_run(self.experiment_id, run_name=self.run_name or run_name, tags=all_tags)
+        self.run_id = run.info.run_id
+        return self.run_id
+
+    def end(self, status: str, reason: Optional[str] = None) -> None:
+        if reason:
+            self.set_tags({"failure_reason": reason})
+        self.client.set_terminated(self.run_id, status)
+
+    @contextmanager
+    def run(
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        parent_run_id: Optional[str] = None,
+        description: str = "",
+    ) -> Iterator["MlflowTracker"]:
+        """Open a run; end it FINISHED if the block completes, KILLED if interrupted, FAILED
+        (with the reason as the `failure_reason` tag) on any other exception."""
+        self.start(run_name, tags, parent_run_id, description)
+        status, reason = "FAILED", None
+        try:
+            yield self
+            status = "FINISHED"
+        except (KeyboardInterrupt, SystemExit):
+            status, reason = "KILLED", "interrupted"
+            raise
+        except BaseException as error:
+            reason = one_line(error)
+            raise
+        finally:
+            self.end(status, reason)
+
+    # -- logging ---------------------------------------------------------------------------
+    def log_params(self, params: Mapping[str, str]) -> None:
+        items = [Param(key, value[:6000]) for key, value in params.items()]
+        for i in range(0, len(items), MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
+        """Many steps of some metrics in as few calls as MLflow allows."""
+        self._send(
+            [
+                Metric(name, float(v), ts, step)
+                for name, values in series.items()
+                for v, step, ts in zip(values, steps, timestamps)
+            ]
+        )
+
+    def _send(self, metrics: list[Metric]) -> None:
+        for m in metrics:
+            self.history[m.key].append((m.step, m.value))
+        for i in range(0, len(metrics), MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH])
+
+    def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        elif path.is_file():
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def last(self, name: str) -> Optional[float]:
+        points = self.history.get(name)
+        return points[-1][1] if points else None
+
+    def lightning_logger(self) -> "LightningBridge":
+        return LightningBridge(self)
+
+
+def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        # Another job of the same sweep created it between our look-up and our create.
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+class LightningBridge(Logger):
+    """Hands what the LightningModule logs with self.log (epoch-level metrics) to the tracker.
+    Hyperparameters are not taken from Lightning: the tracker logs the whole resolved config."""
+
+    def __init__(self, tracker: MlflowTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    @property
+    def name(self) -> str:
+        return self.tracker.experiment_name
+
+    @property
+    def version(self) -> str:
+        return self.tracker.run_id or ""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        if metrics:
+            self.tracker.log_metrics(metrics, step or 0)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class StepMetricsRecorder(pl.Callback):
+    """Records train_loss, train_rmse and lr for every optimizer step without a per-step host
+    synchronisation: losses are copied into a buffer on the device, read back and sent to MLflow
+    once every `every_n_steps` steps and at the end of each epoch."""
+
+    def __init__(self, tracker: MlflowTracker, every_n_steps: int, n_outputs: int = 1) -> None:
+        self.tracker = tracker
+        self.every_n_steps = every_n_steps
+        self.n_outputs = n_outputs
+        self.buffer: Optional[torch.Tensor] = None
+        self.steps: list[int] = []
+        self.lrs: list[float] = []
+        self.times: list[int] = []
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.buffer = torch.zeros(self.every_n_steps, device=pl_module.device)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
+        self.buffer[len(self.steps)] = loss.detach()
+        self.steps.append(trainer.global_step)
+        self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+        self.times.append(int(time.time() * 1000))
+        last_of_epoch = batch_idx + 1 >= trainer.num_training_batches
+        if len(self.steps) == self.every_n_steps or last_of_epoch:
+            self.flush()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.flush()  # a max_steps stop can end an epoch early
+
+    def flush(self) -> None:
+        if not self.steps:
+            return
+        losses = self.buffer[: len(self.steps)].tolist()  # the one synchronisation
+        # half-MSE = 0.5 * mean_batch(sum_responses e^2), so the batch RMSE is sqrt(2*loss/R).
+        rmse = [math.sqrt(max(2.0 * v / self.n_outputs, 0.0)) if math.isfinite(v) else v for v in losses]
+        self.tracker.log_series(
+            {"train_loss": losses, "train_rmse": rmse, "lr": self.lrs}, self.steps, self.times
+        )
+        self.steps, self.lrs, self.times = [], [], []

@@ -1,0 +1,244 @@
+"""The training task: plain Python, callable without the CLI (`train(cfg)`), and the Hydra entry
+glue (`main`). Heavy imports happen inside the functions so `train.py --help` stays instant."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from seqlab import SeqlabError
+from seqlab.job import Job, JobResult
+from seqlab.schema import validate
+
+log = logging.getLogger("seqlab")
+
+# Overrides already shown by the first part of a run name, or that say where, not what.
+_NAME_SKIP = ("trainer.accelerator", "data.batch_size", "logger.", "paths.", "hydra.")
+
+
+def run_name(accelerator: str, cfg: DictConfig, overrides: list[str]) -> str:
+    """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ..."""
+    parts = [accelerator, f"bs{cfg.data.batch_size}"]
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if not key.startswith(_NAME_SKIP) and key not in _NAME_SKIP:
+            parts.append(f"{key.split('.')[-1]}={value}")
+    return "-".join(parts)[:250]
+
+
+def _git_commit(root: Path) -> Optional[str]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _run_tags(cfg: DictConfig, job: Job, device) -> dict[str, str]:
+    import mlflow
+    import pytorch_lightning
+    import torch
+
+    tags = {
+        "accelerator_requested": cfg.trainer.accelerator,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "none",
+        "lightning_version": pytorch_lightning.__version__,
+        "mlflow_version": mlflow.__version__,
+        "host": socket.gethostname(),
+        "hydra_overrides": " ".join(job.overrides),
+        "data": cfg.data.name,
+        "mlflow.source.name": "train.py",
+        "mlflow.source.type": "LOCAL",
+    }
+    if device is not None:
+        tags.update(accelerator=device.accelerator, device_name=device.name)
+    commit = _git_commit(Path(cfg.paths.root_dir))
+    if commit:
+        tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
+    """Train one configuration and record it in MLflow. Raises on failure, after the run has
+    been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
+    job = job or Job(Path(cfg.paths.output_dir))
+    validate(cfg)  # before anything heavy is imported or any data is loaded
+
+    from hydra.utils import instantiate
+
+    from seqlab import devices
+
+    try:
+        device, device_error = devices.resolve(cfg.trainer.accelerator), None
+    except SeqlabError as error:
+        device, device_error = None, error
+    tracker = instantiate(cfg.logger)
+    name = run_name(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides)
+    sweep = job.sweep_info()
+    parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
+    tags = _run_tags(cfg, job, device)
+    if job.multirun:
+        tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
+    result = JobResult("RUNNING", job.num, job.overrides, accelerator=tags.get("accelerator"),
+                       batch_size=cfg.data.batch_size)
+
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes):
+        result.run_id, result.run_name = tracker.run_id, name
+        result.write(job.output_dir)
+        try:
+            from seqlab.tracking import flatten
+
+            tracker.log_params(flatten(cfg))
+            _save_config(cfg, job.output_dir / "config.yaml")
+            tracker.log_artifact(job.output_dir / "config.yaml")
+            if device_error is not None:
+                raise device_error
+            _fit(cfg, job, tracker, device, result)
+        finally:
+            tracker.log_artifact(job.output_dir / ".hydra", "hydra")
+            for log_file in job.output_dir.glob("*.log"):
+                tracker.log_artifact(log_file)
+    result.status = "FINISHED"
+    return result
+
+
+def _save_config(cfg: DictConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
+    import pytorch_lightning as pl
+    import torch
+    from hydra.utils import instantiate
+
+    from seqlab.module import SeqRegressor
+    from seqlab.plots import training_curves
+    from seqlab.progress import ProgressLine
+    from seqlab.timing import EpochTimer
+    from seqlab.tracking import StepMetricsRecorder
+
+    for noisy in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if device.accelerator == "gpu":
+        torch.backends.cudnn.benchmark = not cfg.deterministic
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    datamodule = instantiate(cfg.data)
+    datamodule.setup("fit")
+    baseline = datamodule.baseline_val_rmse()
+    log.info("data      %s", datamodule.describe())
+    model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
+    scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
+    module = SeqRegressor(model, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model     %s, %s parameters, init=%s", type(model).__name__, f"{n_params:,}", cfg.model.init)
+    log.info("device    %s (%s)", device.accelerator, device.name)
+    log.info("mlflow    run %s (%s) in experiment '%s'", tracker.run_id, result.run_name, tracker.experiment_name)
+
+    timer = EpochTimer(tracker)
+    trainer = pl.Trainer(
+        accelerator=device.accelerator,
+        devices=cfg.trainer.devices,
+        max_epochs=cfg.trainer.max_epochs,
+        max_steps=cfg.trainer.max_steps,
+        precision=cfg.trainer.precision,
+        gradient_clip_val=cfg.trainer.gradient_clip_val,
+        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
+        num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
+        deterministic=cfg.deterministic,
+        logger=tracker.lightning_logger(),
+        callbacks=[
+            timer,
+            StepMetricsRecorder(tracker, cfg.logger.flush_every_n_steps, datamodule.n_outputs),
+            ProgressLine(timer),
+        ],
+        log_every_n_steps=cfg.logger.flush_every_n_steps,
+        enable_progress_bar=False,
+        enable_checkpointing=False,  # one checkpoint at the end: per-epoch saves cost more than an epoch here
+        enable_model_summary=False,
+        default_root_dir=str(job.output_dir),
+        **OmegaConf.to_container(cfg.trainer.extra, resolve=True),
+    )
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    wall = time.perf_counter() - start
+
+    summary = {"train_wall_s": wall}
+    for key in ("it_per_s", "samples_per_s"):
+        value = timer.median(key)
+        if value is not None:
+            summary[f"{key}_median"] = value
+    if baseline is not None:
+        summary["val_rmse_baseline"] = baseline
+    tracker.log_metrics(summary, trainer.global_step)
+
+    ckpt = job.output_dir / "checkpoints" / "last.ckpt"
+    trainer.save_checkpoint(ckpt)
+    if cfg.logger.log_checkpoint:
+        tracker.log_artifact(ckpt, "checkpoints")
+    png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
+    tracker.log_artifact(png)
+
+    result.it_per_s = summary.get("it_per_s_median")
+    result.samples_per_s = summary.get("samples_per_s_median")
+    result.val_rmse = tracker.last("val_rmse")
+    result.val_rmse_baseline = baseline
+    _report(cfg, job, tracker, device, result, trainer, wall)
+
+
+def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: float) -> None:
+    def fmt(value: Optional[float], spec: str = ".4g") -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
+        f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
+        f"val_mae {fmt(tracker.last('val_mae'))}, val_r2 {fmt(tracker.last('val_r2'), '.3f')}",
+        f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
+        f"(median over epochs) on {device.accelerator} ({device.name})",
+        f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
+    ]
+    if tracker.tracking_uri.startswith("sqlite:"):
+        lines.append(
+            f"          see it: make ui, then http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
+        )
+    lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
+    for line in lines:
+        log.info(line)
+
+
+def main(cfg: DictConfig) -> Optional[float]:
+    """Hydra's task function. A single run that fails exits non-zero with one line (a traceback
+    only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
+    the sweep callback prints the summary and sets the exit code."""
+    job = Job.from_hydra(cfg)
+    try:
+        result = train(cfg, job)
+    except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        previous = job.output_dir / "seqlab_job.json"
+        result = JobResult.read(previous) if previous.is_file() else JobResult(status, job.num, job.overrides)
+        result.status, result.reason = status, " ".join(str(error).split()) or type(error).__name__
+        result.write(job.output_dir)
+        if status == "KILLED":
+            raise
+        if isinstance(error, SeqlabError):
+            log.error("error: %s", result.reason)
+        else:
+            log.exception("job failed: %s", result.reason)
+        if not job.multirun:
+            raise SystemExit(1) from None
+        return None
+    result.write(job.output_dir)
+    return result.val_rmse

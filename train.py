@@ -1,0 +1,25 @@
+"""Train the CNN-LSTM: `python train.py [key=value ...]`, or a sweep with `python train.py -m ...`.
+
+Only Hydra and the config schema load here; torch, Lightning and MLflow load inside the task,
+so `--help` and `--cfg job` answer at once."""
+
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import seqlab.schema  # noqa: F401  registers the typed config schema
+
+os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> object:
+    from seqlab.train import main as task
+
+    return task(cfg)
+
+
+if __name__ == "__main__":
+    main()
