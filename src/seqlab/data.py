@@ -28,12 +28,12 @@ def as_sequences(x: np.ndarray, y: np.ndarray, origin: str) -> Arrays:
         x = x[:, None, :]  # one step per sample
     if x.ndim != 3:
         raise SeqlabError(f"{origin}: X must be (N, features) or (N, steps, features), got shape {x.shape}")
-    if y.ndim == 1:
-        y = y[:, None]
-    if y.ndim != 2 or y.shape[0] != x.shape[0]:
+    if y.ndim not in (1, 2) or y.shape[0] != x.shape[0]:
         raise SeqlabError(
             f"{origin}: y must be (N,) or (N, responses) with N={x.shape[0]} as in X, got shape {y.shape}"
         )
+    if y.ndim == 1:
+        y = y[:, None]
     return np.ascontiguousarray(x), np.ascontiguousarray(y)
 
 

@@ -74,6 +74,9 @@ class MlflowTracker:
         self.experiment_id: Optional[str] = None
         # Every metric point logged, kept for the training-curves plot and the final summary.
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        # The last optimizer step seen: epoch-level metrics are logged at it, so that they line
+        # up with the per-step series (Lightning's own logging step lags by one at epoch end).
+        self.step = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
@@ -221,7 +224,7 @@ class LightningBridge(Logger):
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         metrics = {k: v for k, v in metrics.items() if k != "epoch"}
         if metrics:
-            self.tracker.log_metrics(metrics, step or 0)
+            self.tracker.log_metrics(metrics, self.tracker.step)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -241,15 +244,21 @@ class StepMetricsRecorder(pl.Callback):
         self.steps: list[int] = []
         self.lrs: list[float] = []
         self.times: list[int] = []
+        self.lr = 0.0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.buffer = torch.zeros(self.every_n_steps, device=pl_module.device)
 
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        # Read before the step: an epoch-end scheduler step can run before on_train_batch_end.
+        self.lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
         self.buffer[len(self.steps)] = loss.detach()
+        self.tracker.step = trainer.global_step
         self.steps.append(trainer.global_step)
-        self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+        self.lrs.append(self.lr)
         self.times.append(int(time.time() * 1000))
         last_of_epoch = batch_idx + 1 >= trainer.num_training_batches
         if len(self.steps) == self.every_n_steps or last_of_epoch:

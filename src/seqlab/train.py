@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -128,8 +129,12 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     from seqlab.timing import EpochTimer
     from seqlab.tracking import StepMetricsRecorder
 
-    for noisy in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
+    logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+    # Noise that says nothing to a user of this project: an internal deprecation in Lightning,
+    # and a hint about step-level self.log calls, which this module does not make.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
     pl.seed_everything(cfg.seed, workers=True, verbose=False)

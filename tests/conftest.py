@@ -1,0 +1,90 @@
+"""Shared fixtures: configs composed from conf/ with every path under tmp_path, a helper to run
+the real CLI in a subprocess, and an MLflow client on the test's own store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import seqlab.schema  # noqa: F401  registers the schema the configs build on
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+
+# Small and quick: every test that trains starts from these.
+TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path):
+    """compose_cfg('data.batch_size=32', ...) -> the composed config, stored under tmp_path."""
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            return compose(
+                "train",
+                overrides=[
+                    f"paths.root_dir={tmp_path}",
+                    f"paths.output_dir={tmp_path}/out",
+                    *overrides,
+                ],
+            )
+
+    return _compose
+
+
+@pytest.fixture
+def store(tmp_path):
+    """The MLflow client over the store that configs from compose_cfg/run_cli write to."""
+    import mlflow
+
+    return mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """Run train.py as a user would, with every path under tmp_path."""
+
+    def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+        return subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return _run
+
+
+def runs_of(client, experiment_name: str):
+    experiment = client.get_experiment_by_name(experiment_name)
+    assert experiment is not None, f"no experiment {experiment_name!r}"
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def artifact_paths(client, run_id: str, path: str | None = None) -> set[str]:
+    found = set()
+    for item in client.list_artifacts(run_id, path):
+        found.add(item.path)
+        if item.is_dir:
+            found |= artifact_paths(client, run_id, item.path)
+    return found

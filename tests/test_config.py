@@ -1,0 +1,107 @@
+"""Composition, the typed schema, up-front validation, and a CLI start-up free of heavy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from conftest import CONF_DIR, ROOT
+from seqlab.schema import ConfigError, validate
+
+OPTIONS = sorted(
+    f"{path.parent.name}={path.stem}"
+    for path in CONF_DIR.glob("*/*.yaml")
+    if path.parent.name not in ("hydra", "paths", "logger", "trainer", "model")
+)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_option_composes_and_validates(compose_cfg, tmp_path, option):
+    extra = []
+    if option in ("data=npz", "data=csv"):
+        data_file = tmp_path / ("d.npz" if option == "data=npz" else "d.csv")
+        data_file.write_text("")
+        extra.append(f"data.path={data_file}")
+    cfg = compose_cfg(option, *extra)
+    validate(cfg)
+    assert cfg.data.batch_size > 0
+
+
+def test_defaults_are_the_matlab_network_and_options(compose_cfg):
+    cfg = compose_cfg()
+    assert (cfg.model.filters, cfg.model.kernel_size, cfg.model.hidden_size, cfg.model.dropout) == (2, 5, 24, 0.1)
+    assert cfg.optimizer._target_ == "torch.optim.Adam" and cfg.optimizer.lr == 1e-3
+    assert (cfg.scheduler.step_size, cfg.scheduler.gamma) == (96, 0.25)
+    assert cfg.data.source.n_features == 1440 and cfg.data.batch_size == 64
+    assert cfg.trainer.accelerator == "auto"
+    assert cfg.paths.tracking_uri.startswith("sqlite:///") and cfg.paths.tracking_uri.endswith("mlruns/mlflow.db")
+
+
+def test_experiment_preset_sets_only_its_differences(compose_cfg):
+    base, preset = compose_cfg(), compose_cfg("experiment=daily_profile")
+    assert preset.data.source.layout == "profile" and preset.data.name == "daily_profile"
+    assert preset.trainer.max_epochs == 10
+    assert preset.optimizer == base.optimizer and preset.model == base.model
+
+
+def test_scheduler_none_leaves_no_scheduler(compose_cfg):
+    cfg = compose_cfg("scheduler=none")
+    assert not cfg.scheduler or "_target_" not in cfg.scheduler
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["data.batchsize=3", "data.batch_size=abc", "trainer.max_epochs=1.5", "model.hidden=3"],
+)
+def test_schema_rejects_unknown_keys_and_wrong_types(compose_cfg, override):
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg(override)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.batch_size=0", "data.batch_size must be a positive integer, got 0"),
+        ("data.val_fraction=1.5", "data.val_fraction must be in [0, 1), got 1.5"),
+        ("data.n_samples=-3", "data.n_samples must be positive"),
+        ("optimizer.lr=-0.1", "optimizer.lr must be positive, got -0.1"),
+        ("trainer.accelerator=tpu", "trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"),
+        ("trainer.precision=8", "trainer.precision must be one of"),
+        ("trainer.max_epochs=0", "trainer.max_epochs must be positive, got 0"),
+        ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
+        ("model.init=xavier", "model.init must be one of pytorch, matlab; got 'xavier'"),
+        ("data=npz", "data=npz needs a file: add data.path=FILE"),
+        ("data=csv data.path=/nonexistent.csv", "data.path=/nonexistent.csv: no such file"),
+    ],
+)
+def test_validate_names_the_key_and_the_fix(compose_cfg, override, message):
+    cfg = compose_cfg(*override.split())
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
+def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "train.py"), *args],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    assert "hydra" in imported  # the check sees imports at all
+    assert not imported & {"torch", "pytorch_lightning", "lightning", "mlflow", "torchmetrics"}
+    if args == ["--cfg", "job"]:
+        assert "batch_size: 64" in proc.stdout
+
+
+def test_cli_bad_value_is_one_line_and_exit_1(run_cli):
+    proc = run_cli("data.batch_size=0")
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "error: data.batch_size must be a positive integer, got 0" in out
+    assert "Traceback" not in out

@@ -1,0 +1,56 @@
+"""The CNN-LSTM, its initialisations, and the loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from seqlab.model import CNNLSTM
+from seqlab.module import half_mse
+
+
+@pytest.mark.parametrize("steps, features", [(1, 1440), (3, 1440), (1440, 1)])
+def test_output_is_one_value_per_sample(steps, features):
+    model = CNNLSTM(n_features=features)
+    out = model(torch.randn(4, steps, features))
+    assert out.shape == (4, 1)
+
+
+def test_layers_match_the_matlab_network():
+    model = CNNLSTM(n_features=1440)
+    assert (model.conv.in_channels, model.conv.out_channels, model.conv.kernel_size) == (1440, 2, (5,))
+    assert model.bn.num_features == 2 and model.bn.eps == 1e-5
+    assert (model.lstm.input_size, model.lstm.hidden_size) == (2, 24)
+    assert model.drop.p == 0.1
+    assert (model.fc.in_features, model.fc.out_features) == (24, 1)
+
+
+def test_half_mse_is_half_the_sum_over_responses_averaged_over_the_batch():
+    pred = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    target = torch.zeros(2, 2)
+    # 0.5 * mean(1 + 4, 9 + 0) = 0.5 * 7
+    assert half_mse(pred, target).item() == pytest.approx(3.5)
+
+
+def test_matlab_init_follows_the_formulas():
+    torch.manual_seed(0)
+    model = CNNLSTM(n_features=1440, init="matlab")
+    conv_std = model.conv.weight.std().item()
+    assert conv_std == pytest.approx(math.sqrt(2 / 7200), rel=0.05)
+    assert model.lstm.weight_hh_l0.std().item() == pytest.approx(math.sqrt(2 / 24), rel=0.1)
+    assert torch.count_nonzero(model.conv.bias) == 0 and torch.count_nonzero(model.fc.bias) == 0
+    bias = model.lstm.bias_ih_l0.view(4, 24)
+    assert torch.all(bias[1] == 1) and torch.count_nonzero(bias[[0, 2, 3]]) == 0
+    assert torch.count_nonzero(model.lstm.bias_hh_l0) == 0
+    bound = math.sqrt(6 / (24 + 1))
+    assert model.fc.weight.abs().max().item() <= bound
+
+
+def test_pytorch_init_is_pytorchs_default():
+    torch.manual_seed(0)
+    model = CNNLSTM(n_features=1440, init="pytorch")
+    bound = 1 / math.sqrt(24)
+    assert model.lstm.weight_hh_l0.abs().max().item() <= bound
+    assert torch.count_nonzero(model.lstm.bias_hh_l0) > 0

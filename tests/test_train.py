@@ -1,0 +1,126 @@
+"""Real training through the task function, asserting what lands in MLflow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from matplotlib.image import imread
+
+from conftest import TINY, artifact_paths, runs_of
+from seqlab import SeqlabError
+from seqlab.train import train
+
+
+def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp_path):
+    cfg = compose_cfg(*TINY, "data.batch_size=32", "logger.flush_every_n_steps=5")
+    result = train(cfg)
+
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
+    assert run.info.run_name == "cpu-bs32"
+    params = run.data.params
+    assert params["data.batch_size"] == "32"
+    assert params["trainer.accelerator"] == "auto"
+    assert params["optimizer._target_"] == "torch.optim.Adam"
+    assert params["model.hidden_size"] == "24"
+
+    # 205 training samples in batches of 32 -> 7 steps an epoch, 2 epochs
+    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps == list(range(1, 15))
+    rmse = store.get_metric_history(run.info.run_id, "train_rmse")
+    loss = store.get_metric_history(run.info.run_id, "train_loss")
+    assert [r.value for r in rmse] == pytest.approx([(2 * l.value) ** 0.5 for l in loss])
+    assert len(store.get_metric_history(run.info.run_id, "lr")) == 14
+    for name in ("val_loss", "val_rmse", "val_mae", "val_r2", "epoch_time_s", "it_per_s", "samples_per_s"):
+        history = store.get_metric_history(run.info.run_id, name)
+        assert [m.step for m in history] == [7, 14], name
+    it_per_s = store.get_metric_history(run.info.run_id, "it_per_s")
+    epoch_s = store.get_metric_history(run.info.run_id, "epoch_time_s")
+    assert it_per_s[0].value == pytest.approx(7 / epoch_s[0].value)
+    samples = store.get_metric_history(run.info.run_id, "samples_per_s")
+    assert samples[0].value == pytest.approx(205 / epoch_s[0].value)
+    assert run.data.metrics["val_rmse"] == pytest.approx(result.val_rmse)
+
+    tags = run.data.tags
+    assert tags["accelerator"] == "cpu" and tags["device_name"]
+    assert tags["torch_version"] == torch.__version__
+    assert tags["cuda_version"] == (torch.version.cuda or "none")
+    assert tags["host"]
+
+    files = artifact_paths(store, run.info.run_id)
+    assert {"config.yaml", "checkpoints/last.ckpt", "training_curves.png"} <= files
+    local = tmp_path / "downloaded"
+    local.mkdir()
+    png = store.download_artifacts(run.info.run_id, "training_curves.png", str(local))
+    assert imread(png).shape[0] > 100
+    config = store.download_artifacts(run.info.run_id, "config.yaml", str(local))
+    assert "batch_size: 32" in open(config).read()
+    ckpt = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 14
+
+
+def test_training_beats_predicting_the_mean(compose_cfg, store):
+    cfg = compose_cfg("data.n_samples=4096", "trainer.max_epochs=8")
+    result = train(cfg)
+    assert result.val_rmse_baseline > 0.2
+    assert result.val_rmse < 0.6 * result.val_rmse_baseline
+    (run,) = runs_of(store, "seqlab")
+    assert run.data.metrics["val_rmse_baseline"] == pytest.approx(result.val_rmse_baseline)
+
+
+def test_schedule_and_optimizer_come_from_their_groups(compose_cfg, store):
+    cfg = compose_cfg(*TINY, "optimizer=sgdm", "optimizer.lr=0.05", "scheduler.step_size=1", "scheduler.gamma=0.5")
+    train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    lrs = {m.step: m.value for m in store.get_metric_history(run.info.run_id, "lr")}
+    assert lrs[1] == pytest.approx(0.05) and lrs[4] == pytest.approx(0.05)
+    assert lrs[5] == pytest.approx(0.025)  # second epoch, after one drop
+    assert run.info.run_name == "cpu-bs64"
+
+
+def test_daily_profile_trains(compose_cfg, store):
+    cfg = compose_cfg("data=daily_profile", "data.n_samples=40", "trainer.max_epochs=1", "data.batch_size=16")
+    result = train(cfg)
+    assert result.status == "FINISHED"
+    (run,) = runs_of(store, "seqlab")
+    assert run.data.params["data.source.layout"] == "profile"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only case")
+def test_gpu_without_cuda_fails_the_run_with_the_reason(compose_cfg, store):
+    cfg = compose_cfg(*TINY, "trainer.accelerator=gpu")
+    with pytest.raises(SeqlabError, match="trainer.accelerator=gpu asked for a CUDA GPU"):
+        train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FAILED"
+    assert run.info.run_name == "gpu-bs64"
+    assert "asked for a CUDA GPU" in run.data.tags["failure_reason"]
+    assert run.data.params["trainer.accelerator"] == "gpu"  # the config is recorded even so
+
+
+def test_an_error_during_training_ends_the_run_failed(compose_cfg, store, tmp_path):
+    bad = tmp_path / "bad.npz"
+    import numpy as np
+
+    np.savez(bad, X=np.full((64, 1, 8), np.nan, dtype=np.float32), y=np.ones(64))
+    cfg = compose_cfg("data=npz", f"data.path={bad}", "trainer.max_epochs=1", "model.init=bogus")
+    with pytest.raises(SeqlabError):
+        train(cfg)  # rejected by validation: no run
+    assert store.get_experiment_by_name("seqlab") is None
+
+    cfg = compose_cfg("data=npz", f"data.path={tmp_path / 'missing_keys.npz'}")
+    np.savez(tmp_path / "missing_keys.npz", inputs=np.ones((4, 2)))
+    with pytest.raises(SeqlabError, match="no array named X"):
+        train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FAILED" and "no array named X" in run.data.tags["failure_reason"]
+
+
+@pytest.mark.gpu
+def test_trains_on_a_gpu(compose_cfg, store):
+    cfg = compose_cfg(*TINY, "trainer.accelerator=gpu")
+    result = train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FINISHED" and run.data.tags["accelerator"] == "gpu"
+    assert run.data.tags["device_name"] == torch.cuda.get_device_name(0)
+    assert result.it_per_s > 0
