@@ -62,6 +62,14 @@ def summary_csv(results: list[JobResult]) -> str:
     return out.getvalue()
 
 
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun varies (`data.batch_size=32,64` -> data.batch_size)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+
+
 class MlflowSweepCallback(Callback):
     """Configured in conf/hydra/default.yaml. MLflow is imported only when a sweep starts."""
 
@@ -88,6 +96,7 @@ class MlflowSweepCallback(Callback):
                     "parent_run_id": run_id,
                     "tracking_uri": self.tracker.tracking_uri,
                     "experiment_id": self.tracker.experiment_id,
+                    "swept_keys": swept_keys(list(config.hydra.overrides.task)),
                 },
                 indent=2,
             )

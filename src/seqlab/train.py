@@ -24,11 +24,14 @@ log = logging.getLogger("seqlab")
 _NAME_SKIP = ("trainer.accelerator", "data.batch_size", "logger.", "paths.", "hydra.")
 
 
-def run_name(accelerator: str, cfg: DictConfig, overrides: list[str]) -> str:
-    """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ..."""
+def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
+    """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ... In a sweep, only the
+    swept keys count (what differs between its runs); in a single run, every override."""
     parts = [accelerator, f"bs{cfg.data.batch_size}"]
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
+        if swept is not None and key not in swept:
+            continue
         if not key.startswith(_NAME_SKIP) and key not in _NAME_SKIP:
             parts.append(f"{key.split('.')[-1]}={value}")
     return "-".join(parts)[:250]
@@ -84,8 +87,10 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     except SeqlabError as error:
         device, device_error = None, error
     tracker = instantiate(cfg.logger)
-    name = run_name(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides)
     sweep = job.sweep_info()
+    name = run_name(
+        device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
+    )
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
     tags = _run_tags(cfg, job, device)
     if job.multirun:
