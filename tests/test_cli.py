@@ -3,6 +3,8 @@ its job but not the sweep, and a tracking server over http."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +84,8 @@ def test_runs_land_on_an_mlflow_server_over_http(run_cli, tmp_path):
          "--backend-store-uri", f"sqlite:///{server_dir}/server.db",
          "--artifacts-destination", str(server_dir / "artifacts"), "--workers", "1"],
         cwd=server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        # its own process group, so that its workers end with it; no background job runner
+        start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -103,5 +107,5 @@ def test_runs_land_on_an_mlflow_server_over_http(run_cli, tmp_path):
         assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
         assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
