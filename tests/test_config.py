@@ -34,7 +34,7 @@ def test_defaults_are_the_matlab_network_and_options(compose_cfg):
     cfg = compose_cfg()
     assert (cfg.model.filters, cfg.model.kernel_size, cfg.model.hidden_size, cfg.model.dropout) == (2, 5, 24, 0.1)
     assert cfg.optimizer._target_ == "torch.optim.Adam" and cfg.optimizer.lr == 1e-3
-    assert (cfg.scheduler.step_size, cfg.scheduler.gamma) == (96, 0.25)
+    assert (cfg.scheduler.step_size, cfg.scheduler.gamma) == (10, 0.1)  # trainingOptions defaults
     assert cfg.data.source.n_features == 1440 and cfg.data.batch_size == 64
     assert cfg.trainer.accelerator == "auto"
     assert cfg.paths.tracking_uri.startswith("sqlite:///") and cfg.paths.tracking_uri.endswith("mlruns/mlflow.db")
