@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from seqlab.data import synthetic_daily_load
 
-    x, y = synthetic_daily_load(args.n_samples, args.seed, seq_len=args.seq_len)
+    data = synthetic_daily_load(args.n_samples, args.seed, seq_len=args.seq_len)
+    x, y = data.x, data.y
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.out.suffix == ".npz":
         np.savez_compressed(args.out, X=x, y=y)

@@ -7,13 +7,17 @@ import pytest
 import torch
 
 from seqlab import SeqlabError
-from seqlab.data import SeqDataModule, TensorBatches, load_csv, load_npz, synthetic_daily_load
+from seqlab.data import SeqDataModule, TensorBatches, load_csv, load_npz, pad_sequences, synthetic_daily_load
+
+
+def _xy(data):
+    return data.x, data.y
 
 
 def test_synthetic_is_deterministic_and_shaped_like_the_matlab_input():
-    x1, y1 = synthetic_daily_load(64, seed=3, seq_len=2)
-    x2, y2 = synthetic_daily_load(64, seed=3, seq_len=2)
-    x3, _ = synthetic_daily_load(64, seed=4, seq_len=2)
+    x1, y1 = _xy(synthetic_daily_load(64, seed=3, seq_len=2))
+    x2, y2 = _xy(synthetic_daily_load(64, seed=3, seq_len=2))
+    x3, _ = _xy(synthetic_daily_load(64, seed=4, seq_len=2))
     assert x1.shape == (64, 2, 1440) and y1.shape == (64, 1)
     assert x1.dtype == np.float32 and y1.dtype == np.float32
     np.testing.assert_array_equal(x1, x2)
@@ -22,8 +26,8 @@ def test_synthetic_is_deterministic_and_shaped_like_the_matlab_input():
 
 
 def test_daily_profile_layout_is_one_feature_by_1440_steps():
-    windows, yw = synthetic_daily_load(8, seed=0, layout="windows")
-    profile, yp = synthetic_daily_load(8, seed=0, layout="profile")
+    windows, yw = _xy(synthetic_daily_load(8, seed=0, layout="windows"))
+    profile, yp = _xy(synthetic_daily_load(8, seed=0, layout="profile"))
     assert profile.shape == (8, 1440, 1)
     np.testing.assert_array_equal(profile[:, :, 0], windows[:, 0, :])
     np.testing.assert_array_equal(yw, yp)
@@ -31,7 +35,7 @@ def test_daily_profile_layout_is_one_feature_by_1440_steps():
 
 def test_synthetic_target_is_learnable_from_the_input():
     """A real signal: least squares on three summary features explains most of the variance."""
-    x, y = synthetic_daily_load(2000, seed=0)
+    x, y = _xy(synthetic_daily_load(2000, seed=0))
     day = x[:, -1, :]
     feats = np.c_[day.mean(1), day[:, 460:500].mean(1), day[:, 1120:1160].mean(1), np.ones(len(x))]
     coef, *_ = np.linalg.lstsq(feats[:1500], y[:1500], rcond=None)
@@ -43,7 +47,7 @@ def test_npz_round_trip_and_first_n(tmp_path):
     x = np.random.default_rng(0).normal(size=(10, 3, 5))
     y = np.arange(10.0)
     np.savez(tmp_path / "d.npz", X=x, y=y)
-    xl, yl = load_npz(str(tmp_path / "d.npz"), n_samples=4, seed=0)
+    xl, yl = _xy(load_npz(str(tmp_path / "d.npz"), n_samples=4, seed=0))
     assert xl.shape == (4, 3, 5) and yl.shape == (4, 1)
     np.testing.assert_allclose(xl, x[:4].astype(np.float32))
     np.testing.assert_array_equal(yl[:, 0], [0, 1, 2, 3])
@@ -51,7 +55,7 @@ def test_npz_round_trip_and_first_n(tmp_path):
 
 def test_npz_two_dimensional_x_is_one_step(tmp_path):
     np.savez(tmp_path / "d.npz", X=np.ones((6, 7)), y=np.ones(6))
-    x, _ = load_npz(str(tmp_path / "d.npz"), n_samples=None, seed=0)
+    x, _ = _xy(load_npz(str(tmp_path / "d.npz"), n_samples=None, seed=0))
     assert x.shape == (6, 1, 7)
 
 
@@ -70,7 +74,7 @@ def test_npz_mismatched_lengths(tmp_path):
 def test_csv_with_header_and_steps(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("a,b,c,d,target\n1,2,3,4,10\n5,6,7,8,20\n")
-    x, y = load_csv(str(path), n_samples=None, seed=0, seq_len=2)
+    x, y = _xy(load_csv(str(path), n_samples=None, seed=0, seq_len=2))
     assert x.shape == (2, 2, 2)
     np.testing.assert_array_equal(x[1], [[5, 6], [7, 8]])
     np.testing.assert_array_equal(y[:, 0], [10, 20])
@@ -109,13 +113,36 @@ def _module(**kwargs):
 def test_datamodule_split_is_seeded_and_disjoint():
     a, b = _module(seed=1), _module(seed=1)
     a.setup(), b.setup()
-    assert (len(a.x_train), len(a.x_val)) == (80, 20)
-    torch.testing.assert_close(a.x_val, b.x_val)
-    train_rows = {tuple(r[0, :3].tolist()) for r in a.x_train}
-    assert not any(tuple(r[0, :3].tolist()) in train_rows for r in a.x_val)
+    assert (len(a.train), len(a.val)) == (80, 20)
+    np.testing.assert_array_equal(a.val.x, b.val.x)
+    train_rows = {tuple(r[0, :3].tolist()) for r in a.train.x}
+    assert not any(tuple(r[0, :3].tolist()) in train_rows for r in a.val.x)
     assert (a.n_steps, a.n_features, a.n_outputs) == (1, 1440, 1)
-    expected = float(((a.y_val.double() - a.y_train.double().mean()) ** 2).mean().sqrt())
+    expected = float(np.sqrt(((a.val.y.astype(np.float64) - a.train.y.astype(np.float64).mean()) ** 2).mean()))
     assert a.baseline_val_rmse() == pytest.approx(expected)
+
+
+def test_a_validation_set_that_comes_with_the_data_is_used_as_it_is(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.normal(size=(30, 2, 4)), y=np.arange(30.0),
+             X_val=rng.normal(size=(7, 2, 4)), y_val=np.arange(7.0))
+    dm = SeqDataModule(lambda n_samples, seed: load_npz(str(tmp_path / "d.npz"), n_samples, seed), batch_size=8)
+    dm.setup()
+    assert (len(dm.train), len(dm.val)) == (30, 7)
+    np.testing.assert_array_equal(dm.val.y[:, 0], np.arange(7.0))
+
+
+def test_ragged_sequences_carry_their_lengths_through_the_batches():
+    x, lengths = pad_sequences([np.ones((3, 2)), 2 * np.ones((1, 2)), 3 * np.ones((2, 2))])
+    assert x.shape == (3, 3, 2)
+    np.testing.assert_array_equal(lengths, [3, 1, 2])
+    np.testing.assert_array_equal(x[1], [[2, 2], [0, 0], [0, 0]])  # padded right with zeros
+    batches = TensorBatches(torch.from_numpy(x), torch.arange(3.0)[:, None], 2, True, False, 0,
+                            torch.from_numpy(lengths))
+    for xb, yb, lb in batches:
+        for xi, yi, li in zip(xb, yb, lb):
+            assert int(li) == [3, 1, 2][int(yi)]
+            assert torch.all(xi[int(li):] == 0) and torch.all(xi[: int(li)] == int(yi) + 1)
 
 
 def test_too_few_samples_for_one_batch_is_a_clear_error():

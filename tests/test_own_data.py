@@ -34,13 +34,17 @@ def test_example_file_trains_through_the_cli(run_cli, store, tmp_path, suffix, s
     assert run.data.params["data.path"] == str(data)
 
 
+def _xy(data):
+    return data.x, data.y
+
+
 def test_csv_round_trip_keeps_the_values(tmp_path):
     from seqlab.data import load_csv, synthetic_daily_load
 
     out = tmp_path / "d.csv"
     subprocess.run([sys.executable, str(SCRIPT), str(out), "--n-samples", "5"], check=True, capture_output=True)
-    x, y = load_csv(str(out), n_samples=None, seed=0)
-    x0, y0 = synthetic_daily_load(5, 0)
+    x, y = _xy(load_csv(str(out), n_samples=None, seed=0))
+    x0, y0 = _xy(synthetic_daily_load(5, 0))
     np.testing.assert_allclose(x, x0, rtol=1e-5)
     np.testing.assert_allclose(y, y0, rtol=1e-5)
 

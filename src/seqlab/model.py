@@ -7,6 +7,7 @@ Input (batch, steps, features) -> Conv1d along time (features are channels, 'sam
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -37,11 +38,18 @@ class CNNLSTM(nn.Module):
         elif init != "pytorch":
             raise SeqlabError(f"model.init must be 'pytorch' or 'matlab', got {init!r}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (batch, steps, features); lengths: real steps of right-padded sequences, if any."""
         h = self.conv(x.transpose(1, 2))  # (B, filters, steps)
         h = self.relu(self.bn(h))
         out, _ = self.lstm(h.transpose(1, 2))  # (B, steps, hidden)
-        return self.fc(self.drop(out[:, -1]))
+        if lengths is None:
+            last = out[:, -1]
+        else:
+            # The LSTM is causal: its output at a sequence's last real step does not see the
+            # padding after it. (MATLAB's 'last' with right padding takes the padded end.)
+            last = out[torch.arange(len(out), device=out.device), lengths.to(out.device) - 1]
+        return self.fc(self.drop(last))
 
 
 @torch.no_grad()

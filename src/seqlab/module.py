@@ -1,21 +1,31 @@
-"""The LightningModule: half-MSE loss, torchmetrics on train and validation, optimizer and
-scheduler built from their config groups. Nothing here reads a value back to the host during a
+"""The LightningModule: the loss, torchmetrics on train and validation, optimizer and scheduler
+built from their config groups, and MATLAB's gradient treatment (coupled L2, gradient threshold)
+where the module config asks for it. Nothing here reads a value back to the host during a
 training step: metrics accumulate on the device and are computed once per epoch."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import pytorch_lightning as pl
 import torch
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
+from seqlab.gradients import GradientTreatment
+
 
 def half_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """MATLAB's regressionLayer loss: 0.5 * mean over the batch of the sum over responses of
     the squared error (not divided by the number of responses)."""
     return 0.5 * (pred - target).pow(2).sum(dim=1).mean()
+
+
+def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(pred, target)
+
+
+LOSSES = {"half_mse": half_mse, "mse": mse}
 
 
 def _metrics(prefix: str, postfix: str = "") -> MetricCollection:
@@ -26,29 +36,45 @@ def _metrics(prefix: str, postfix: str = "") -> MetricCollection:
     )
 
 
+def _unpack(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    x, y, *rest = batch
+    return x, y, (rest[0] if rest else None)
+
+
 class SeqRegressor(pl.LightningModule):
+    """Built from conf/module/ (a partial) with the model, optimizer and scheduler."""
+
     def __init__(
         self,
         model: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Optional[Callable[..., Any]] = None,
+        loss: str = "half_mse",
+        l2_regularization: float = 0.0,
+        gradient_threshold: Optional[float] = None,
+        gradient_threshold_method: str = "l2norm",
+        bn_statistics: str = "moving",
     ) -> None:
         super().__init__()
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
+        self.loss_name = loss
+        self.loss_fn = LOSSES[loss]
+        self.gradients = GradientTreatment(model, l2_regularization, gradient_threshold, gradient_threshold_method)
+        self.bn_statistics = bn_statistics
         # Per-step train_loss/train_rmse are recorded by tracking.StepMetricsRecorder from the
         # step's loss; these are the epoch-level train metrics over every sample of the epoch.
         self.train_metrics = _metrics("train_", "_epoch")
         self.val_metrics = _metrics("val_")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+    def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.model(x, lengths)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        pred = self.model(x)
-        loss = half_mse(pred, y)
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x, y, lengths = _unpack(batch)
+        pred = self.model(x, lengths)
+        loss = self.loss_fn(pred, y)
         self.train_metrics.update(pred.detach(), y)
         return loss
 
@@ -56,15 +82,28 @@ class SeqRegressor(pl.LightningModule):
         self.log_dict(self.train_metrics.compute())
         self.train_metrics.reset()
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        pred = self.model(x)
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
+        x, y, lengths = _unpack(batch)
+        pred = self.model(x, lengths)
         self.val_metrics.update(pred, y)
-        self.log("val_loss", half_mse(pred, y), on_epoch=True, batch_size=len(x))
+        self.log("val_loss", self.loss_fn(pred, y), on_epoch=True, batch_size=len(x))
 
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self.val_metrics.compute())
         self.val_metrics.reset()
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: Optional[float] = None,
+        gradient_clip_algorithm: Optional[str] = None,
+    ) -> None:
+        # Lightning calls this after backward and before the optimizer step, which is where
+        # MATLAB adds the L2 term and applies the threshold (in that order).
+        if self.gradients.active:
+            self.gradients()
+        if gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(params=self.parameters())
@@ -72,3 +111,66 @@ class SeqRegressor(pl.LightningModule):
             return optimizer
         scheduler = self.scheduler_factory(optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+
+
+@torch.no_grad()
+def population_bn_statistics_(model: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> int:
+    """MATLAB's BatchNormalizationStatistics='population': after training, one pass over the
+    training data; each BatchNorm layer's mean and variance become those of its inputs over every
+    sample and step. Returns the number of BatchNorm layers updated."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not layers:
+        return 0
+    sums = {m: [0, None, None] for m in layers}  # count, sum, sum of squares (float64)
+
+    def collect(module: nn.Module, inputs: tuple[torch.Tensor]) -> None:
+        x = inputs[0].double()
+        dims = [d for d in range(x.dim()) if d != 1]  # every dim but channels
+        acc = sums[module]
+        acc[0] += x.numel() // x.shape[1]
+        s, q = x.sum(dims), x.pow(2).sum(dims)
+        acc[1] = s if acc[1] is None else acc[1] + s
+        acc[2] = q if acc[2] is None else acc[2] + q
+
+    hooks = [m.register_forward_pre_hook(collect) for m in layers]
+    was_training = model.training
+    model.eval()  # stored statistics stay untouched during the pass; dropout off
+    try:
+        for batch in batches:
+            x, _, lengths = _unpack(batch)
+            model(x.to(device), None if lengths is None else lengths.to(device))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    for m, (count, s, q) in sums.items():
+        mean = s / count
+        var = (q / count - mean.pow(2)).clamp(min=0)
+        if count > 1:
+            var = var * count / (count - 1)  # unbiased, as PyTorch's running_var
+        m.running_mean.copy_(mean.to(m.running_mean.dtype))
+        m.running_var.copy_(var.to(m.running_var.dtype))
+    return len(layers)
+
+
+@torch.no_grad()
+def evaluate(module: SeqRegressor, batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> dict[str, float]:
+    """Loss, RMSE, MAE and R2 of the module in evaluation mode over some batches."""
+    was_training = module.training
+    module.eval()
+    metrics = _metrics("").to(device)
+    total, count = 0.0, 0
+    try:
+        for batch in batches:
+            x, y, lengths = _unpack(batch)
+            x, y = x.to(device), y.to(device)
+            pred = module.model(x, None if lengths is None else lengths.to(device))
+            metrics.update(pred, y)
+            total += float(module.loss_fn(pred, y)) * len(x)
+            count += len(x)
+    finally:
+        module.train(was_training)
+    out = {k: float(v) for k, v in metrics.compute().items()} if count else {}
+    if count:
+        out["loss"] = total / count
+    return out

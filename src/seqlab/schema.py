@@ -16,6 +16,9 @@ from seqlab import SeqlabError
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
 INITS = ("pytorch", "matlab")
+LOSSES = ("half_mse", "mse")
+THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
+BN_STATISTICS = ("moving", "population")
 
 
 class ConfigError(SeqlabError):
@@ -34,6 +37,8 @@ class DataConfig:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
+    x_key: Optional[str] = None  # the input / response variable in a file (npz, mat)
+    y_key: Optional[str] = None
 
 
 @dataclass
@@ -47,6 +52,20 @@ class ModelConfig:
 
 
 @dataclass
+class ModuleConfig:
+    """How the LightningModule trains: the settings MATLAB's trainNetwork fixes and PyTorch leaves
+    to the user (see docs/matlab.md)."""
+
+    _target_: str = "seqlab.module.SeqRegressor"
+    _partial_: bool = True
+    loss: str = "half_mse"
+    l2_regularization: float = 0.0
+    gradient_threshold: Optional[float] = None
+    gradient_threshold_method: str = "l2norm"
+    bn_statistics: str = "moving"
+
+
+@dataclass
 class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = 1
@@ -54,7 +73,10 @@ class TrainerConfig:
     max_steps: int = -1
     precision: str = "32-true"
     gradient_clip_val: Optional[float] = None
-    check_val_every_n_epoch: int = 1
+    # null with val_check_interval=N: validate every N iterations across epochs (MATLAB's
+    # ValidationFrequency); otherwise every this many epochs.
+    check_val_every_n_epoch: Optional[int] = 1
+    val_check_interval: Any = None
     num_sanity_val_steps: int = 0
     # Any other lightning.Trainer argument, e.g. trainer.extra={limit_train_batches:0.5}.
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -86,6 +108,7 @@ class PathsConfig:
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    module: ModuleConfig = field(default_factory=ModuleConfig)
     # Optimizer and scheduler keys differ per class (betas, momentum, step_size...), so they are
     # untyped here; `validate` checks what every option shares.
     optimizer: Any = MISSING
@@ -129,6 +152,22 @@ def validate(cfg: DictConfig) -> None:
         _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
     _require(m.init in INITS, f"model.init must be one of {', '.join(INITS)}; got {m.init!r}")
+    u = cfg.module
+    _require(u.loss in LOSSES, f"module.loss must be one of {', '.join(LOSSES)}; got {u.loss!r}")
+    _require(u.l2_regularization >= 0, f"module.l2_regularization must be >= 0, got {u.l2_regularization}")
+    _require(
+        u.gradient_threshold is None or u.gradient_threshold > 0,
+        f"module.gradient_threshold must be positive (or null for none), got {u.gradient_threshold}",
+    )
+    _require(
+        u.gradient_threshold_method in THRESHOLD_METHODS,
+        f"module.gradient_threshold_method must be one of {', '.join(THRESHOLD_METHODS)}; "
+        f"got {u.gradient_threshold_method!r}",
+    )
+    _require(
+        u.bn_statistics in BN_STATISTICS,
+        f"module.bn_statistics must be one of {', '.join(BN_STATISTICS)}; got {u.bn_statistics!r}",
+    )
     _require(
         t.accelerator in ACCELERATORS,
         f"trainer.accelerator must be one of {', '.join(ACCELERATORS)}; got {t.accelerator!r}",
@@ -140,6 +179,10 @@ def validate(cfg: DictConfig) -> None:
     _require(
         t.max_epochs > 0 or t.max_steps > 0,
         f"trainer.max_epochs must be positive, got {t.max_epochs}",
+    )
+    _require(
+        t.check_val_every_n_epoch is not None or t.val_check_interval is not None,
+        "trainer.check_val_every_n_epoch=null needs trainer.val_check_interval=N (iterations)",
     )
     _require(
         t.max_steps == -1 or t.max_steps > 0,

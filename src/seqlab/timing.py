@@ -7,6 +7,7 @@ import time
 from typing import Any, Optional
 
 import pytorch_lightning as pl
+from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab.devices import synchronize
 from seqlab.tracking import MlflowTracker
@@ -16,7 +17,8 @@ class EpochTimer(pl.Callback):
     def __init__(self, tracker: Optional[MlflowTracker] = None) -> None:
         self.tracker = tracker
         self.start: Optional[float] = None
-        self.train_end: Optional[float] = None
+        self.val_start: Optional[float] = None
+        self.val_seconds = 0.0  # validation inside the epoch, taken out of its time
         self.batches = 0
         self.samples = 0
         self.epochs: list[dict[str, float]] = []  # one row per finished epoch
@@ -27,7 +29,7 @@ class EpochTimer(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.batches = self.samples = 0
-        self.train_end = None
+        self.val_seconds = 0.0
         self.start = self._now(pl_module)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -35,12 +37,17 @@ class EpochTimer(pl.Callback):
         self.samples += len(batch[0])
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.training and self.start is not None and self.train_end is None:
-            self.train_end = self._now(pl_module)
+        # Lightning marks the trainer as validating here, even inside fit.
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.start is not None:
+            self.val_start = self._now(pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.val_start is not None:
+            self.val_seconds += self._now(pl_module) - self.val_start
+            self.val_start = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        end = self.train_end if self.train_end is not None else self._now(pl_module)
-        seconds = max(end - self.start, 1e-9)
+        seconds = max(self._now(pl_module) - self.start - self.val_seconds, 1e-9)
         row = {
             "epoch_time_s": seconds,
             "it_per_s": self.batches / seconds,

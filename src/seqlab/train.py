@@ -128,7 +128,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     import torch
     from hydra.utils import instantiate
 
-    from seqlab.module import SeqRegressor
+    from seqlab.module import evaluate, population_bn_statistics_
     from seqlab.plots import training_curves
     from seqlab.progress import ProgressLine
     from seqlab.timing import EpochTimer
@@ -150,7 +150,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     log.info("data      %s", datamodule.describe())
     model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
-    module = SeqRegressor(model, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
+    module = instantiate(cfg.module)(model=model, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model     %s, %s parameters, init=%s", type(model).__name__, f"{n_params:,}", cfg.model.init)
     log.info("device    %s (%s)", device.accelerator, device.name)
@@ -165,6 +165,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         precision=cfg.trainer.precision,
         gradient_clip_val=cfg.trainer.gradient_clip_val,
         check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
+        val_check_interval=cfg.trainer.val_check_interval,
         num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
         deterministic=cfg.deterministic,
         logger=tracker.lightning_logger(),
@@ -184,7 +185,15 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     trainer.fit(module, datamodule=datamodule)
     wall = time.perf_counter() - start
 
+    if cfg.module.bn_statistics == "population":
+        population_bn_statistics_(module.model, datamodule.train_eval_batches(), module.device)
+        log.info("batchnorm population statistics from one pass over the %d training samples", len(datamodule.train))
     summary = {"train_wall_s": wall}
+    val_batches = datamodule.val_dataloader()
+    if val_batches:
+        # MATLAB's FinalValidation*: the network as saved, after any BatchNorm finalisation.
+        final = evaluate(module, val_batches, module.device)
+        summary.update({f"final_val_{k}": v for k, v in final.items()})
     for key in ("it_per_s", "samples_per_s"):
         value = timer.median(key)
         if value is not None:
@@ -202,7 +211,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
 
     result.it_per_s = summary.get("it_per_s_median")
     result.samples_per_s = summary.get("samples_per_s_median")
-    result.val_rmse = tracker.last("val_rmse")
+    result.val_rmse = summary.get("final_val_rmse", tracker.last("val_rmse"))
     result.val_rmse_baseline = baseline
     _report(cfg, job, tracker, device, result, trainer, wall)
 

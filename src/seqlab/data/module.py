@@ -1,0 +1,159 @@
+"""The DataModule: loads a source once, splits it, and serves batches sliced from contiguous
+tensors (one gather per epoch), not assembled sample by sample by a DataLoader: for a model
+this small, per-sample collation costs more than the model."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from seqlab import SeqlabError
+from seqlab.data.sources import SeqData
+
+log = logging.getLogger("seqlab")
+
+Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, lengths)
+
+
+class TensorBatches:
+    """Mini-batches of (x, y[, lengths]), reshuffled at the start of every pass."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        lengths: Optional[torch.Tensor] = None,
+    ) -> None:
+        self.tensors = (x, y) if lengths is None else (x, y, lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last  # MATLAB discards the last incomplete mini-batch
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        n = len(self.tensors[0])
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        tensors = self.tensors
+        if self.shuffle:
+            order = torch.randperm(len(tensors[0]), generator=self.generator)
+            tensors = tuple(t[order] for t in tensors)
+        bs = self.batch_size
+        for i in range(len(self)):
+            yield tuple(t[i * bs : (i + 1) * bs] for t in tensors)
+
+
+def _tensors(data: SeqData) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    lengths = None if data.lengths is None else torch.from_numpy(data.lengths)
+    return torch.from_numpy(data.x), torch.from_numpy(data.y), lengths
+
+
+class SeqDataModule(pl.LightningDataModule):
+    """Splits train/validation with a seeded permutation (or uses the validation set that came
+    with the data). Shapes are known after `setup()`: the model is sized from them."""
+
+    def __init__(
+        self,
+        source: Callable[..., SeqData],
+        name: str = "data",
+        path: Optional[str] = None,
+        n_samples: Optional[int] = None,
+        batch_size: int = 64,
+        val_fraction: float = 0.2,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        x_key: Optional[str] = None,
+        y_key: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.name = name
+        self.n_samples = n_samples
+        self.batch_size = batch_size
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.train: Optional[SeqData] = None
+        self.val: Optional[SeqData] = None
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train is not None:
+            return
+        data = self.source(n_samples=self.n_samples, seed=self.seed)
+        if data.val is not None:
+            self.train, self.val = data, data.val
+            log.info("data      validation: the set that came with the data (data.val_fraction not used)")
+        else:
+            n = len(data)
+            n_val = round(n * self.val_fraction)
+            if self.val_fraction > 0 and n_val == 0 and n > 1:
+                n_val = 1
+            order = np.random.default_rng(self.seed).permutation(n)
+            self.train, self.val = data.take(order[n_val:]), data.take(order[:n_val])
+        if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
+            raise SeqlabError(
+                f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
+            )
+        if len(self.train) == 0 or (self.drop_last and len(self.train) < self.batch_size):
+            raise SeqlabError(
+                f"data: {len(self.train)} training samples make no full batch of data.batch_size="
+                f"{self.batch_size}; use more data or a smaller batch"
+            )
+
+    @property
+    def n_steps(self) -> int:
+        return self.train.x.shape[1]
+
+    @property
+    def n_features(self) -> int:
+        return self.train.x.shape[2]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.train.y.shape[1]
+
+    def baseline_val_rmse(self) -> Optional[float]:
+        """RMSE on validation of predicting the training mean: the score to beat."""
+        if self.val is None or len(self.val) == 0:
+            return None
+        mean = self.train.y.astype(np.float64).mean(axis=0)
+        return float(np.sqrt(((self.val.y.astype(np.float64) - mean) ** 2).mean()))
+
+    def describe(self) -> str:
+        steps = f"{self.n_steps} step(s)"
+        if self.train.lengths is not None:
+            steps = f"{self.train.lengths.min()}..{self.n_steps} steps (padded right to {self.n_steps})"
+        n_val = 0 if self.val is None else len(self.val)
+        return (
+            f"{self.name}: {len(self.train)} train / {n_val} val samples, "
+            f"{steps} x {self.n_features} feature(s), {self.n_outputs} response(s)"
+        )
+
+    def train_dataloader(self) -> TensorBatches:
+        x, y, lengths = _tensors(self.train)
+        return TensorBatches(x, y, self.batch_size, self.shuffle, self.drop_last, self.seed, lengths)
+
+    def train_eval_batches(self) -> TensorBatches:
+        """Every training sample once, in order, in large batches (BatchNorm's population pass)."""
+        x, y, lengths = _tensors(self.train)
+        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)
+
+    def val_dataloader(self) -> TensorBatches | list:
+        if self.val is None or len(self.val) == 0:
+            return []
+        x, y, lengths = _tensors(self.val)
+        # Evaluation does not depend on the batch size (BatchNorm uses its stored statistics),
+        # so validate in large batches.
+        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)

@@ -1,0 +1,190 @@
+"""Sources: each returns a SeqData whatever the file or generator behind it.
+
+X is (N, steps, features) float32 and y (N, responses) float32. Sequences of different lengths
+are padded on the right with zeros to the longest (as MATLAB's SequencePaddingDirection='right'
+does), and `lengths` keeps each one's real length, so that the LSTM's last output is taken at the
+last real step, not at padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from seqlab import SeqlabError
+
+
+@dataclass
+class SeqData:
+    x: np.ndarray  # (N, steps, features) float32
+    y: np.ndarray  # (N, responses) float32
+    lengths: Optional[np.ndarray] = None  # (N,) int64 real steps, only where they differ
+    val: Optional["SeqData"] = None  # a validation set that came with the data
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def first(self, n: Optional[int]) -> "SeqData":
+        if n is None or n >= len(self):
+            return self
+        lengths = None if self.lengths is None else self.lengths[:n]
+        return SeqData(self.x[:n], self.y[:n], lengths, self.val)
+
+    def take(self, index: np.ndarray) -> "SeqData":
+        lengths = None if self.lengths is None else self.lengths[index]
+        return SeqData(self.x[index], self.y[index], lengths)
+
+
+def as_sequences(
+    x: np.ndarray, y: np.ndarray, origin: str, lengths: Optional[np.ndarray] = None
+) -> SeqData:
+    """Bring X to (N, steps, features) and y to (N, responses), both float32."""
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(y, dtype=np.float32)
+    if x.ndim == 2:
+        x = x[:, None, :]  # one step per sample
+    if x.ndim != 3:
+        raise SeqlabError(f"{origin}: X must be (N, features) or (N, steps, features), got shape {x.shape}")
+    if y.ndim not in (1, 2) or y.shape[0] != x.shape[0]:
+        raise SeqlabError(
+            f"{origin}: y must be (N,) or (N, responses) with N={x.shape[0]} as in X, got shape {y.shape}"
+        )
+    if y.ndim == 1:
+        y = y[:, None]
+    if lengths is not None:
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if len(lengths) != len(x) or lengths.min() < 1 or lengths.max() > x.shape[1]:
+            raise SeqlabError(f"{origin}: lengths must be N={len(x)} values in 1..{x.shape[1]}")
+        if (lengths == x.shape[1]).all():
+            lengths = None  # nothing is padded
+    return SeqData(np.ascontiguousarray(x), np.ascontiguousarray(y), lengths)
+
+
+def pad_sequences(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps_i, features) arrays -> (N, longest, features) right-padded with zeros, lengths."""
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    features = {s.shape[1] for s in sequences}
+    if len(features) != 1:
+        raise SeqlabError(f"sequences have different numbers of features: {sorted(features)}")
+    out = np.zeros((len(sequences), lengths.max(), features.pop()), dtype=np.float32)
+    for i, s in enumerate(sequences):
+        out[i, : len(s)] = s
+    return out, lengths
+
+
+def synthetic_daily_load(
+    n_samples: Optional[int],
+    seed: int,
+    layout: str = "windows",
+    seq_len: int = 1,
+    n_features: int = 1440,
+    noise: float = 0.05,
+) -> SeqData:
+    """Daily load curves (a base level shaped by a day cycle, plus morning and evening peaks), one
+    per day, `seq_len` days per sample; the target is the next day's mean load. The level drifts
+    by a per-sample trend, so longer sequences carry more information about the target.
+
+    layout='windows': X is (N, seq_len, n_features), one day per step (the MATLAB seed's input);
+    layout='profile': X is (N, seq_len * n_features, 1), the days as one univariate series.
+    """
+    if n_samples is None:
+        raise SeqlabError("data.n_samples must be set for synthetic data")
+    if layout not in ("windows", "profile"):
+        raise SeqlabError(f"data.source.layout must be 'windows' or 'profile', got {layout!r}")
+    rng = np.random.default_rng(seed)
+    n = n_samples
+    t = np.arange(n_features, dtype=np.float64) / n_features  # time of day in [0, 1)
+    cycle = 1.0 + 0.3 * np.sin(2 * np.pi * (t - 0.25))
+    morning_peak = np.exp(-(((t - 0.33) / 0.04) ** 2))
+    evening_peak = np.exp(-(((t - 0.79) / 0.04) ** 2))
+
+    level = rng.uniform(0.5, 1.5, (n, 1, 1))
+    trend = rng.uniform(-0.1, 0.1, (n, 1, 1))
+    morning = rng.uniform(0.0, 0.5, (n, 1, 1))
+    evening = rng.uniform(0.0, 1.0, (n, 1, 1))
+    days = np.arange(seq_len).reshape(1, -1, 1)
+
+    x = (level + trend * days) * cycle + morning * morning_peak + evening * evening_peak
+    x = x + noise * rng.standard_normal((n, seq_len, n_features))
+    next_level = level[:, :, 0] + trend[:, :, 0] * seq_len
+    y = (
+        next_level * cycle.mean()
+        + morning[:, :, 0] * morning_peak.mean()
+        + evening[:, :, 0] * evening_peak.mean()
+        + noise * rng.standard_normal((n, 1))
+    )
+    if layout == "profile":
+        x = x.reshape(n, seq_len * n_features, 1)
+    return as_sequences(x, y, "synthetic data")
+
+
+def load_npz(
+    path: str,
+    n_samples: Optional[int],
+    seed: int,
+    x_key: Optional[str] = None,
+    y_key: Optional[str] = None,
+) -> SeqData:
+    """A .npz file: X (N, [steps,] features) and y (N[, responses]); optional `lengths` (real
+    steps of right-padded sequences) and X_val/y_val[/lengths_val] (a validation set)."""
+    x_key, y_key = x_key or "X", y_key or "y"
+    with np.load(path) as f:
+        missing = [k for k in (x_key, y_key) if k not in f.files]
+        if missing:
+            raise SeqlabError(
+                f"{path}: no array named {', '.join(missing)} (found: {', '.join(f.files) or 'none'}); "
+                "set data.x_key / data.y_key"
+            )
+        data = as_sequences(f[x_key], f[y_key], path, f["lengths"] if "lengths" in f.files else None)
+        if "X_val" in f.files and "y_val" in f.files:
+            lengths_val = f["lengths_val"] if "lengths_val" in f.files else None
+            data.val = as_sequences(f["X_val"], f["y_val"], f"{path} (X_val, y_val)", lengths_val)
+    return data.first(n_samples)
+
+
+def load_csv(
+    path: str,
+    n_samples: Optional[int],
+    seed: int,
+    seq_len: int = 1,
+    header: str | bool = "auto",
+    delimiter: str = ",",
+) -> SeqData:
+    """One sample per row: seq_len * features input values (step-major), target last."""
+    lines = Path(path).read_text().splitlines()
+    if header == "auto":
+        first = lines[0].split(delimiter) if lines else []
+        header = not all(_is_number(v) for v in first)
+    rows = lines[1:] if header else lines
+    values = []
+    for lineno, line in enumerate(rows, start=2 if header else 1):
+        if not line.strip():
+            continue
+        cells = line.split(delimiter)
+        try:
+            values.append([float(c) for c in cells])
+        except ValueError:
+            bad = next(c for c in cells if not _is_number(c))
+            raise SeqlabError(f"{path}:{lineno}: not a number: {bad.strip()!r}") from None
+    widths = {len(r) for r in values}
+    if len(widths) != 1:
+        raise SeqlabError(f"{path}: rows have different numbers of columns: {sorted(widths) or 'no rows'}")
+    table = np.asarray(values, dtype=np.float32)
+    n_inputs = table.shape[1] - 1
+    if n_inputs < 1 or n_inputs % seq_len:
+        raise SeqlabError(
+            f"{path}: {n_inputs} input columns cannot be split into data.source.seq_len={seq_len} steps"
+        )
+    x = table[:, :n_inputs].reshape(len(table), seq_len, n_inputs // seq_len)
+    return as_sequences(x, table[:, n_inputs], path).first(n_samples)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
