@@ -223,7 +223,8 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
     lines = [
         f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
-        f"val_mae {fmt(tracker.last('val_mae'))}, val_r2 {fmt(tracker.last('val_r2'), '.3f')}",
+        f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
+        "(the final network, as saved)",
         f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
