@@ -109,3 +109,12 @@ def test_runs_land_on_an_mlflow_server_over_http(run_cli, tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_a_sweep_cut_short_does_not_leave_its_parent_running(run_cli, store):
+    proc = run_cli("-m", "data.batch_size=abc,def", *TINY)  # no job's config composes
+    assert proc.returncode != 0
+    (parent,) = runs_of(store, "seqlab")
+    assert parent.data.tags["sweep_role"] == "parent"
+    assert parent.info.status == "FAILED"
+    assert "stopped before its summary" in parent.data.tags["failure_reason"]

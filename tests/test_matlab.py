@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from conftest import ROOT, runs_of
 from matfiles import MatCell, write_v5, write_v73
 from seqlab import SeqlabError
-from seqlab.data import SeqDataModule, load_mat, load_npz
+from seqlab.data import SeqDataModule, load_mat, load_npz, synthetic_daily_load
 from seqlab.gradients import GradientTreatment, clip_, l2_parameters
 from seqlab.model import CNNLSTM
 from seqlab.module import population_bn_statistics_
@@ -149,13 +149,45 @@ def test_l2_is_added_before_the_threshold():
     assert torch.count_nonzero(m.fc.bias.grad) == 0
 
 
-def test_training_applies_the_treatment_between_backward_and_step(compose_cfg):
-    """The module hook Lightning calls before each optimizer step runs the treatment."""
+def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
+    """One real Lightning step equals a hand-written MATLAB iteration: loss, backward, L2 added,
+    per-tensor threshold, Adam."""
+    import copy
+
+    import pytorch_lightning as pl
+
+    from seqlab.data import TensorBatches
+    from seqlab.module import half_mse
+
     cfg = compose_cfg("experiment=matlab_seed")
-    module = instantiate(cfg.module)(model=_model_with_grads(scale=50.0), optimizer=instantiate(cfg.optimizer))
-    module.configure_gradient_clipping(None)
-    for name, p in module.model.named_parameters():
-        assert p.grad.norm().item() <= 1.0 + 1e-5, name
+    torch.manual_seed(0)
+    model = CNNLSTM(n_features=1440, init="matlab", dropout=0.0)
+    reference = copy.deepcopy(model)
+    data = synthetic_daily_load(64, seed=0)
+    x, y = torch.from_numpy(data.x), 50 * torch.from_numpy(data.y)  # large errors: thresholds engage
+
+    module = instantiate(cfg.module)(model=model, optimizer=instantiate(cfg.optimizer))
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=TensorBatches(x, y, 64, False, False, 0))
+
+    params = [p for p in reference.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    half_mse(reference(x), y).backward()
+    with torch.no_grad():
+        for p in l2_parameters(reference):
+            p.grad += 1e-4 * p
+        clipped = 0
+        for p in params:
+            norm = p.grad.norm()
+            if norm > 1.0:
+                p.grad *= 1.0 / norm
+                clipped += 1
+    optimizer.step()
+    assert clipped >= 2  # the threshold really acted
+    for (name, a), b in zip(module.model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    assert torch.count_nonzero(module.model.lstm.bias_hh_l0) == 0  # MATLAB's single bias
 
 
 # -- data handling -------------------------------------------------------------------------------
@@ -310,8 +342,6 @@ def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(comp
 
 def test_matlab_seed_on_a_mat_file_through_the_cli(run_cli, store, tmp_path):
     path = tmp_path / "seed.mat"
-    from seqlab.data import synthetic_daily_load
-
     data = synthetic_daily_load(300, seed=1)
     write_v73(path, {"XrTrain": MatCell([day.T for day in data.x]), "YrTrain": data.y})
     proc = run_cli("experiment=matlab_seed", "trainer.max_epochs=2", "data=mat", f"data.path={path}")

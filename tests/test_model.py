@@ -34,20 +34,6 @@ def test_half_mse_is_half_the_sum_over_responses_averaged_over_the_batch():
     assert half_mse(pred, target).item() == pytest.approx(3.5)
 
 
-def test_matlab_init_follows_the_formulas():
-    torch.manual_seed(0)
-    model = CNNLSTM(n_features=1440, init="matlab")
-    conv_std = model.conv.weight.std().item()
-    assert conv_std == pytest.approx(math.sqrt(2 / 7200), rel=0.05)
-    assert model.lstm.weight_hh_l0.std().item() == pytest.approx(math.sqrt(2 / 24), rel=0.1)
-    assert torch.count_nonzero(model.conv.bias) == 0 and torch.count_nonzero(model.fc.bias) == 0
-    bias = model.lstm.bias_ih_l0.view(4, 24)
-    assert torch.all(bias[1] == 1) and torch.count_nonzero(bias[[0, 2, 3]]) == 0
-    assert torch.count_nonzero(model.lstm.bias_hh_l0) == 0
-    bound = math.sqrt(6 / (24 + 1))
-    assert model.fc.weight.abs().max().item() <= bound
-
-
 def test_pytorch_init_is_pytorchs_default():
     torch.manual_seed(0)
     model = CNNLSTM(n_features=1440, init="pytorch")

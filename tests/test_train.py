@@ -27,18 +27,16 @@ def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp
     # 205 training samples in batches of 32 -> 7 steps an epoch, 2 epochs
     steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
     assert steps == list(range(1, 15))
-    rmse = store.get_metric_history(run.info.run_id, "train_rmse")
-    loss = store.get_metric_history(run.info.run_id, "train_loss")
-    assert [r.value for r in rmse] == pytest.approx([(2 * l.value) ** 0.5 for l in loss])
     assert len(store.get_metric_history(run.info.run_id, "lr")) == 14
     for name in ("val_loss", "val_rmse", "val_mae", "val_r2", "epoch_time_s", "it_per_s", "samples_per_s"):
         history = store.get_metric_history(run.info.run_id, name)
         assert [m.step for m in history] == [7, 14], name
-    it_per_s = store.get_metric_history(run.info.run_id, "it_per_s")
     epoch_s = store.get_metric_history(run.info.run_id, "epoch_time_s")
-    assert it_per_s[0].value == pytest.approx(7 / epoch_s[0].value)
+    it_per_s = store.get_metric_history(run.info.run_id, "it_per_s")
     samples = store.get_metric_history(run.info.run_id, "samples_per_s")
-    assert samples[0].value == pytest.approx(205 / epoch_s[0].value)
+    # 7 steps and 205 samples an epoch: the rates count what the epoch really trained on
+    assert samples[1].value / it_per_s[1].value == pytest.approx(205 / 7)
+    assert it_per_s[1].value * epoch_s[1].value == pytest.approx(7)
     assert run.data.metrics["val_rmse"] == pytest.approx(result.val_rmse)
 
     tags = run.data.tags
@@ -98,22 +96,77 @@ def test_gpu_without_cuda_fails_the_run_with_the_reason(compose_cfg, store):
     assert run.data.params["trainer.accelerator"] == "gpu"  # the config is recorded even so
 
 
-def test_an_error_during_training_ends_the_run_failed(compose_cfg, store, tmp_path):
-    bad = tmp_path / "bad.npz"
-    import numpy as np
-
-    np.savez(bad, X=np.full((64, 1, 8), np.nan, dtype=np.float32), y=np.ones(64))
-    cfg = compose_cfg("data=npz", f"data.path={bad}", "trainer.max_epochs=1", "model.init=bogus")
-    with pytest.raises(SeqlabError):
-        train(cfg)  # rejected by validation: no run
+def test_bad_config_makes_no_run_and_an_error_in_the_task_ends_it_failed(compose_cfg, store):
+    with pytest.raises(SeqlabError, match="model.init must be one of"):
+        train(compose_cfg(*TINY, "model.init=bogus"))  # refused before any run exists
     assert store.get_experiment_by_name("seqlab") is None
 
-    cfg = compose_cfg("data=npz", f"data.path={tmp_path / 'missing_keys.npz'}")
+    cfg = compose_cfg(*TINY, "+trainer.extra.not_a_trainer_argument=1")
+    with pytest.raises(TypeError, match="not_a_trainer_argument"):
+        train(cfg)  # an unexpected error, raised after the run was opened
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FAILED"
+    assert "not_a_trainer_argument" in run.data.tags["failure_reason"]
+
+
+def test_a_file_that_does_not_load_ends_the_run_failed(compose_cfg, store, tmp_path):
+    import numpy as np
+
     np.savez(tmp_path / "missing_keys.npz", inputs=np.ones((4, 2)))
+    cfg = compose_cfg("data=npz", f"data.path={tmp_path / 'missing_keys.npz'}")
     with pytest.raises(SeqlabError, match="no array named X"):
         train(cfg)
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED" and "no array named X" in run.data.tags["failure_reason"]
+
+
+@pytest.mark.parametrize("loss", ["half_mse", "mse"])
+def test_per_step_rmse_agrees_with_the_epochs_torchmetrics_rmse(compose_cfg, store, loss):
+    """train_rmse per step comes from the loss value; train_rmse_epoch from torchmetrics over the
+    same predictions. Squared and weighted by batch size, the steps must give the epoch."""
+    cfg = compose_cfg("data.n_samples=320", "trainer.max_epochs=1", "data.batch_size=64", f"module.loss={loss}")
+    train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    steps = store.get_metric_history(run.info.run_id, "train_rmse")
+    assert len(steps) == 4  # 256 training samples, 4 full batches
+    from_steps = (sum(m.value**2 for m in steps) / len(steps)) ** 0.5
+    assert from_steps == pytest.approx(run.data.metrics["train_rmse_epoch"], rel=1e-4)
+
+
+def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
+    import time
+
+    from seqlab.module import SeqRegressor
+
+    slow = SeqRegressor.validation_step
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(0.5)
+        return slow(self, batch, batch_idx)
+
+    monkeypatch.setattr(SeqRegressor, "validation_step", validation_step)
+    train(compose_cfg(*TINY))
+    (run,) = runs_of(store, "seqlab")
+    times = [m.value for m in store.get_metric_history(run.info.run_id, "epoch_time_s")]
+    assert len(times) == 2 and max(times) < 0.4
+    assert run.data.metrics["train_wall_s"] > 1.0  # the validations did run, outside the timing
+
+
+def test_tiny_data_edge_cases_train(compose_cfg, store):
+    """A last batch of one sample (BatchNorm cannot train on it) is dropped; a validation set
+    is never a single sample (R2 needs two)."""
+    result = train(compose_cfg("data.n_samples=11", "data.val_fraction=0.1", "data.batch_size=4", "trainer.max_epochs=1"))
+    assert result.status == "FINISHED"
+    (run,) = runs_of(store, "seqlab")
+    # 11 samples -> 2 validation, 9 training: batches of 4, 4 and a dropped 1
+    assert len(store.get_metric_history(run.info.run_id, "train_loss")) == 2
+    assert "final_val_r2" in run.data.metrics
+
+
+def test_logger_run_name_names_the_run_everywhere(compose_cfg, store):
+    result = train(compose_cfg(*TINY, "logger.run_name=my-baseline"))
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.run_name == "my-baseline" == result.run_name
 
 
 @pytest.mark.gpu

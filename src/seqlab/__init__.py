@@ -9,3 +9,9 @@ __version__ = "0.1.0"
 
 class SeqlabError(Exception):
     """A problem the user can fix: printed as one line, never as a traceback."""
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line of at most 500 characters, for consoles, tags and summaries."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 500 else text[:497] + "..."

@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-METHODS = ("l2norm", "global-l2norm", "absolute-value")
+from seqlab.schema import THRESHOLD_METHODS
 
 
 def l2_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -33,8 +33,8 @@ class GradientTreatment:
         threshold: Optional[float] = None,
         method: str = "l2norm",
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"gradient threshold method must be one of {', '.join(METHODS)}, got {method!r}")
+        if method not in THRESHOLD_METHODS:
+            raise ValueError(f"gradient threshold method must be one of {', '.join(THRESHOLD_METHODS)}, got {method!r}")
         self.l2 = l2_regularization
         self.threshold = threshold
         self.method = method
@@ -71,8 +71,6 @@ def clip_(params: Iterable[nn.Parameter], threshold: float, method: str = "l2nor
     norms = torch.stack(torch._foreach_norm(grads))
     if method == "global-l2norm":
         norms = norms.norm().expand(len(grads))
-    elif method != "l2norm":
-        raise ValueError(f"unknown gradient threshold method {method!r}")
     # min(1, threshold / norm): tensors at or under the threshold are untouched (x / 0 -> inf -> 1).
     scale = (threshold / norms).clamp(max=1.0)
     torch._foreach_mul_(grads, list(scale.unbind()))

@@ -22,6 +22,7 @@ class Job:
     overrides: list[str] = field(default_factory=list)
     sweep_dir: Optional[Path] = None  # set in a multirun
     num: Optional[int] = None
+    result: Optional["JobResult"] = None  # what this job has written so far
 
     @property
     def multirun(self) -> bool:
@@ -54,6 +55,7 @@ class Job:
 class JobResult:
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     job: Optional[int] = None
+    sweep_id: Optional[str] = None
     overrides: list[str] = field(default_factory=list)
     run_id: Optional[str] = None
     run_name: Optional[str] = None

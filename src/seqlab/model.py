@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from seqlab import SeqlabError
+from seqlab.schema import INITS
 
 
 class CNNLSTM(nn.Module):
@@ -33,10 +34,10 @@ class CNNLSTM(nn.Module):
         self.lstm = nn.LSTM(filters, hidden_size, batch_first=True)
         self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(hidden_size, n_outputs)
+        if init not in INITS:
+            raise SeqlabError(f"model.init must be one of {', '.join(INITS)}; got {init!r}")
         if init == "matlab":
             init_matlab_(self)
-        elif init != "pytorch":
-            raise SeqlabError(f"model.init must be 'pytorch' or 'matlab', got {init!r}")
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (batch, steps, features); lengths: real steps of right-padded sequences, if any."""
@@ -69,5 +70,8 @@ def init_matlab_(model: CNNLSTM) -> None:
     nn.init.zeros_(lstm.bias_ih_l0)
     nn.init.zeros_(lstm.bias_hh_l0)
     lstm.bias_ih_l0[hidden : 2 * hidden] = 1.0  # gate order i, f, g, o: the forget gate
+    # MATLAB's LSTM has one bias; PyTorch adds bias_ih and bias_hh. Trained together they would
+    # move the sum at twice the rate and be clipped as two tensors, so the second stays at zero.
+    lstm.bias_hh_l0.requires_grad_(False)
     nn.init.xavier_uniform_(model.fc.weight)
     nn.init.zeros_(model.fc.bias)

@@ -18,7 +18,7 @@ def training_curves(history: Mapping[str, Series], path: Path, title: str = "") 
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
     panels = [
         ("RMSE", "train_rmse", "val_rmse", "linear"),
-        ("loss (half-MSE)", "train_loss", "val_loss", "log"),
+        ("loss", "train_loss", "val_loss", "log"),
     ]
     for ax, (label, train_key, val_key, scale) in zip(axes, panels):
         _line(ax, history.get(train_key, ()), "training (mini-batch)", color="tab:blue", alpha=0.6)

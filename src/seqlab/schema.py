@@ -128,6 +128,10 @@ def register() -> None:
 register()
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -189,7 +193,17 @@ def validate(cfg: DictConfig) -> None:
         f"trainer.max_steps must be positive or -1 (no limit), got {t.max_steps}",
     )
     lr = cfg.optimizer.get("lr") if cfg.optimizer else None
-    _require(lr is not None and lr > 0, f"optimizer.lr must be positive, got {lr}")
+    _require(_number(lr) and lr > 0, f"optimizer.lr must be a positive number, got {lr}")
+    for key, value in (cfg.optimizer or {}).items():
+        if key in ("momentum", "eps", "alpha", "weight_decay"):
+            _require(_number(value) and value >= 0, f"optimizer.{key} must be a number >= 0, got {value}")
+    if cfg.scheduler and "_target_" in cfg.scheduler:
+        step_size, gamma = cfg.scheduler.get("step_size"), cfg.scheduler.get("gamma")
+        _require(
+            isinstance(step_size, int) and not isinstance(step_size, bool) and step_size > 0,
+            f"scheduler.step_size must be a positive whole number of epochs, got {step_size}",
+        )
+        _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
     _require(
         cfg.logger.flush_every_n_steps > 0,
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",

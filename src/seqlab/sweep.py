@@ -3,6 +3,7 @@ and a one-screen summary at the end (exit status 1 if any job failed)."""
 
 from __future__ import annotations
 
+import atexit
 import csv
 import io
 import json
@@ -16,9 +17,15 @@ from omegaconf import DictConfig
 from seqlab.job import JOB_FILE, SWEEP_FILE, JobResult
 
 
-def collect(sweep_dir: Path) -> list[JobResult]:
-    """Every job of the sweep that got as far as writing its result file, in job order."""
+# Set by a job that was interrupted, so that a sweep cut short ends its parent run KILLED.
+interrupted = False
+
+
+def collect(sweep_dir: Path, sweep_id: str | None = None) -> list[JobResult]:
+    """Every job of the sweep that got as far as writing its result file, in job order (files
+    of another sweep that used the same folder are left out)."""
     results = [JobResult.read(p) for p in sweep_dir.glob(f"**/{JOB_FILE}")]
+    results = [r for r in results if sweep_id is None or r.sweep_id == sweep_id]
     return sorted(results, key=lambda r: (r.job is None, r.job))
 
 
@@ -83,12 +90,15 @@ class MlflowSweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
-        self.tracker = instantiate(config.logger, run_name=None)
+        self.tracker = instantiate(config.logger)
         overrides = " ".join(config.hydra.overrides.task)
         run_id = self.tracker.start(
             f"sweep-{self.sweep_id}",
             {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": overrides},
         )
+        # If the sweep never reaches on_multirun_end (a job's config does not compose, Ctrl-C),
+        # the parent run must still not be left RUNNING.
+        atexit.register(self._end_unfinished)
         (sweep_dir / SWEEP_FILE).write_text(
             json.dumps(
                 {
@@ -102,9 +112,16 @@ class MlflowSweepCallback(Callback):
             )
         )
 
+    def _end_unfinished(self) -> None:
+        if self.tracker is not None and self.tracker.run_id:
+            status = "KILLED" if interrupted else "FAILED"
+            self.tracker.end(status, "the sweep stopped before its summary: see the console")
+            self.tracker.run_id = None
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(self._end_unfinished)
         sweep_dir = Path(config.hydra.sweep.dir)
-        results = collect(sweep_dir)
+        results = collect(sweep_dir, self.sweep_id)
         failed = [r for r in results if r.status != "FINISHED"]
         table = format_summary(results)
         header = f"sweep {self.sweep_id}: {len(results)} jobs, {len(failed)} failed"

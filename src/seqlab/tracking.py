@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import mlflow
 import pytorch_lightning as pl
@@ -24,6 +24,8 @@ from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities import rank_zero_only
+
+from seqlab import one_line
 
 MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
 MAX_PARAMS = 100
@@ -40,11 +42,6 @@ def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = str(value)
     return flat
-
-
-def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _safe_name(text: str) -> str:
@@ -111,7 +108,7 @@ class MlflowTracker:
             all_tags["mlflow.parentRunId"] = parent_run_id
         if description:
             all_tags["mlflow.note.content"] = description
-        run = client.create_run(self.experiment_id, run_name=self.run_name or run_name, tags=all_tags)
+        run = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
         return self.run_id
 
@@ -236,10 +233,15 @@ class StepMetricsRecorder(pl.Callback):
     synchronisation: losses are copied into a buffer on the device, read back and sent to MLflow
     once every `every_n_steps` steps and at the end of each epoch."""
 
-    def __init__(self, tracker: MlflowTracker, every_n_steps: int, n_outputs: int = 1) -> None:
+    def __init__(
+        self,
+        tracker: MlflowTracker,
+        every_n_steps: int,
+        loss_to_mse: Callable[[float], float] = lambda loss: 2.0 * loss,
+    ) -> None:
         self.tracker = tracker
         self.every_n_steps = every_n_steps
-        self.n_outputs = n_outputs
+        self.loss_to_mse = loss_to_mse
         self.buffer: Optional[torch.Tensor] = None
         self.steps: list[int] = []
         self.lrs: list[float] = []
@@ -271,8 +273,7 @@ class StepMetricsRecorder(pl.Callback):
         if not self.steps:
             return
         losses = self.buffer[: len(self.steps)].tolist()  # the one synchronisation
-        # half-MSE = 0.5 * mean_batch(sum_responses e^2), so the batch RMSE is sqrt(2*loss/R).
-        rmse = [math.sqrt(max(2.0 * v / self.n_outputs, 0.0)) if math.isfinite(v) else v for v in losses]
+        rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
         self.tracker.log_series(
             {"train_loss": losses, "train_rmse": rmse, "lr": self.lrs}, self.steps, self.times
         )

@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from seqlab import SeqlabError
+from seqlab import SeqlabError, one_line, sweep
 from seqlab.job import Job, JobResult
 from seqlab.schema import validate
 
@@ -88,15 +88,16 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         device, device_error = None, error
     tracker = instantiate(cfg.logger)
     sweep = job.sweep_info()
-    name = run_name(
+    name = cfg.logger.run_name or run_name(
         device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
     )
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
     tags = _run_tags(cfg, job, device)
     if job.multirun:
         tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
-    result = JobResult("RUNNING", job.num, job.overrides, accelerator=tags.get("accelerator"),
-                       batch_size=cfg.data.batch_size)
+    result = JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides,
+                       accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size)
+    job.result = result
 
     with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes):
         result.run_id, result.run_name = tracker.run_id, name
@@ -128,7 +129,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     import torch
     from hydra.utils import instantiate
 
-    from seqlab.module import evaluate, population_bn_statistics_
+    from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
     from seqlab.plots import training_curves
     from seqlab.progress import ProgressLine
     from seqlab.timing import EpochTimer
@@ -171,7 +172,11 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         logger=tracker.lightning_logger(),
         callbacks=[
             timer,
-            StepMetricsRecorder(tracker, cfg.logger.flush_every_n_steps, datamodule.n_outputs),
+            StepMetricsRecorder(
+                tracker,
+                cfg.logger.flush_every_n_steps,
+                lambda loss: LOSS_TO_MSE[cfg.module.loss](loss, datamodule.n_outputs),
+            ),
             ProgressLine(timer),
         ],
         log_every_n_steps=cfg.logger.flush_every_n_steps,
@@ -179,6 +184,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         enable_checkpointing=False,  # one checkpoint at the end: per-epoch saves cost more than an epoch here
         enable_model_summary=False,
         default_root_dir=str(job.output_dir),
+        **({} if datamodule.has_val() else {"limit_val_batches": 0}),
         **OmegaConf.to_container(cfg.trainer.extra, resolve=True),
     )
     start = time.perf_counter()
@@ -247,11 +253,11 @@ def main(cfg: DictConfig) -> Optional[float]:
         result = train(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        previous = job.output_dir / "seqlab_job.json"
-        result = JobResult.read(previous) if previous.is_file() else JobResult(status, job.num, job.overrides)
-        result.status, result.reason = status, " ".join(str(error).split()) or type(error).__name__
+        result = job.result or JobResult(status, job.num, job.sweep_info().get("sweep_id"), job.overrides)
+        result.status, result.reason = status, one_line(error)
         result.write(job.output_dir)
         if status == "KILLED":
+            sweep.interrupted = True
             raise
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)

@@ -73,7 +73,7 @@ class SeqDataModule(pl.LightningDataModule):
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
-        x_key: Optional[str] = None,
+        x_key: Optional[str] = None,  # path, x_key, y_key: read by the source through ${..}
         y_key: Optional[str] = None,
     ) -> None:
         super().__init__()
@@ -87,6 +87,7 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_last = drop_last
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
+        self.drop_single = False
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train is not None:
@@ -98,19 +99,24 @@ class SeqDataModule(pl.LightningDataModule):
         else:
             n = len(data)
             n_val = round(n * self.val_fraction)
-            if self.val_fraction > 0 and n_val == 0 and n > 1:
-                n_val = 1
+            if self.val_fraction > 0 and n_val < 2:
+                n_val = 2 if n >= 4 else 0  # R2 needs two samples; a tiny set trains on all
             order = np.random.default_rng(self.seed).permutation(n)
             self.train, self.val = data.take(order[n_val:]), data.take(order[:n_val])
         if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
             raise SeqlabError(
                 f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
             )
-        if len(self.train) == 0 or (self.drop_last and len(self.train) < self.batch_size):
+        n_train = len(self.train)
+        if n_train < 2 or (self.drop_last and n_train < self.batch_size):
             raise SeqlabError(
-                f"data: {len(self.train)} training samples make no full batch of data.batch_size="
-                f"{self.batch_size}; use more data or a smaller batch"
+                f"data: {n_train} training sample(s) make no full batch of data.batch_size="
+                f"{self.batch_size} (BatchNorm needs 2 or more); use more data or a smaller batch"
             )
+        # BatchNorm cannot train on a batch of one sample: drop such a last batch.
+        self.drop_single = not self.drop_last and n_train % self.batch_size == 1 and self.n_steps == 1
+        if self.drop_single:
+            log.info("data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped")
 
     @property
     def n_steps(self) -> int:
@@ -143,17 +149,21 @@ class SeqDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> TensorBatches:
         x, y, lengths = _tensors(self.train)
-        return TensorBatches(x, y, self.batch_size, self.shuffle, self.drop_last, self.seed, lengths)
+        drop_last = self.drop_last or self.drop_single
+        return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths)
+
+    def _in_order(self, data: SeqData) -> TensorBatches:
+        # Evaluation does not depend on the batch size (BatchNorm uses its stored statistics),
+        # so it runs in large batches.
+        x, y, lengths = _tensors(data)
+        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)
 
     def train_eval_batches(self) -> TensorBatches:
-        """Every training sample once, in order, in large batches (BatchNorm's population pass)."""
-        x, y, lengths = _tensors(self.train)
-        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)
+        """Every training sample once, in order (BatchNorm's population pass)."""
+        return self._in_order(self.train)
+
+    def has_val(self) -> bool:
+        return self.val is not None and len(self.val) > 0
 
     def val_dataloader(self) -> TensorBatches | list:
-        if self.val is None or len(self.val) == 0:
-            return []
-        x, y, lengths = _tensors(self.val)
-        # Evaluation does not depend on the batch size (BatchNorm uses its stored statistics),
-        # so validate in large batches.
-        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)
+        return self._in_order(self.val) if self.has_val() else []
