@@ -10,6 +10,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from seqlab import SeqlabError
@@ -34,6 +35,8 @@ class CNNLSTM(nn.Module):
         self.lstm = nn.LSTM(filters, hidden_size, batch_first=True)
         self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(hidden_size, n_outputs)
+        # Exact shortcuts for one-step inputs (perf.exact_shortcuts): see forward_one_step.
+        self.shortcuts = False
         if init not in INITS:
             raise SeqlabError(f"model.init must be one of {', '.join(INITS)}; got {init!r}")
         if init == "matlab":
@@ -41,6 +44,8 @@ class CNNLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (batch, steps, features); lengths: real steps of right-padded sequences, if any."""
+        if self.shortcuts and x.shape[1] == 1 and self.lstm.num_layers == 1:
+            return self.forward_one_step(x[:, 0])
         h = self.conv(x.transpose(1, 2))  # (B, filters, steps)
         h = self.relu(self.bn(h))
         out, _ = self.lstm(h.transpose(1, 2))  # (B, steps, hidden)
@@ -51,6 +56,22 @@ class CNNLSTM(nn.Module):
             # padding after it. (MATLAB's 'last' with right padding takes the padded end.)
             last = out[torch.arange(len(out), device=out.device), lengths.to(out.device) - 1]
         return self.fc(self.drop(last))
+
+    def forward_one_step(self, x: torch.Tensor) -> torch.Tensor:
+        """The same function for a single step, in fewer and larger operations:
+        - with one step and 'same' padding, every convolution tap but one only ever multiplies
+          the zero padding, so the convolution is a linear map through that one tap;
+        - an LSTM step from a zero state has no recurrent term and no forget-gate term:
+          c = sigmoid(i) * tanh(g), h = sigmoid(o) * tanh(c).
+        Gradients are the same too (the skipped terms have zero gradient either way)."""
+        tap = (self.conv.kernel_size[0] - 1) // 2  # the tap that sees step t itself
+        h = F.linear(x, self.conv.weight[:, :, tap], self.conv.bias)  # (B, filters)
+        h = self.relu(self.bn(h))
+        lstm = self.lstm
+        bias = None if lstm.bias_ih_l0 is None else lstm.bias_ih_l0 + lstm.bias_hh_l0
+        i, _, g, o = F.linear(h, lstm.weight_ih_l0, bias).chunk(4, dim=1)
+        c = torch.sigmoid(i) * torch.tanh(g)
+        return self.fc(self.drop(torch.sigmoid(o) * torch.tanh(c)))
 
 
 @torch.no_grad()

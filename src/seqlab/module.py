@@ -69,8 +69,20 @@ class SeqRegressor(pl.LightningModule):
         gradient_threshold: Optional[float] = None,
         gradient_threshold_method: str = "l2norm",
         bn_statistics: str = "moving",
+        steps_per_call: int = 1,
+        batch_size: Optional[int] = None,
+        loss_on_progress_bar: bool = False,
     ) -> None:
         super().__init__()
+        # steps_per_call > 1: the fused loop (perf=fast). Each training_step gets K mini-batches
+        # in one tensor and runs K optimizer steps itself, so Lightning's per-batch work is paid
+        # once per K steps. steps_per_call == 1: Lightning's automatic optimisation, one step a call.
+        self.automatic_optimization = steps_per_call == 1
+        self.batch_size = batch_size
+        self.loss_on_progress_bar = loss_on_progress_bar
+        # Receives (loss, step, lr) after each optimizer step; set by the task (tracking).
+        self.step_sink: Optional[Callable[[torch.Tensor, int, Any], None]] = None
+        self.clip_val: Optional[float] = None  # trainer.gradient_clip_val, applied by the fused loop
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -86,16 +98,93 @@ class SeqRegressor(pl.LightningModule):
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.model(x, lengths)
 
+    def _lr(self, optimizer: torch.optim.Optimizer) -> Any:
+        return optimizer.param_groups[0]["lr"]
+
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        if not self.automatic_optimization:
+            return self._fused_steps(batch)
         x, y, lengths = _unpack(batch)
         pred = self.model(x, lengths)
         loss = self.loss_fn(pred, y)
         self.train_metrics.update(pred.detach(), y)
+        if self.loss_on_progress_bar:  # perf=naive: what a first Lightning module does
+            self.log("loss", loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        if self.step_sink is not None:
+            # Called before Lightning's optimizer step: this step is global_step + 1.
+            self.step_sink(loss.detach(), self.global_step + 1, self._lr(self.trainer.optimizers[0]))
         return loss
 
+    def on_train_start(self) -> None:
+        if self.automatic_optimization:
+            return
+        # In full precision on one device, Lightning's manual_backward adds only hooks this
+        # project does not use; a plain backward() is the same computation.
+        from pytorch_lightning.strategies import SingleDeviceStrategy
+
+        self._plain_backward = str(self.trainer.precision) in ("32-true", "64-true") and isinstance(
+            self.trainer.strategy, SingleDeviceStrategy
+        )
+        self._epoch_preds: list[torch.Tensor] = []
+        self._epoch_targets: list[torch.Tensor] = []
+
+    def _gradient_buffers(self) -> list[torch.Tensor]:
+        """Every trainable parameter's gradient tensor, created as zeros where missing. They are
+        zeroed in place, never set to None, so a parameter a shortcut leaves unused (the LSTM's
+        recurrent weights for one-step inputs) still gets its zero gradient, its L2 term and its
+        Adam update, as on the full path. Rebuilt each call: Lightning sets gradients to None
+        around validation."""
+        grads = []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        return grads
+
+    def _fused_steps(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        optimizer = self.optimizers()
+        grads = self._gradient_buffers()
+        x, y, lengths = _unpack(batch)
+        max_steps = self.trainer.max_steps
+        bs = self.batch_size or len(x)
+        loss = x.new_zeros(())
+        for start in range(0, len(x), bs):
+            if 0 < max_steps <= self.global_step:
+                break
+            xb, yb = x[start : start + bs], y[start : start + bs]
+            lb = None if lengths is None else lengths[start : start + bs]
+            lr = self._lr(optimizer)
+            torch._foreach_zero_(grads)
+            pred = self.model(xb, lb)
+            loss = self.loss_fn(pred, yb)
+            if self._plain_backward:
+                loss.backward()
+            else:
+                self.manual_backward(loss)
+            if self.gradients.active:
+                self.gradients()
+            if self.clip_val:
+                self.clip_gradients(optimizer, self.clip_val, "norm")
+            optimizer.step()  # Lightning's wrapper: counts the step (global_step, max_steps)
+            # Epoch metrics are computed once, over all of the epoch's predictions: keeping
+            # references here costs nothing per step, unlike a metric update.
+            self._epoch_preds.append(pred.detach())
+            self._epoch_targets.append(yb)
+            if self.step_sink is not None:
+                self.step_sink(loss.detach(), self.global_step, lr)
+        return loss.detach()
+
     def on_train_epoch_end(self) -> None:
+        if not self.automatic_optimization and self._epoch_preds:
+            self.train_metrics.update(torch.cat(self._epoch_preds), torch.cat(self._epoch_targets))
+            self._epoch_preds, self._epoch_targets = [], []
         self.log_dict(_compute(self.train_metrics))
         self.train_metrics.reset()
+        if not self.automatic_optimization:
+            scheduler = self.lr_schedulers()  # Lightning steps it only in automatic optimisation
+            if scheduler is not None:
+                scheduler.step()
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         x, y, lengths = _unpack(batch)

@@ -36,9 +36,8 @@ class ProgressLine(pl.Callback):
         self.last_draw = now
         elapsed = max(now - (self.timer.start or now), 1e-9)
         self._write(
-            f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  "
-            f"step {batch_idx + 1}/{trainer.num_training_batches}  "
-            f"{self.timer.batches / elapsed:,.0f} it/s  loss {float(self.last_loss):.4g}",
+            f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}  "
+            f"{self.timer.steps(trainer) / elapsed:,.0f} it/s  loss {float(self.last_loss):.4g}",
             end="",
         )
 

@@ -19,6 +19,10 @@ INITS = ("pytorch", "matlab")
 LOSSES = ("half_mse", "mse")
 THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
 BN_STATISTICS = ("moving", "population")
+LOADERS = ("tensor", "dataloader")
+OPTIMIZER_IMPLS = ("fused", "foreach", "default")
+CUDA_GRAPH = ("auto", "on", "off")
+PROGRESS = ("line", "bar")
 
 
 class ConfigError(SeqlabError):
@@ -91,6 +95,23 @@ class LoggerConfig:
     run_name: Optional[str] = None
     flush_every_n_steps: int = 50
     log_checkpoint: bool = True
+    synchronous: bool = False
+
+
+@dataclass
+class PerfConfig:
+    """How the training loop runs (conf/perf/): the same math either way, at different speeds."""
+
+    name: str = "fast"
+    loader: str = "tensor"
+    data_on_device: bool = True
+    steps_per_call: int = 50
+    exact_shortcuts: bool = True
+    optimizer_impl: str = "fused"
+    cuda_graph: str = "auto"
+    progress: str = "line"
+    checkpoint_every_n_epochs: int = 0
+    profile_steps: int = 0  # > 0: profile this many training steps (debug=profile)
 
 
 @dataclass
@@ -115,6 +136,7 @@ class TrainConfig:
     scheduler: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
     deterministic: bool = False
@@ -172,6 +194,16 @@ def validate(cfg: DictConfig) -> None:
         u.bn_statistics in BN_STATISTICS,
         f"module.bn_statistics must be one of {', '.join(BN_STATISTICS)}; got {u.bn_statistics!r}",
     )
+    p = cfg.perf
+    for key, choices in (("loader", LOADERS), ("optimizer_impl", OPTIMIZER_IMPLS), ("cuda_graph", CUDA_GRAPH), ("progress", PROGRESS)):
+        value = str(p[key]).lower() if key == "cuda_graph" else p[key]  # YAML reads a bare off/on as a bool
+        _require(value in choices, f"perf.{key} must be one of {', '.join(choices)}; got {p[key]!r}")
+    _require(p.steps_per_call > 0, f"perf.steps_per_call must be a positive integer, got {p.steps_per_call}")
+    _require(
+        p.checkpoint_every_n_epochs >= 0,
+        f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
+    )
+    _require(p.profile_steps >= 0, f"perf.profile_steps must be >= 0, got {p.profile_steps}")
     _require(
         t.accelerator in ACCELERATORS,
         f"trainer.accelerator must be one of {', '.join(ACCELERATORS)}; got {t.accelerator!r}",

@@ -19,7 +19,7 @@ class EpochTimer(pl.Callback):
         self.start: Optional[float] = None
         self.val_start: Optional[float] = None
         self.val_seconds = 0.0  # validation inside the epoch, taken out of its time
-        self.batches = 0
+        self.first_step = 0
         self.samples = 0
         self.epochs: list[dict[str, float]] = []  # one row per finished epoch
 
@@ -28,12 +28,16 @@ class EpochTimer(pl.Callback):
         return time.perf_counter()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.batches = self.samples = 0
+        self.first_step = trainer.global_step
+        self.samples = 0
         self.val_seconds = 0.0
         self.start = self._now(pl_module)
 
+    def steps(self, trainer: pl.Trainer) -> int:
+        """Optimizer steps so far this epoch (a fused-loop batch holds many)."""
+        return trainer.global_step - self.first_step
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.batches += 1
         self.samples += len(batch[0])
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -50,7 +54,7 @@ class EpochTimer(pl.Callback):
         seconds = max(self._now(pl_module) - self.start - self.val_seconds, 1e-9)
         row = {
             "epoch_time_s": seconds,
-            "it_per_s": self.batches / seconds,
+            "it_per_s": self.steps(trainer) / seconds,
             "samples_per_s": self.samples / seconds,
         }
         self.epochs.append(row)

@@ -59,6 +59,7 @@ class MlflowTracker:
         run_name: Optional[str] = None,
         flush_every_n_steps: int = 50,
         log_checkpoint: bool = True,
+        synchronous: bool = False,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -66,6 +67,9 @@ class MlflowTracker:
         self.run_name = run_name
         self.flush_every_n_steps = flush_every_n_steps
         self.log_checkpoint = log_checkpoint
+        # Metrics go to MLflow in the background unless synchronous; `flush` waits for them.
+        self.synchronous = synchronous
+        self.pending: list[Any] = []
         self.client: Optional[mlflow.MlflowClient] = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -113,9 +117,12 @@ class MlflowTracker:
         return self.run_id
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
-        if reason:
-            self.set_tags({"failure_reason": reason})
-        self.client.set_terminated(self.run_id, status)
+        try:
+            self.flush()
+        finally:
+            if reason:
+                self.set_tags({"failure_reason": reason})
+            self.client.set_terminated(self.run_id, status)
 
     @contextmanager
     def run(
@@ -168,7 +175,17 @@ class MlflowTracker:
         for m in metrics:
             self.history[m.key].append((m.step, m.value))
         for i in range(0, len(metrics), MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH])
+            operation = self.client.log_batch(
+                self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=self.synchronous
+            )
+            if operation is not None:
+                self.pending.append(operation)
+
+    def flush(self) -> None:
+        """Wait until every metric sent in the background is stored."""
+        pending, self.pending = self.pending, []
+        for operation in pending:
+            operation.wait()
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         path = Path(path)
@@ -230,8 +247,9 @@ class LightningBridge(Logger):
 
 class StepMetricsRecorder(pl.Callback):
     """Records train_loss, train_rmse and lr for every optimizer step without a per-step host
-    synchronisation: losses are copied into a buffer on the device, read back and sent to MLflow
-    once every `every_n_steps` steps and at the end of each epoch."""
+    synchronisation: the module hands each step's loss tensor to `record`, which keeps it on the
+    device; the losses are read back together and sent to MLflow once every `every_n_steps`
+    steps and at the end of each epoch."""
 
     def __init__(
         self,
@@ -242,29 +260,22 @@ class StepMetricsRecorder(pl.Callback):
         self.tracker = tracker
         self.every_n_steps = every_n_steps
         self.loss_to_mse = loss_to_mse
-        self.buffer: Optional[torch.Tensor] = None
+        self.losses: list[torch.Tensor] = []  # still on the device
         self.steps: list[int] = []
-        self.lrs: list[float] = []
+        self.lrs: list[Any] = []
         self.times: list[int] = []
-        self.lr = 0.0
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.buffer = torch.zeros(self.every_n_steps, device=pl_module.device)
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        # Read before the step: an epoch-end scheduler step can run before on_train_batch_end.
-        self.lr = float(trainer.optimizers[0].param_groups[0]["lr"])
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
-        self.buffer[len(self.steps)] = loss.detach()
-        self.tracker.step = trainer.global_step
-        self.steps.append(trainer.global_step)
-        self.lrs.append(self.lr)
+    def record(self, loss: torch.Tensor, step: int, lr: Any) -> None:
+        self.losses.append(loss)  # a reference to a device tensor: no copy, no synchronisation
+        self.tracker.step = step
+        self.steps.append(step)
+        self.lrs.append(lr.detach().clone() if isinstance(lr, torch.Tensor) else lr)
         self.times.append(int(time.time() * 1000))
-        last_of_epoch = batch_idx + 1 >= trainer.num_training_batches
-        if len(self.steps) == self.every_n_steps or last_of_epoch:
+        if len(self.steps) == self.every_n_steps:
             self.flush()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.flush()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()  # a max_steps stop can end an epoch early
@@ -272,9 +283,8 @@ class StepMetricsRecorder(pl.Callback):
     def flush(self) -> None:
         if not self.steps:
             return
-        losses = self.buffer[: len(self.steps)].tolist()  # the one synchronisation
+        losses = torch.stack(self.losses).tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
-        self.tracker.log_series(
-            {"train_loss": losses, "train_rmse": rmse, "lr": self.lrs}, self.steps, self.times
-        )
-        self.steps, self.lrs, self.times = [], [], []
+        lrs = [float(lr) for lr in self.lrs]  # a tensor learning rate (CUDA graphs) is read here
+        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, self.steps, self.times)
+        self.losses, self.steps, self.lrs, self.times = [], [], [], []

@@ -129,7 +129,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     import torch
     from hydra.utils import instantiate
 
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
+    from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
     from seqlab.progress import ProgressLine
     from seqlab.timing import EpochTimer
@@ -145,43 +148,72 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         torch.backends.cudnn.benchmark = not cfg.deterministic
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
+    perf = cfg.perf
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     baseline = datamodule.baseline_val_rmse()
     log.info("data      %s", datamodule.describe())
     model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
+    model.shortcuts = perf.exact_shortcuts
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
-    module = instantiate(cfg.module)(model=model, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
+
+    # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call).
+    batches = len(datamodule.train_dataloader())
+    val_interval = cfg.trainer.val_check_interval if cfg.trainer.check_val_every_n_epoch is None else None
+    k = steps_per_call(perf.steps_per_call, batches, val_interval) if perf.steps_per_call > 1 else 1
+    datamodule.configure_batching(perf.loader, perf.data_on_device, k)
+    module = instantiate(cfg.module)(
+        model=model,
+        optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl),
+        scheduler=scheduler,
+        steps_per_call=k,
+        batch_size=cfg.data.batch_size,
+        loss_on_progress_bar=perf.progress == "bar",
+    )
+    recorder = StepMetricsRecorder(
+        tracker,
+        cfg.logger.flush_every_n_steps,
+        lambda loss: LOSS_TO_MSE[cfg.module.loss](loss, datamodule.n_outputs),
+    )
+    module.step_sink = recorder.record
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model     %s, %s parameters, init=%s", type(model).__name__, f"{n_params:,}", cfg.model.init)
-    log.info("device    %s (%s)", device.accelerator, device.name)
+    log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name, perf.name, k)
     log.info("mlflow    run %s (%s) in experiment '%s'", tracker.run_id, result.run_name, tracker.experiment_name)
 
     timer = EpochTimer(tracker)
+    callbacks = [timer, recorder]
+    if perf.progress == "line":
+        callbacks.append(ProgressLine(timer))
+    if perf.checkpoint_every_n_epochs:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=job.output_dir / "checkpoints",
+                filename="epoch{epoch:03d}",
+                every_n_epochs=perf.checkpoint_every_n_epochs,
+                save_top_k=-1,
+                auto_insert_metric_name=False,
+            )
+        )
+    if k > 1 and cfg.trainer.gradient_clip_val:
+        module.clip_val = cfg.trainer.gradient_clip_val  # Lightning clips only in automatic optimisation
     trainer = pl.Trainer(
         accelerator=device.accelerator,
         devices=cfg.trainer.devices,
         max_epochs=cfg.trainer.max_epochs,
         max_steps=cfg.trainer.max_steps,
         precision=cfg.trainer.precision,
-        gradient_clip_val=cfg.trainer.gradient_clip_val,
+        gradient_clip_val=cfg.trainer.gradient_clip_val if k == 1 else None,
         check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
-        val_check_interval=cfg.trainer.val_check_interval,
+        val_check_interval=val_interval // k if val_interval else cfg.trainer.val_check_interval,
         num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
         deterministic=cfg.deterministic,
         logger=tracker.lightning_logger(),
-        callbacks=[
-            timer,
-            StepMetricsRecorder(
-                tracker,
-                cfg.logger.flush_every_n_steps,
-                lambda loss: LOSS_TO_MSE[cfg.module.loss](loss, datamodule.n_outputs),
-            ),
-            ProgressLine(timer),
-        ],
+        callbacks=callbacks,
         log_every_n_steps=cfg.logger.flush_every_n_steps,
-        enable_progress_bar=False,
-        enable_checkpointing=False,  # one checkpoint at the end: per-epoch saves cost more than an epoch here
+        enable_progress_bar=perf.progress == "bar",
+        # Per-epoch checkpoints cost more than an epoch of this model: by default one, at the end.
+        enable_checkpointing=bool(perf.checkpoint_every_n_epochs),
         enable_model_summary=False,
         default_root_dir=str(job.output_dir),
         **({} if datamodule.has_val() else {"limit_val_batches": 0}),

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
@@ -21,7 +22,12 @@ Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, lengths)
 
 
 class TensorBatches:
-    """Mini-batches of (x, y[, lengths]), reshuffled at the start of every pass."""
+    """Mini-batches of (x, y[, lengths]), reshuffled at the start of every pass.
+
+    With `device`, the tensors are moved there once and shuffled there (an on-device permutation),
+    so no batch crosses from host to device during training. With `batches_per_item` K > 1,
+    each item is K consecutive mini-batches in one tensor, which the module's fused loop splits:
+    the framework's per-item work is then paid once per K optimizer steps."""
 
     def __init__(
         self,
@@ -32,25 +38,36 @@ class TensorBatches:
         drop_last: bool,
         seed: int,
         lengths: Optional[torch.Tensor] = None,
+        device: Optional[torch.device] = None,
+        batches_per_item: int = 1,
     ) -> None:
-        self.tensors = (x, y) if lengths is None else (x, y, lengths)
+        tensors = (x, y) if lengths is None else (x, y, lengths)
+        self.tensors = tuple(t.to(device) for t in tensors) if device is not None else tensors
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last  # MATLAB discards the last incomplete mini-batch
-        self.generator = torch.Generator().manual_seed(seed)
+        self.batches_per_item = batches_per_item
+        self.generator = torch.Generator(device=self.tensors[0].device).manual_seed(seed)
 
-    def __len__(self) -> int:
+    @property
+    def n_batches(self) -> int:
         n = len(self.tensors[0])
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __len__(self) -> int:
+        return math.ceil(self.n_batches / self.batches_per_item)
 
     def __iter__(self) -> Iterator[Batch]:
         tensors = self.tensors
         if self.shuffle:
-            order = torch.randperm(len(tensors[0]), generator=self.generator)
+            order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
             tensors = tuple(t[order] for t in tensors)
-        bs = self.batch_size
-        for i in range(len(self)):
-            yield tuple(t[i * bs : (i + 1) * bs] for t in tensors)
+        # The samples this epoch trains on (without the dropped partial batch), in items of
+        # K mini-batches: slices of one contiguous tensor, so no copies.
+        used = min(len(tensors[0]), self.n_batches * self.batch_size)
+        step = self.batch_size * self.batches_per_item
+        for start in range(0, used, step):
+            yield tuple(t[start : min(start + step, used)] for t in tensors)
 
 
 def _tensors(data: SeqData) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -88,6 +105,7 @@ class SeqDataModule(pl.LightningDataModule):
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
         self.drop_single = False
+        self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train is not None:
@@ -147,16 +165,32 @@ class SeqDataModule(pl.LightningDataModule):
             f"{steps} x {self.n_features} feature(s), {self.n_outputs} response(s)"
         )
 
-    def train_dataloader(self) -> TensorBatches:
+    def train_dataloader(self) -> Iterable[Batch]:
         x, y, lengths = _tensors(self.train)
         drop_last = self.drop_last or self.drop_single
-        return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths)
+        if self.loader == "dataloader":
+            # What people write first: per-sample indexing and collation, a copy to the device
+            # each step. Kept for comparison (perf=naive).
+            tensors = (x, y) if lengths is None else (x, y, lengths)
+            generator = torch.Generator().manual_seed(self.seed)
+            return DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
+                              drop_last=drop_last, generator=generator)
+        device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
+        return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
+                             device=device, batches_per_item=self.batches_per_item)
+
+    def configure_batching(self, loader: str, on_device: bool, batches_per_item: int) -> None:
+        """How training batches are served (conf/perf): `loader` 'tensor' (contiguous slices) or
+        'dataloader' (a DataLoader over a TensorDataset); `on_device`: keep the data set on the
+        training device; `batches_per_item`: mini-batches per item for the fused loop."""
+        self.loader, self.on_device, self.batches_per_item = loader, on_device, batches_per_item
 
     def _in_order(self, data: SeqData) -> TensorBatches:
         # Evaluation does not depend on the batch size (BatchNorm uses its stored statistics),
         # so it runs in large batches.
         x, y, lengths = _tensors(data)
-        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths)
+        device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
+        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths, device=device)
 
     def train_eval_batches(self) -> TensorBatches:
         """Every training sample once, in order (BatchNorm's population pass)."""

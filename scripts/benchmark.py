@@ -1,0 +1,60 @@
+"""Throughput side by side: a plain PyTorch loop, perf=naive and the default, on every device
+present, for the seed shape (1 step x 1440 features) and the 1440 x 1 shape.
+
+    python scripts/benchmark.py                      # the full table (a few minutes on 2 cores)
+    python scripts/benchmark.py --smoke --out b.json # seconds: checks that it all runs
+    python scripts/benchmark.py --mlflow             # also stored as a run in experiment seqlab-benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", help="comma-separated: cpu,gpu (default: every device present)")
+    parser.add_argument("--shapes", default="seed,profile", help="comma-separated: seed,profile")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny runs, one repeat: checks it runs, measures nothing")
+    parser.add_argument("--out", type=Path, help="write the table as JSON here")
+    parser.add_argument("--mlflow", action="store_true", help="also record it as an MLflow run (project store)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from seqlab import benchmark
+
+    devices = args.devices.split(",") if args.devices else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
+    shapes = args.shapes.split(",")
+    unknown = [s for s in shapes if s not in benchmark.SHAPES]
+    if unknown or args.batch_size < 1 or args.repeats < 1:
+        print(f"error: shapes must be among {', '.join(benchmark.SHAPES)}; batch size and repeats positive", file=sys.stderr)
+        return 2
+    if "gpu" in devices and not torch.cuda.is_available():
+        print("error: --devices gpu asked for a CUDA GPU, but none is present", file=sys.stderr)
+        return 2
+    repeats = 1 if args.smoke else args.repeats
+    settings = {"batch_size": args.batch_size, "repeats": repeats, "smoke": args.smoke, "shapes": args.shapes}
+    print(f"machine: {benchmark.machine()}")
+    rows = benchmark.run(devices, shapes, args.batch_size, repeats, args.smoke)
+    print("\n" + benchmark.table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(benchmark.to_json(rows, settings))
+        print(f"wrote {args.out}")
+    if args.mlflow:
+        root = Path(os.environ.get("SEQLAB_ROOT", ROOT))
+        run_id = benchmark.log_to_mlflow(rows, settings, f"sqlite:///{root}/mlruns/mlflow.db", str(root / "mlruns" / "artifacts"))
+        print(f"mlflow run {run_id} in experiment 'seqlab-benchmark'")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

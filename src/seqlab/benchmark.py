@@ -1,0 +1,203 @@
+"""Side-by-side throughput of the same model on the same data for the same steps, in one process:
+(a) a plain hand-written PyTorch loop, (b) perf=naive, (c) the default (perf=fast), with MLflow
+tracking on for (b) and (c). Runs alternate (a, b, c, a, b, c, ...) so that a noisy machine
+slows all of them alike; each figure is the median over repeats of the median epoch, the first
+epoch (warm-up) left out, the device synchronised before every clock read."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from seqlab.devices import cpu_name, synchronize
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+# name -> (data overrides, batches per epoch, epochs)
+SHAPES = {
+    "seed": (["data=synthetic", "data.source.seq_len=1"], 100, 6),  # 1 step x 1440 features
+    "profile": (["data=daily_profile"], 8, 3),  # 1440 steps x 1 feature: LSTM-bound
+}
+SMOKE_SHAPES = {"seed": (["data=synthetic"], 4, 2), "profile": (["data=daily_profile"], 2, 2)}
+LOOPS = ("plain", "naive", "default")
+
+
+@dataclass
+class Row:
+    device: str
+    shape: str
+    loop: str
+    batch_size: int
+    steps_per_epoch: int
+    it_per_s: float
+    samples_per_s: float
+    ratio_to_plain: float = 0.0
+    runs: list[float] = field(default_factory=list)  # it/s of each repeat
+
+
+def machine() -> dict[str, str]:
+    info = {
+        "cpu": cpu_name(),
+        "cpu_cores": str(os.cpu_count()),
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()),
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = str(torch.version.cuda)
+    return info
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    import seqlab.schema  # noqa: F401
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def _overrides(shape: str, device: str, batch_size: int, smoke: bool, root: Path) -> tuple[list[str], int, int]:
+    data, batches, epochs = (SMOKE_SHAPES if smoke else SHAPES)[shape]
+    n = batches * batch_size
+    return [
+        *data,
+        f"data.n_samples={n}",
+        "data.val_fraction=0",
+        f"data.batch_size={batch_size}",
+        f"trainer.accelerator={device}",
+        f"trainer.max_epochs={epochs}",
+        "scheduler=none",
+        f"paths.root_dir={root}",
+        f"paths.output_dir={root}/out",
+        "logger.experiment_name=benchmark",
+    ], batches, epochs
+
+
+def plain_loop(cfg, device: str) -> list[float]:
+    """The loop people write by hand: tensors on the device, a new permutation each epoch, the
+    same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
+    from hydra.utils import instantiate
+
+    from seqlab.module import LOSS_FUNCTIONS
+
+    torch.manual_seed(cfg.seed)
+    dev = torch.device("cuda" if device == "gpu" else device)
+    data = instantiate(cfg.data.source)(n_samples=cfg.data.n_samples, seed=cfg.data.seed)
+    x, y = torch.from_numpy(data.x).to(dev), torch.from_numpy(data.y).to(dev)
+    model = instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]).to(dev)
+    optimizer = instantiate(cfg.optimizer)(params=model.parameters())
+    loss_fn = LOSS_FUNCTIONS[cfg.module.loss]
+    bs = cfg.data.batch_size
+    rates = []
+    for _ in range(cfg.trainer.max_epochs):
+        synchronize(dev)
+        start = time.perf_counter()
+        order = torch.randperm(len(x), device=dev)
+        xs, ys = x[order], y[order]
+        for i in range(len(x) // bs):
+            optimizer.zero_grad()
+            loss = loss_fn(model(xs[i * bs : (i + 1) * bs]), ys[i * bs : (i + 1) * bs])
+            loss.backward()
+            optimizer.step()
+        synchronize(dev)
+        rates.append((len(x) // bs) / (time.perf_counter() - start))
+    return rates
+
+
+def framework_loop(cfg) -> list[float]:
+    """seqlab's own training (train()), tracking into a throw-away MLflow store."""
+    from seqlab.train import train
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        train(cfg)
+    import mlflow
+
+    client = mlflow.MlflowClient(cfg.logger.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.logger.experiment_name)
+    run = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    return [m.value for m in client.get_metric_history(run.info.run_id, "it_per_s")]
+
+
+def _epoch_median(rates: list[float]) -> float:
+    return statistics.median(rates[1:] if len(rates) > 1 else rates)
+
+
+def run(
+    devices: list[str],
+    shapes: list[str],
+    batch_size: int = 64,
+    repeats: int = 3,
+    smoke: bool = False,
+    progress=print,
+) -> list[Row]:
+    logging.getLogger("seqlab").setLevel(logging.WARNING)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="seqlab-bench-") as tmp:
+        root = Path(tmp)
+        for device in devices:
+            for shape in shapes:
+                overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
+                configs = {
+                    "plain": _compose(overrides),
+                    "naive": _compose([*overrides, "perf=naive"]),
+                    "default": _compose(overrides),
+                }
+                runs: dict[str, list[float]] = {loop: [] for loop in LOOPS}
+                for repeat in range(repeats):
+                    for loop in LOOPS:
+                        cfg = configs[loop]
+                        rates = plain_loop(cfg, device) if loop == "plain" else framework_loop(cfg)
+                        runs[loop].append(_epoch_median(rates))
+                        progress(f"  {device:4} {shape:8} {loop:8} repeat {repeat + 1}/{repeats}: {runs[loop][-1]:,.1f} it/s")
+                plain = statistics.median(runs["plain"])
+                for loop in LOOPS:
+                    it = statistics.median(runs[loop])
+                    rows.append(Row(device, shape, loop, batch_size, batches, it, it * batch_size, it / plain, runs[loop]))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'device':6} {'shape':8} {'loop':8} {'it/s':>9} {'samples/s':>11} {'vs plain':>8}"]
+    for r in rows:
+        lines.append(
+            f"{r.device:6} {r.shape:8} {r.loop:8} {r.it_per_s:9,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x"
+        )
+    return "\n".join(lines)
+
+
+def to_json(rows: list[Row], settings: dict) -> str:
+    return json.dumps({"machine": machine(), "settings": settings, "rows": [asdict(r) for r in rows]}, indent=2)
+
+
+def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]) -> str:
+    from seqlab.tracking import MlflowTracker
+
+    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True)
+    with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):
+        tracker.log_params({k: str(v) for k, v in settings.items()})
+        tracker.log_metrics(
+            {f"{r.device}.{r.shape}.{r.loop}.it_per_s": r.it_per_s for r in rows}
+            | {f"{r.device}.{r.shape}.{r.loop}.ratio_to_plain": r.ratio_to_plain for r in rows},
+            step=0,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "benchmark.json"
+            path.write_text(to_json(rows, settings))
+            tracker.log_artifact(path)
+            (Path(tmp) / "benchmark.txt").write_text(table(rows) + "\n")
+            tracker.log_artifact(Path(tmp) / "benchmark.txt")
+    return tracker.run_id

@@ -1,0 +1,49 @@
+"""The training loop's speed settings (conf/perf/): which optimizer implementation, how many
+optimizer steps per Lightning call, and the Lightning flags that go with a perf option. The math
+is the same whichever is chosen; tests/test_perf.py checks that."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Optional
+
+import torch
+
+log = logging.getLogger("seqlab")
+
+
+def optimizer_factory(partial: Callable[..., torch.optim.Optimizer], impl: str) -> Callable[..., torch.optim.Optimizer]:
+    """Wrap an optimizer partial so it is built fused (one kernel for every parameter's update)
+    or foreach (a few kernels over all parameters) where the class and device support it, and
+    as it is otherwise. 'default' leaves the choice to PyTorch."""
+    if impl == "default":
+        return partial
+
+    def build(params: Any) -> torch.optim.Optimizer:
+        params = list(params)
+        if impl == "fused":
+            try:
+                return partial(params=params, fused=True)
+            except (TypeError, RuntimeError, ValueError) as error:
+                log.info("perf      fused %s not available here (%s): using foreach", _name(partial), error)
+        try:
+            return partial(params=params, foreach=True)
+        except (TypeError, RuntimeError, ValueError):
+            return partial(params=params)
+
+    return build
+
+
+def _name(partial: Any) -> str:
+    func = getattr(partial, "func", partial)
+    return getattr(func, "__name__", str(func))
+
+
+def steps_per_call(wanted: int, batches_per_epoch: int, val_interval: Optional[int]) -> int:
+    """The fused loop's steps per Lightning call: at most an epoch's batches. When validation
+    runs every N iterations, Lightning counts calls, not steps, so every call must hold the same
+    number of steps: then it divides both the epoch's batches and N."""
+    if val_interval:
+        return max(math.gcd(math.gcd(wanted, batches_per_epoch), val_interval), 1)
+    return max(min(wanted, batches_per_epoch), 1)
