@@ -50,3 +50,182 @@ def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, stor
     assert len(recorded) == 27  # 560 training samples: 9 batches an epoch (the last one partial)
     expected = _plain_losses(cfg, len(recorded))
     assert recorded == pytest.approx(expected, rel=2e-4, abs=1e-6)
+
+
+# -- on-device batching -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partial_batch(drop_last):
+    from seqlab.data import TensorBatches
+
+    x = torch.arange(23.0).reshape(23, 1, 1)
+    batches = TensorBatches(x, x[:, 0], batch_size=4, shuffle=True, drop_last=drop_last, seed=0,
+                            device=torch.device("cpu"), batches_per_item=2)
+    for _ in range(2):  # two epochs, each a new permutation
+        items = list(batches)
+        seen = torch.cat([item[0].flatten() for item in items]).tolist()
+        assert len(items) == len(batches) == (3 if drop_last else 3)
+        assert [len(item[0]) for item in items] == ([8, 8, 4] if drop_last else [8, 8, 7])
+        assert len(seen) == len(set(seen)) == (20 if drop_last else 23)
+        for xb, yb in items:
+            torch.testing.assert_close(xb[:, 0], yb)
+
+
+# -- no host synchronisation in the hot loop ---------------------------------------------------
+
+
+def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatch):
+    """Every way a tensor's value reaches the host is counted while the fused loop runs;
+    per-step metrics are read back only when flushed, outside the loop here."""
+    from seqlab.module import SeqRegressor
+
+    inside = {"loop": False, "reads": []}
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if inside["loop"] and self.numel() and self.device.type != "meta":
+                inside["reads"].append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    fused = SeqRegressor._fused_steps
+
+    def watched(self, batch):
+        inside["loop"] = True
+        try:
+            return fused(self, batch)
+        finally:
+            inside["loop"] = False
+
+    monkeypatch.setattr(SeqRegressor, "_fused_steps", watched)
+    result = train(compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "logger.flush_every_n_steps=1000"))
+    assert result.status == "FINISHED"
+    assert inside["reads"] == []
+
+
+# -- CUDA graphs: the logic on a CPU, the real thing where CUDA exists --------------------------
+
+
+def _eager_capture(step, inputs):
+    """Stands in for CUDA capture on a CPU: like a capture, it runs nothing; 'replay' runs the
+    step on the static inputs and writes into the same output tensors, as a replayed graph does."""
+    outputs = (torch.empty(0), torch.empty(0))
+
+    def replay():
+        for static, fresh in zip(outputs, step(*inputs)):
+            static.resize_as_(fresh).copy_(fresh.detach())
+
+    return replay, outputs
+
+
+def test_graphed_step_warms_up_captures_and_leaves_partial_batches_eager():
+    from seqlab.cudagraph import GraphedStep
+
+    calls = []
+
+    def step(x, y, lengths):
+        calls.append(len(x))
+        return (x - y).pow(2).mean(), x * 2
+
+    graphed = GraphedStep(step, batch_size=4, warmup_steps=2, capture=_eager_capture, warm_up=lambda s, i: s(*i))
+    x, y = torch.ones(4, 1), torch.zeros(4, 1)
+    assert graphed(x, y, None)[0] == 1  # warm-up 1
+    assert graphed(x, y, None)[0] == 1  # warm-up 2
+    loss, pred = graphed(3 * x, y, None)  # captured, then replayed on these inputs
+    assert loss == 9 and torch.equal(pred, 6 * x)
+    assert graphed(x[:3], y[:3], None) is None  # a partial batch: the caller runs it eagerly
+    loss, _ = graphed(2 * x, y, None)
+    assert loss == 4
+
+
+def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
+    from seqlab.cudagraph import GraphedStep
+
+    def broken_capture(step, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphed = GraphedStep(lambda x, y, l: (x.sum(), x), batch_size=2, warmup_steps=0, capture=broken_capture)
+    with caplog.at_level("WARNING", logger="seqlab"):
+        assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
+        assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
+    warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
+    assert len(warnings) == 1 and "training eagerly" in warnings[0].getMessage()
+
+
+def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose_cfg, store, monkeypatch):
+    """The module's graph path (static buffers, step counting for Lightning, recording) with
+    replays standing in for CUDA: the same losses, the same step count as the eager path."""
+    from seqlab.cudagraph import GraphedStep
+    from seqlab.module import SeqRegressor
+
+    overrides = ("data.n_samples=700", "trainer.max_epochs=2", "scheduler=none")
+    train(compose_cfg(*overrides, "logger.experiment_name=eager"))
+    start = SeqRegressor.on_train_start
+
+    def with_graph(self):
+        start(self)
+        raw = self.optimizers().optimizer
+        self.graphed = GraphedStep(lambda x, y, l: self._step(x, y, l, raw.step), self.batch_size,
+                                   capture=_eager_capture, warm_up=lambda s, i: s(*i))
+
+    monkeypatch.setattr(SeqRegressor, "on_train_start", with_graph)
+    train(compose_cfg(*overrides, "logger.experiment_name=graphed"))
+    (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
+    history = lambda run: store.get_metric_history(run.info.run_id, "train_loss")  # noqa: E731
+    assert [m.step for m in history(graphed)] == [m.step for m in history(eager)] == list(range(1, 19))
+    assert [m.value for m in history(graphed)] == pytest.approx([m.value for m in history(eager)], rel=1e-5)
+
+
+def test_cuda_graph_on_without_cuda_says_so_and_trains(compose_cfg, caplog):
+    with caplog.at_level("WARNING", logger="seqlab"):
+        result = train(compose_cfg("data.n_samples=300", "trainer.max_epochs=1", "perf.cuda_graph=on"))
+    assert result.status == "FINISHED"
+    if not torch.cuda.is_available():
+        assert "perf.cuda_graph=on needs one CUDA device" in caplog.text
+
+
+@pytest.mark.gpu
+def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store):
+    overrides = ("data.n_samples=2000", "trainer.max_epochs=2", "scheduler=none", "trainer.accelerator=gpu")
+    train(compose_cfg(*overrides, "perf.cuda_graph=off", "logger.experiment_name=eager"))
+    train(compose_cfg(*overrides, "perf.cuda_graph=on", "logger.experiment_name=graphed"))
+    (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
+    a = [m.value for m in store.get_metric_history(eager.info.run_id, "train_loss")]
+    b = [m.value for m in store.get_metric_history(graphed.info.run_id, "train_loss")]
+    assert len(a) == len(b) == 50
+    assert b == pytest.approx(a, rel=1e-3)
+
+
+@pytest.mark.gpu
+def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg):
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        from seqlab.module import SeqRegressor
+
+        fused = SeqRegressor._fused_steps
+        result = train(compose_cfg("data.n_samples=2000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
+                                   "logger.flush_every_n_steps=1000"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert result.status == "FINISHED" and fused is SeqRegressor._fused_steps
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+
+
+def test_benchmark_smoke_writes_valid_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--smoke", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "SEQLAB_ROOT": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert {(r["shape"], r["loop"]) for r in rows} == {(s, l) for s in ("seed", "profile") for l in ("plain", "naive", "default")}
+    assert all(r["it_per_s"] > 0 and r["samples_per_s"] == pytest.approx(r["it_per_s"] * 64) for r in rows)
+    assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
+    assert data["machine"]["cpu"]
+    assert "vs plain" in proc.stdout

@@ -5,6 +5,7 @@ training step: metrics accumulate on the device and are computed once per epoch.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable, Optional
 
 import pytorch_lightning as pl
@@ -13,6 +14,8 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
 from seqlab.gradients import GradientTreatment
+
+log = logging.getLogger("seqlab")
 
 
 def half_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -72,6 +75,7 @@ class SeqRegressor(pl.LightningModule):
         steps_per_call: int = 1,
         batch_size: Optional[int] = None,
         loss_on_progress_bar: bool = False,
+        cuda_graph: str = "off",
     ) -> None:
         super().__init__()
         # steps_per_call > 1: the fused loop (perf=fast). Each training_step gets K mini-batches
@@ -83,6 +87,8 @@ class SeqRegressor(pl.LightningModule):
         # Receives (loss, step, lr) after each optimizer step; set by the task (tracking).
         self.step_sink: Optional[Callable[[torch.Tensor, int, Any], None]] = None
         self.clip_val: Optional[float] = None  # trainer.gradient_clip_val, applied by the fused loop
+        self.cuda_graph = str(cuda_graph).lower()  # auto | on | off (YAML may give a bool)
+        self.graphed = None
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -127,6 +133,21 @@ class SeqRegressor(pl.LightningModule):
         )
         self._epoch_preds: list[torch.Tensor] = []
         self._epoch_targets: list[torch.Tensor] = []
+        self.graphed = None
+        if self.cuda_graph in ("on", "true") or (self.cuda_graph == "auto" and self.device.type == "cuda"):
+            if self.device.type != "cuda" or not self._plain_backward:
+                log.warning("perf      perf.cuda_graph=on needs one CUDA device in full precision: training eagerly")
+            else:
+                from seqlab.cudagraph import GraphedStep
+
+                raw = self.optimizers().optimizer
+                self.graphed = GraphedStep(lambda x, y, lengths: self._step(x, y, lengths, raw.step), self.batch_size)
+
+    def on_validation_model_zero_grad(self) -> None:
+        # Lightning frees gradients before validation; the fused loop keeps them (zeroed in
+        # place each step), so that a captured CUDA graph's gradient tensors stay the live ones.
+        if self.automatic_optimization:
+            super().on_validation_model_zero_grad()
 
     def _gradient_buffers(self) -> list[torch.Tensor]:
         """Every trainable parameter's gradient tensor, created as zeros where missing. They are
@@ -144,7 +165,7 @@ class SeqRegressor(pl.LightningModule):
 
     def _fused_steps(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         optimizer = self.optimizers()
-        grads = self._gradient_buffers()
+        self._gradient_buffers()
         x, y, lengths = _unpack(batch)
         max_steps = self.trainer.max_steps
         bs = self.batch_size or len(x)
@@ -155,18 +176,14 @@ class SeqRegressor(pl.LightningModule):
             xb, yb = x[start : start + bs], y[start : start + bs]
             lb = None if lengths is None else lengths[start : start + bs]
             lr = self._lr(optimizer)
-            torch._foreach_zero_(grads)
-            pred = self.model(xb, lb)
-            loss = self.loss_fn(pred, yb)
-            if self._plain_backward:
-                loss.backward()
+            out = self.graphed(xb, yb, lb) if self.graphed is not None else None
+            if out is None:
+                # Lightning's optimizer wrapper counts the step (global_step, max_steps).
+                loss, pred = self._step(xb, yb, lb, optimizer.step)
             else:
-                self.manual_backward(loss)
-            if self.gradients.active:
-                self.gradients()
-            if self.clip_val:
-                self.clip_gradients(optimizer, self.clip_val, "norm")
-            optimizer.step()  # Lightning's wrapper: counts the step (global_step, max_steps)
+                loss, pred = out
+                optimizer._on_before_step()  # the step ran inside the graph: count it as Lightning does
+                optimizer._on_after_step()
             # Epoch metrics are computed once, over all of the epoch's predictions: keeping
             # references here costs nothing per step, unlike a metric update.
             self._epoch_preds.append(pred.detach())
@@ -174,6 +191,22 @@ class SeqRegressor(pl.LightningModule):
             if self.step_sink is not None:
                 self.step_sink(loss.detach(), self.global_step, lr)
         return loss.detach()
+
+    def _step(self, x, y, lengths, optimizer_step: Callable[[], Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
+        torch._foreach_zero_([p.grad for p in self.model.parameters() if p.grad is not None])
+        pred = self.model(x, lengths)
+        loss = self.loss_fn(pred, y)
+        if self._plain_backward:
+            loss.backward()
+        else:
+            self.manual_backward(loss)
+        if self.gradients.active:
+            self.gradients()
+        if self.clip_val:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_val, foreach=True)
+        optimizer_step()
+        return loss, pred
 
     def on_train_epoch_end(self) -> None:
         if not self.automatic_optimization and self._epoch_preds:

@@ -13,15 +13,25 @@ import torch
 log = logging.getLogger("seqlab")
 
 
-def optimizer_factory(partial: Callable[..., torch.optim.Optimizer], impl: str) -> Callable[..., torch.optim.Optimizer]:
+def optimizer_factory(
+    partial: Callable[..., torch.optim.Optimizer], impl: str, capturable: bool = False
+) -> Callable[..., torch.optim.Optimizer]:
     """Wrap an optimizer partial so it is built fused (one kernel for every parameter's update)
     or foreach (a few kernels over all parameters) where the class and device support it, and
-    as it is otherwise. 'default' leaves the choice to PyTorch."""
-    if impl == "default":
+    as it is otherwise. 'default' leaves the choice to PyTorch. `capturable`: for CUDA graphs,
+    the optimizer keeps its state and learning rate in device tensors."""
+    if impl == "default" and not capturable:
         return partial
 
     def build(params: Any) -> torch.optim.Optimizer:
         params = list(params)
+        if capturable:
+            optimizer = partial(params=params, capturable=True, **({"fused": True} if impl == "fused" else {}))
+            device = params[0].device
+            for group in optimizer.param_groups:
+                # A scheduler updates a tensor learning rate in place, so replays see it.
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            return optimizer
         if impl == "fused":
             try:
                 return partial(params=params, fused=True)

@@ -162,13 +162,15 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     val_interval = cfg.trainer.val_check_interval if cfg.trainer.check_val_every_n_epoch is None else None
     k = steps_per_call(perf.steps_per_call, batches, val_interval) if perf.steps_per_call > 1 else 1
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
+    graphs = k > 1 and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
     module = instantiate(cfg.module)(
         model=model,
-        optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl),
+        optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl, capturable=graphs),
         scheduler=scheduler,
         steps_per_call=k,
         batch_size=cfg.data.batch_size,
         loss_on_progress_bar=perf.progress == "bar",
+        cuda_graph=str(perf.cuda_graph) if k > 1 else "off",
     )
     recorder = StepMetricsRecorder(
         tracker,
