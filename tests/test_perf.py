@@ -229,3 +229,22 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
     assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
     assert data["machine"]["cpu"]
     assert "vs plain" in proc.stdout
+
+
+# -- profiling -----------------------------------------------------------------------------------
+
+
+def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
+    from conftest import artifact_paths
+
+    train(compose_cfg("debug=profile", "data.n_samples=640", "perf.profile_steps=12"))
+    (run,) = runs_of(store, "seqlab-profile")
+    files = artifact_paths(store, run.info.run_id)
+    assert {"profile/profile_trace.json", "profile/profile_phases.txt", "profile/profile_ops.txt"} <= files
+    local = store.download_artifacts(run.info.run_id, "profile")
+    table = open(f"{local}/profile_phases.txt").read()
+    assert table.startswith("profiled 12 steps")
+    rows = {line.split()[0]: float(line.split()[1]) for line in table.splitlines()[2:]}
+    assert set(rows) == {"data", "host_to_device", "forward", "backward", "optimizer", "logging"}
+    assert rows["forward"] > 0 and rows["backward"] > 0 and rows["optimizer"] > 0
+    json.loads(open(f"{local}/profile_trace.json").read())  # a valid Chrome trace

@@ -14,6 +14,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
 from seqlab.gradients import GradientTreatment
+from seqlab.profiling import phase
 
 log = logging.getLogger("seqlab")
 
@@ -111,14 +112,16 @@ class SeqRegressor(pl.LightningModule):
         if not self.automatic_optimization:
             return self._fused_steps(batch)
         x, y, lengths = _unpack(batch)
-        pred = self.model(x, lengths)
-        loss = self.loss_fn(pred, y)
+        with phase("forward"):
+            pred = self.model(x, lengths)
+            loss = self.loss_fn(pred, y)
         self.train_metrics.update(pred.detach(), y)
         if self.loss_on_progress_bar:  # perf=naive: what a first Lightning module does
             self.log("loss", loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
         if self.step_sink is not None:
             # Called before Lightning's optimizer step: this step is global_step + 1.
-            self.step_sink(loss.detach(), self.global_step + 1, self._lr(self.trainer.optimizers[0]))
+            with phase("logging"):
+                self.step_sink(loss.detach(), self.global_step + 1, self._lr(self.trainer.optimizers[0]))
         return loss
 
     def on_train_start(self) -> None:
@@ -189,23 +192,40 @@ class SeqRegressor(pl.LightningModule):
             self._epoch_preds.append(pred.detach())
             self._epoch_targets.append(yb)
             if self.step_sink is not None:
-                self.step_sink(loss.detach(), self.global_step, lr)
+                with phase("logging"):
+                    self.step_sink(loss.detach(), self.global_step, lr)
         return loss.detach()
+
+    # Lightning's automatic optimisation runs these two hooks: marked for the profiler.
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with phase("backward"):
+            super().backward(loss, *args, **kwargs)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        with phase("optimizer"):
+            super().optimizer_step(*args, **kwargs)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        with phase("host_to_device"):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def _step(self, x, y, lengths, optimizer_step: Callable[[], Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
         torch._foreach_zero_([p.grad for p in self.model.parameters() if p.grad is not None])
-        pred = self.model(x, lengths)
-        loss = self.loss_fn(pred, y)
-        if self._plain_backward:
-            loss.backward()
-        else:
-            self.manual_backward(loss)
-        if self.gradients.active:
-            self.gradients()
-        if self.clip_val:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_val, foreach=True)
-        optimizer_step()
+        with phase("forward"):
+            pred = self.model(x, lengths)
+            loss = self.loss_fn(pred, y)
+        with phase("backward"):
+            if self._plain_backward:
+                loss.backward()
+            else:
+                self.manual_backward(loss)
+        with phase("optimizer"):
+            if self.gradients.active:
+                self.gradients()
+            if self.clip_val:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_val, foreach=True)
+            optimizer_step()
         return loss, pred
 
     def on_train_epoch_end(self) -> None:

@@ -185,6 +185,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
 
     timer = EpochTimer(tracker)
     callbacks = [timer, recorder]
+    if perf.profile_steps:
+        from seqlab.profiling import ProfileSteps
+
+        callbacks.append(ProfileSteps(perf.profile_steps, job.output_dir / "profile", tracker))
     if perf.progress == "line":
         callbacks.append(ProgressLine(timer))
     if perf.checkpoint_every_n_epochs:

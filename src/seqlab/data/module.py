@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
+from seqlab.profiling import phase
 
 log = logging.getLogger("seqlab")
 
@@ -60,14 +61,34 @@ class TensorBatches:
     def __iter__(self) -> Iterator[Batch]:
         tensors = self.tensors
         if self.shuffle:
-            order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
-            tensors = tuple(t[order] for t in tensors)
+            with phase("data"):
+                order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
+                tensors = tuple(t[order] for t in tensors)
         # The samples this epoch trains on (without the dropped partial batch), in items of
         # K mini-batches: slices of one contiguous tensor, so no copies.
         used = min(len(tensors[0]), self.n_batches * self.batch_size)
         step = self.batch_size * self.batches_per_item
         for start in range(0, used, step):
             yield tuple(t[start : min(start + step, used)] for t in tensors)
+
+
+class _Marked:
+    """A loader whose batch fetches show as the 'data' phase in a profile."""
+
+    def __init__(self, loader: Iterable[Batch]) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        iterator = iter(self.loader)
+        while True:
+            with phase("data"):
+                batch = next(iterator, None)
+            if batch is None:
+                return
+            yield batch
 
 
 def _tensors(data: SeqData) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -173,8 +194,8 @@ class SeqDataModule(pl.LightningDataModule):
             # each step. Kept for comparison (perf=naive).
             tensors = (x, y) if lengths is None else (x, y, lengths)
             generator = torch.Generator().manual_seed(self.seed)
-            return DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
-                              drop_last=drop_last, generator=generator)
+            return _Marked(DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
+                                      drop_last=drop_last, generator=generator))
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
         return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
                              device=device, batches_per_item=self.batches_per_item)
