@@ -243,7 +243,8 @@ def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
     assert {"profile/profile_trace.json", "profile/profile_phases.txt", "profile/profile_ops.txt"} <= files
     local = store.download_artifacts(run.info.run_id, "profile")
     table = open(f"{local}/profile_phases.txt").read()
-    assert table.startswith("profiled 12 steps")
+    profiled = int(table.split()[1])  # whole fused-loop calls: at least the steps asked for
+    assert table.startswith("profiled ") and 12 <= profiled <= 16
     rows = {line.split()[0]: float(line.split()[1]) for line in table.splitlines()[2:]}
     assert set(rows) == {"data", "host_to_device", "forward", "backward", "optimizer", "logging"}
     assert rows["forward"] > 0 and rows["backward"] > 0 and rows["optimizer"] > 0
