@@ -88,7 +88,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         device, device_error = None, error
     tracker = instantiate(cfg.logger)
     sweep = job.sweep_info()
-    name = cfg.logger.run_name or run_name(
+    name = tracker.run_name or run_name(
         device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
     )
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
@@ -174,7 +174,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     )
     recorder = StepMetricsRecorder(
         tracker,
-        cfg.logger.flush_every_n_steps,
+        tracker.flush_every_n_steps,
         lambda loss: LOSS_TO_MSE[cfg.module.loss](loss, datamodule.n_outputs),
     )
     module.step_sink = recorder.record
@@ -216,7 +216,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         deterministic=cfg.deterministic,
         logger=tracker.lightning_logger(),
         callbacks=callbacks,
-        log_every_n_steps=cfg.logger.flush_every_n_steps,
+        log_every_n_steps=tracker.flush_every_n_steps,
         enable_progress_bar=perf.progress == "bar",
         # Per-epoch checkpoints cost more than an epoch of this model: by default one, at the end.
         enable_checkpointing=bool(perf.checkpoint_every_n_epochs),
@@ -248,7 +248,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(ckpt)
-    if cfg.logger.log_checkpoint:
+    if tracker.log_checkpoint:
         tracker.log_artifact(ckpt, "checkpoints")
     png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
     tracker.log_artifact(png)
