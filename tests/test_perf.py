@@ -40,16 +40,58 @@ def _plain_losses(cfg, n_steps: int) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("perf", ["fast", "naive"])
-def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, store, perf):
+@pytest.mark.parametrize(
+    "perf, extra, steps",
+    [
+        ("fast", (), 27),  # one call an epoch
+        ("fast", ("perf.steps_per_call=4", "trainer.max_steps=13"), 13),  # several calls; a stop inside one
+        ("naive", (), 27),
+    ],
+    ids=["fast", "fast-k4-max_steps", "naive"],
+)
+def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, store, perf, extra, steps):
     cfg = compose_cfg(f"perf={perf}", "data.n_samples=700", "trainer.max_epochs=3", "scheduler=none",
-                      "perf.checkpoint_every_n_epochs=0")
+                      "perf.checkpoint_every_n_epochs=0", *extra)
+    train(cfg)
+    (run,) = runs_of(store, "seqlab")
+    recorded = store.get_metric_history(run.info.run_id, "train_loss")
+    # 560 training samples: 9 batches an epoch (the last one partial)
+    assert [m.step for m in recorded] == list(range(1, steps + 1))
+    expected = _plain_losses(cfg, steps)
+    assert [m.value for m in recorded] == pytest.approx(expected, rel=2e-4, abs=1e-6)
+
+
+def test_matlab_settings_on_the_fast_path_match_a_plain_matlab_loop(compose_cfg, store):
+    """L2, the per-tensor threshold and validation every N iterations through the fused loop,
+    against a hand-written loop applying the same treatment."""
+    import pytorch_lightning as pl
+
+    from seqlab.gradients import GradientTreatment
+
+    cfg = compose_cfg("experiment=matlab_seed", "data.n_samples=700", "data.val_fraction=0.2",
+                      "trainer.max_epochs=3", "trainer.val_check_interval=4", "model.dropout=0")
     train(cfg)
     (run,) = runs_of(store, "seqlab")
     recorded = [m.value for m in store.get_metric_history(run.info.run_id, "train_loss")]
-    assert len(recorded) == 27  # 560 training samples: 9 batches an epoch (the last one partial)
-    expected = _plain_losses(cfg, len(recorded))
-    assert recorded == pytest.approx(expected, rel=2e-4, abs=1e-6)
+    assert len(recorded) == 24  # 560 training samples, last partial batch dropped: 8 an epoch
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "val_rmse")] == list(range(4, 25, 4))
+
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    model = instantiate(cfg.model, n_features=dm.n_features, n_outputs=dm.n_outputs)
+    treat = GradientTreatment(model, 1e-4, 1.0, "l2norm")
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    expected, batches = [], dm.train_dataloader()  # one loader: a new permutation each epoch
+    for _ in range(3):
+        for xb, yb in batches:
+            optimizer.zero_grad()
+            loss = half_mse(model(xb), yb)
+            loss.backward()
+            treat()
+            optimizer.step()
+            expected.append(loss.item())
+    assert recorded == pytest.approx(expected, rel=1e-3, abs=1e-6)
 
 
 # -- on-device batching -------------------------------------------------------------------------
@@ -62,14 +104,17 @@ def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partia
     x = torch.arange(23.0).reshape(23, 1, 1)
     batches = TensorBatches(x, x[:, 0], batch_size=4, shuffle=True, drop_last=drop_last, seed=0,
                             device=torch.device("cpu"), batches_per_item=2)
-    for _ in range(2):  # two epochs, each a new permutation
+    orders = []
+    for _ in range(2):  # two epochs
         items = list(batches)
         seen = torch.cat([item[0].flatten() for item in items]).tolist()
-        assert len(items) == len(batches) == (3 if drop_last else 3)
+        assert len(items) == len(batches) == 3
         assert [len(item[0]) for item in items] == ([8, 8, 4] if drop_last else [8, 8, 7])
         assert len(seen) == len(set(seen)) == (20 if drop_last else 23)
         for xb, yb in items:
             torch.testing.assert_close(xb[:, 0], yb)
+        orders.append(seen)
+    assert orders[0] != orders[1]  # each epoch a new permutation
 
 
 # -- no host synchronisation in the hot loop ---------------------------------------------------
@@ -92,10 +137,10 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
         monkeypatch.setattr(torch.Tensor, name, counted)
     fused = SeqRegressor._fused_steps
 
-    def watched(self, batch):
+    def watched(self, batch, batch_idx):
         inside["loop"] = True
         try:
-            return fused(self, batch)
+            return fused(self, batch, batch_idx)
         finally:
             inside["loop"] = False
 
@@ -187,10 +232,14 @@ def test_cuda_graph_on_without_cuda_says_so_and_trains(compose_cfg, caplog):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store):
-    overrides = ("data.n_samples=2000", "trainer.max_epochs=2", "scheduler=none", "trainer.accelerator=gpu")
+@pytest.mark.parametrize("data", ["data=synthetic", "data=daily_profile"])  # shortcut path; cuDNN LSTM
+def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, data):
+    overrides = (data, "data.n_samples=2000", "trainer.max_epochs=2", "scheduler=none", "trainer.accelerator=gpu")
     train(compose_cfg(*overrides, "perf.cuda_graph=off", "logger.experiment_name=eager"))
-    train(compose_cfg(*overrides, "perf.cuda_graph=on", "logger.experiment_name=graphed"))
+    with caplog.at_level("INFO", logger="seqlab"):
+        train(compose_cfg(*overrides, "perf.cuda_graph=on", "logger.experiment_name=graphed"))
+    assert "training step captured as a CUDA graph" in caplog.text
+    assert "capture failed" not in caplog.text
     (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
     a = [m.value for m in store.get_metric_history(eager.info.run_id, "train_loss")]
     b = [m.value for m in store.get_metric_history(graphed.info.run_id, "train_loss")]
@@ -199,17 +248,27 @@ def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store):
 
 
 @pytest.mark.gpu
-def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg):
-    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
-    try:
-        from seqlab.module import SeqRegressor
+def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
+    """Synchronising calls raise inside the fused loop, from its second call on (the first
+    warms up and captures), with per-step metrics flushed outside it."""
+    from seqlab.module import SeqRegressor
 
-        fused = SeqRegressor._fused_steps
-        result = train(compose_cfg("data.n_samples=2000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
-                                   "logger.flush_every_n_steps=1000"))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert result.status == "FINISHED" and fused is SeqRegressor._fused_steps
+    fused, calls = SeqRegressor._fused_steps, []
+
+    def strict(self, batch, batch_idx):
+        calls.append(batch_idx)
+        if len(calls) == 1:
+            return fused(self, batch, batch_idx)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fused(self, batch, batch_idx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(SeqRegressor, "_fused_steps", strict)
+    result = train(compose_cfg("data.n_samples=8000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
+                               "data.val_fraction=0", "logger.flush_every_n_steps=1000", "perf.steps_per_call=25"))
+    assert result.status == "FINISHED" and len(calls) >= 3
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -225,7 +284,7 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert {(r["shape"], r["loop"]) for r in rows} == {(s, l) for s in ("seed", "profile") for l in ("plain", "naive", "default")}
-    assert all(r["it_per_s"] > 0 and r["samples_per_s"] == pytest.approx(r["it_per_s"] * 64) for r in rows)
+    assert all(r["it_per_s"] > 0 and r["steps_per_epoch"] > 0 and len(r["runs"]) == 1 for r in rows)
     assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
     assert data["machine"]["cpu"]
     assert "vs plain" in proc.stdout
@@ -249,3 +308,19 @@ def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
     assert set(rows) == {"data", "host_to_device", "forward", "backward", "optimizer", "logging"}
     assert rows["forward"] > 0 and rows["backward"] > 0 and rows["optimizer"] > 0
     json.loads(open(f"{local}/profile_trace.json").read())  # a valid Chrome trace
+
+
+@pytest.mark.parametrize(
+    "wanted, batches, interval, expected",
+    [
+        (50, 100, None, (50, None)),  # validation each epoch: calls of 50 steps
+        (50, 9, None, (9, None)),  # at most an epoch
+        (50, 128, 50, (2, 25)),  # every 50 iterations: a divisor of 128 and 50
+        (50, 100, 0.5, (50, 1)),  # half an epoch = 50 iterations = 1 call
+        (50, 100, 1.0, (50, 1.0)),  # once an epoch
+    ],
+)
+def test_steps_per_call_keeps_validation_on_its_iteration(wanted, batches, interval, expected):
+    from seqlab.perf import steps_per_call
+
+    assert steps_per_call(wanted, batches, interval) == expected

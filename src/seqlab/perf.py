@@ -26,12 +26,18 @@ def optimizer_factory(
     def build(params: Any) -> torch.optim.Optimizer:
         params = list(params)
         if capturable:
-            optimizer = partial(params=params, capturable=True, **({"fused": True} if impl == "fused" else {}))
-            device = params[0].device
-            for group in optimizer.param_groups:
-                # A scheduler updates a tensor learning rate in place, so replays see it.
-                group["lr"] = torch.tensor(float(group["lr"]), device=device)
-            return optimizer
+            for extra in ({"fused": True} if impl == "fused" else {}, {}):
+                try:
+                    optimizer = partial(params=params, capturable=True, **extra)
+                except (TypeError, RuntimeError, ValueError):
+                    continue
+                device = params[0].device
+                for group in optimizer.param_groups:
+                    # A scheduler updates a tensor learning rate in place, so replays see it.
+                    group["lr"] = torch.tensor(float(group["lr"]), device=device)
+                return optimizer
+            # Not capturable (SGD, say): the module sees it and trains eagerly.
+            log.info("perf      %s cannot run inside a CUDA graph: training eagerly", _name(partial))
         if impl == "fused":
             try:
                 return partial(params=params, fused=True)
@@ -50,10 +56,17 @@ def _name(partial: Any) -> str:
     return getattr(func, "__name__", str(func))
 
 
-def steps_per_call(wanted: int, batches_per_epoch: int, val_interval: Optional[int]) -> int:
-    """The fused loop's steps per Lightning call: at most an epoch's batches. When validation
-    runs every N iterations, Lightning counts calls, not steps, so every call must hold the same
-    number of steps: then it divides both the epoch's batches and N."""
-    if val_interval:
-        return max(math.gcd(math.gcd(wanted, batches_per_epoch), val_interval), 1)
-    return max(min(wanted, batches_per_epoch), 1)
+def steps_per_call(wanted: int, batches_per_epoch: int, val_check_interval: Any) -> tuple[int, Any]:
+    """The fused loop's steps per Lightning call, and trainer.val_check_interval in calls.
+
+    A call holds at most an epoch's batches. Lightning counts calls, not steps, when it places
+    validation inside or across epochs (val_check_interval = N iterations, or a fraction f of
+    an epoch, i.e. round(f * batches) iterations): then every call must hold the same number of
+    steps, a divisor of both the epoch's batches and N."""
+    if val_check_interval is None or val_check_interval == 1.0 and isinstance(val_check_interval, float):
+        return max(min(wanted, batches_per_epoch), 1), val_check_interval
+    steps = val_check_interval
+    if isinstance(val_check_interval, float):
+        steps = max(round(val_check_interval * batches_per_epoch), 1)
+    k = max(math.gcd(math.gcd(wanted, batches_per_epoch), int(steps)), 1)
+    return k, int(steps) // k

@@ -194,6 +194,11 @@ def validate(cfg: DictConfig) -> None:
         u.bn_statistics in BN_STATISTICS,
         f"module.bn_statistics must be one of {', '.join(BN_STATISTICS)}; got {u.bn_statistics!r}",
     )
+    _require(
+        not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
+        "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
+        "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
+    )
     p = cfg.perf
     for key, choices in (("loader", LOADERS), ("optimizer_impl", OPTIMIZER_IMPLS), ("cuda_graph", CUDA_GRAPH), ("progress", PROGRESS)):
         value = str(p[key]).lower() if key == "cuda_graph" else p[key]  # YAML reads a bare off/on as a bool

@@ -20,7 +20,7 @@ class EpochTimer(pl.Callback):
         self.val_start: Optional[float] = None
         self.val_seconds = 0.0  # validation inside the epoch, taken out of its time
         self.first_step = 0
-        self.samples = 0
+        self.first_sample = 0
         self.epochs: list[dict[str, float]] = []  # one row per finished epoch
 
     def _now(self, pl_module: pl.LightningModule) -> float:
@@ -29,16 +29,13 @@ class EpochTimer(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.first_step = trainer.global_step
-        self.samples = 0
+        self.first_sample = getattr(pl_module, "samples_trained", 0)
         self.val_seconds = 0.0
         self.start = self._now(pl_module)
 
     def steps(self, trainer: pl.Trainer) -> int:
         """Optimizer steps so far this epoch (a fused-loop batch holds many)."""
         return trainer.global_step - self.first_step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.samples += len(batch[0])
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning marks the trainer as validating here, even inside fit.
@@ -55,7 +52,7 @@ class EpochTimer(pl.Callback):
         row = {
             "epoch_time_s": seconds,
             "it_per_s": self.steps(trainer) / seconds,
-            "samples_per_s": self.samples / seconds,
+            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) / seconds,
         }
         self.epochs.append(row)
         if self.tracker is not None:

@@ -269,10 +269,16 @@ class StepMetricsRecorder(pl.Callback):
         self.losses.append(loss)  # a reference to a device tensor: no copy, no synchronisation
         self.tracker.step = step
         self.steps.append(step)
-        self.lrs.append(lr.detach().clone() if isinstance(lr, torch.Tensor) else lr)
+        # A tensor learning rate (CUDA graphs) is kept by reference: it changes only when the
+        # scheduler steps, after the epoch's last flush.
+        self.lrs.append(lr)
         self.times.append(int(time.time() * 1000))
         if len(self.steps) == self.every_n_steps:
             self.flush()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx + 1 >= trainer.num_training_batches:
+            self.flush()  # inside the epoch's timing, before the scheduler steps
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()
@@ -285,6 +291,9 @@ class StepMetricsRecorder(pl.Callback):
             return
         losses = torch.stack(self.losses).tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
-        lrs = [float(lr) for lr in self.lrs]  # a tensor learning rate (CUDA graphs) is read here
+        if self.lrs and isinstance(self.lrs[0], torch.Tensor):
+            lrs = torch.stack(self.lrs).tolist()  # read back together with the losses
+        else:
+            lrs = [float(lr) for lr in self.lrs]
         self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, self.steps, self.times)
         self.losses, self.steps, self.lrs, self.times = [], [], [], []

@@ -154,13 +154,18 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     baseline = datamodule.baseline_val_rmse()
     log.info("data      %s", datamodule.describe())
     model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
-    model.shortcuts = perf.exact_shortcuts
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
 
     # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call).
     batches = len(datamodule.train_dataloader())
-    val_interval = cfg.trainer.val_check_interval if cfg.trainer.check_val_every_n_epoch is None else None
-    k = steps_per_call(perf.steps_per_call, batches, val_interval) if perf.steps_per_call > 1 else 1
+    val_check_interval = cfg.trainer.val_check_interval if datamodule.has_val() else None
+    k, val_check_interval = (
+        steps_per_call(perf.steps_per_call, batches, val_check_interval)
+        if perf.steps_per_call > 1
+        else (1, val_check_interval)
+    )
+    # The shortcuts need gradients kept as zero tensors, which the fused loop (k > 1) does.
+    model.shortcuts = perf.exact_shortcuts and k > 1
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
     graphs = k > 1 and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
     module = instantiate(cfg.module)(
@@ -210,8 +215,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         max_steps=cfg.trainer.max_steps,
         precision=cfg.trainer.precision,
         gradient_clip_val=cfg.trainer.gradient_clip_val if k == 1 else None,
-        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
-        val_check_interval=val_interval // k if val_interval else cfg.trainer.val_check_interval,
+        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if datamodule.has_val() else 1,
+        val_check_interval=val_check_interval,
         num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
         deterministic=cfg.deterministic,
         logger=tracker.lightning_logger(),
