@@ -65,6 +65,8 @@ class JobResult:
     samples_per_s: Optional[float] = None
     val_rmse: Optional[float] = None
     val_rmse_baseline: Optional[float] = None
+    target_rmse: Optional[float] = None
+    time_to_target_s: Optional[float] = None  # None with a target: never reached
     reason: Optional[str] = None
 
     def write(self, output_dir: Path) -> None:

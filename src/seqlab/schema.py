@@ -75,6 +75,7 @@ class TrainerConfig:
     devices: Any = 1
     max_epochs: int = 30
     max_steps: int = -1
+    max_time: Optional[str] = None  # a budget of wall time, "DD:HH:MM:SS"
     precision: str = "32-true"
     gradient_clip_val: Optional[float] = None
     # null with val_check_interval=N: validate every N iterations across epochs (MATLAB's
@@ -96,6 +97,15 @@ class LoggerConfig:
     flush_every_n_steps: int = 50
     log_checkpoint: bool = True
     synchronous: bool = False
+    system_metrics: bool = True  # CPU/memory (and GPU) utilisation sampled alongside the run
+    system_metrics_interval_s: float = 2.0
+
+
+@dataclass
+class MetricsConfig:
+    # Time to quality: the training time (device synchronised, validation excluded) at which
+    # val_rmse first reaches this value; null: not tracked.
+    target_rmse: Optional[float] = None
 
 
 @dataclass
@@ -137,14 +147,30 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
     deterministic: bool = False
     notes: str = ""
 
 
+def accelerators_present() -> str:
+    """'cpu', or 'cpu,gpu' where an NVIDIA GPU is visible: a sweep value, found without
+    importing torch (this runs while Hydra composes)."""
+    import os
+    import shutil
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    has_gpu = Path("/dev/nvidia0").exists() and visible not in ("", "-1")
+    has_gpu = has_gpu or (shutil.which("nvidia-smi") is not None and Path("/proc/driver/nvidia/gpus").is_dir())
+    return "cpu,gpu" if has_gpu else "cpu"
+
+
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("seqlab_accelerators", accelerators_present, replace=True)
 
 
 register()
@@ -198,6 +224,12 @@ def validate(cfg: DictConfig) -> None:
         not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
         "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
         "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
+    )
+    target = cfg.metrics.target_rmse
+    _require(target is None or target > 0, f"metrics.target_rmse must be positive (or null), got {target}")
+    _require(
+        cfg.logger.system_metrics_interval_s > 0,
+        f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
     )
     p = cfg.perf
     for key, choices in (("loader", LOADERS), ("optimizer_impl", OPTIMIZER_IMPLS), ("cuda_graph", CUDA_GRAPH), ("progress", PROGRESS)):

@@ -4,6 +4,7 @@ and a one-screen summary at the end (exit status 1 if any job failed)."""
 from __future__ import annotations
 
 import atexit
+import logging
 import csv
 import io
 import json
@@ -92,6 +93,7 @@ class MlflowSweepCallback(Callback):
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
         self.tracker = instantiate(config.logger)
         overrides = " ".join(config.hydra.overrides.task)
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         run_id = self.tracker.start(
             f"sweep-{self.sweep_id}",
             {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": overrides},
@@ -106,7 +108,9 @@ class MlflowSweepCallback(Callback):
                     "parent_run_id": run_id,
                     "tracking_uri": self.tracker.tracking_uri,
                     "experiment_id": self.tracker.experiment_id,
-                    "swept_keys": swept_keys(list(config.hydra.overrides.task)),
+                    # Swept on the command line or by a sweep preset (hydra.sweeper.params).
+                    "swept_keys": swept_keys(list(config.hydra.overrides.task))
+                    + list((config.hydra.sweeper.get("params") or {}).keys()),
                 },
                 indent=2,
             )
@@ -117,6 +121,17 @@ class MlflowSweepCallback(Callback):
             status = "KILLED" if interrupted else "FAILED"
             self.tracker.end(status, "the sweep stopped before its summary: see the console")
             self.tracker.run_id = None
+
+    def _compare(self, sweep_dir: Path) -> None:
+        """The side-by-side comparison of the sweep's runs, stored on its parent run."""
+        from seqlab.compare import compare
+
+        try:
+            report = compare(self.tracker.connect(), self.tracker.experiment_name, sweep_dir / "comparison", self.sweep_id)
+        except Exception as error:  # the summary and statuses matter more than the plots
+            print(f"comparison skipped: {' '.join(str(error).split())}", flush=True)
+            return
+        print(f"\nverdict: {report.verdict}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         atexit.unregister(self._end_unfinished)
@@ -129,6 +144,7 @@ class MlflowSweepCallback(Callback):
             header += f"; MLflow parent run {self.tracker.run_id} in experiment '{self.tracker.experiment_name}'"
         print(f"\n{header}\n{table}\noutputs in {sweep_dir}", flush=True)
         if self.tracker is not None and self.tracker.run_id:
+            self._compare(sweep_dir)
             (sweep_dir / "sweep_summary.txt").write_text(f"{header}\n{table}\n")
             (sweep_dir / "sweep_summary.csv").write_text(summary_csv(results))
             self.tracker.log_artifact(sweep_dir / "sweep_summary.txt")

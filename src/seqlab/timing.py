@@ -19,6 +19,8 @@ class EpochTimer(pl.Callback):
         self.start: Optional[float] = None
         self.val_start: Optional[float] = None
         self.val_seconds = 0.0  # validation inside the epoch, taken out of its time
+        self.trained_s = 0.0  # training time of the finished epochs
+        self.trained_s_at_val = 0.0  # training time when the latest validation started
         self.first_step = 0
         self.first_sample = 0
         self.epochs: list[dict[str, float]] = []  # one row per finished epoch
@@ -41,6 +43,7 @@ class EpochTimer(pl.Callback):
         # Lightning marks the trainer as validating here, even inside fit.
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.start is not None:
             self.val_start = self._now(pl_module)
+            self.trained_s_at_val = self.trained_s + (self.val_start - self.start - self.val_seconds)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.val_start is not None:
@@ -55,6 +58,7 @@ class EpochTimer(pl.Callback):
             "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) / seconds,
         }
         self.epochs.append(row)
+        self.trained_s += seconds
         if self.tracker is not None:
             self.tracker.log_metrics(row, trainer.global_step)
 
@@ -67,3 +71,32 @@ class EpochTimer(pl.Callback):
         values = sorted(r[key] for r in rows)
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+class TimeToTarget(pl.Callback):
+    """Time to quality (as MLPerf reports time-to-train): the training time, from the timer's
+    synchronised clock with validation left out, at which val_rmse first reached the target;
+    also the step and epoch. Runs that never reach it are tagged target_reached=false."""
+
+    def __init__(self, timer: EpochTimer, target_rmse: float, tracker: Optional[MlflowTracker] = None) -> None:
+        self.timer = timer
+        self.target = target_rmse
+        self.tracker = tracker
+        self.reached: Optional[dict[str, float]] = None
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        value = trainer.callback_metrics.get("val_rmse")
+        if value is not None and float(value) <= self.target:
+            self.reached = {
+                "time_to_target_s": self.timer.trained_s_at_val,
+                "steps_to_target": float(trainer.global_step),
+                "epochs_to_target": float(trainer.current_epoch + 1),
+            }
+            if self.tracker is not None:
+                self.tracker.log_metrics(self.reached, trainer.global_step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.tracker is not None:
+            self.tracker.set_tags({"target_rmse": self.target, "target_reached": str(self.reached is not None).lower()})

@@ -60,6 +60,8 @@ class MlflowTracker:
         flush_every_n_steps: int = 50,
         log_checkpoint: bool = True,
         synchronous: bool = False,
+        system_metrics: bool = False,
+        system_metrics_interval_s: float = 2.0,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -70,6 +72,9 @@ class MlflowTracker:
         # Metrics go to MLflow in the background unless synchronous; `flush` waits for them.
         self.synchronous = synchronous
         self.pending: list[Any] = []
+        self.system_metrics = system_metrics
+        self.system_metrics_interval_s = system_metrics_interval_s
+        self.monitor = None
         self.client: Optional[mlflow.MlflowClient] = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -116,8 +121,24 @@ class MlflowTracker:
         self.run_id = run.info.run_id
         return self.run_id
 
+    def start_system_metrics(self) -> None:
+        """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
+        system/... metrics, so utilisation shows next to throughput. Lightning's MLflow logger
+        does not switch MLflow's monitor on; it is started here for the run's id."""
+        if not self.system_metrics or self.monitor is not None:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.monitor = SystemMetricsMonitor(
+            self.run_id, sampling_interval=self.system_metrics_interval_s, tracking_uri=self.tracking_uri
+        )
+        self.monitor.start()
+
     def end(self, status: str, reason: Optional[str] = None) -> None:
         try:
+            if self.monitor is not None:
+                self.monitor.finish()  # logs what it sampled last
+                self.monitor = None
             self.flush()
         finally:
             if reason:

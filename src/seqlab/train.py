@@ -135,11 +135,12 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
     from seqlab.progress import ProgressLine
-    from seqlab.timing import EpochTimer
+    from seqlab.timing import EpochTimer, TimeToTarget
     from seqlab.tracking import StepMetricsRecorder
 
     # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     # Noise that says nothing to a user of this project: an internal deprecation in Lightning,
     # and a hint about step-level self.log calls, which this module does not make.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
@@ -190,6 +191,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
 
     timer = EpochTimer(tracker)
     callbacks = [timer, recorder]
+    to_target = None
+    if cfg.metrics.target_rmse is not None:
+        to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
+        callbacks.append(to_target)
     if perf.profile_steps:
         from seqlab.profiling import ProfileSteps
 
@@ -213,6 +218,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         devices=cfg.trainer.devices,
         max_epochs=cfg.trainer.max_epochs,
         max_steps=cfg.trainer.max_steps,
+        max_time=cfg.trainer.max_time,
         precision=cfg.trainer.precision,
         gradient_clip_val=cfg.trainer.gradient_clip_val if k == 1 else None,
         check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if datamodule.has_val() else 1,
@@ -230,6 +236,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         **({} if datamodule.has_val() else {"limit_val_batches": 0}),
         **OmegaConf.to_container(cfg.trainer.extra, resolve=True),
     )
+    tracker.start_system_metrics()
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     wall = time.perf_counter() - start
@@ -262,6 +269,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     result.samples_per_s = summary.get("samples_per_s_median")
     result.val_rmse = summary.get("final_val_rmse", tracker.last("val_rmse"))
     result.val_rmse_baseline = baseline
+    if to_target is not None:
+        result.target_rmse = cfg.metrics.target_rmse
+        result.time_to_target_s = to_target.reached["time_to_target_s"] if to_target.reached else None
     _report(cfg, job, tracker, device, result, trainer, wall)
 
 

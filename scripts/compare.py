@@ -1,0 +1,48 @@
+"""Compare MLflow runs side by side: a table, plots and a verdict (logic in src/seqlab/compare.py).
+
+    python scripts/compare.py --experiment device-batch --sweep latest
+    python scripts/compare.py --experiment seqlab --filter "params.data.batch_size = '64'"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(os.environ.get("SEQLAB_ROOT", ROOT))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", default="seqlab")
+    parser.add_argument("--sweep", help="a sweep id, or 'latest'; its parent run gets the results as artifacts")
+    parser.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.accelerator = 'cpu'\"")
+    parser.add_argument("--target", type=float, help="target val_rmse (default: the runs' metrics.target_rmse)")
+    parser.add_argument("--tracking-uri", default=f"sqlite:///{root}/mlruns/mlflow.db")
+    parser.add_argument("--out", type=Path, default=root / "logs" / "compare")
+    parser.add_argument("--no-log", action="store_true", help="do not store the results on the sweep's parent run")
+    args = parser.parse_args(argv)
+
+    import mlflow
+
+    from seqlab.compare import compare, table
+
+    client = mlflow.MlflowClient(args.tracking_uri)
+    try:
+        report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if not report.rows:
+        print("error: no runs matched", file=sys.stderr)
+        return 1
+    print(table(report.rows))
+    print(f"\n{report.verdict}\n\nwrote {', '.join(p.name for p in report.files)} in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The device x batch-size study: time to target, system metrics, the comparison (table,
+crossover, plots, verdict, artifacts on the parent run) and the sweep preset through the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from matplotlib.image import imread
+
+from conftest import ROOT, artifact_paths, runs_of
+from seqlab.compare import RunRow, compare, crossover, fastest_to_target, table, verdict
+from seqlab.train import train
+
+
+def _row(device, batch, samples, perf="fast", ttt=None, status="FINISHED", reached=None):
+    return RunRow(f"id-{device}-{batch}-{perf}", f"{device}-bs{batch}", status, device, batch, perf,
+                  samples / batch if samples else None, samples, ttt, reached, 0.1)
+
+
+@pytest.mark.parametrize(
+    "cpu, gpu, expected",
+    [
+        ({16: 100, 64: 400, 256: 900, 1024: 1000}, {16: 50, 64: 300, 256: 1200, 1024: 5000}, 256),
+        ({16: 100, 64: 400}, {16: 50, 64: 300}, None),  # the GPU never overtakes
+        ({16: 100, 64: 400, 256: 900}, {16: 150, 64: 300, 256: 1200}, 256),  # an early win that does not last
+        ({16: 100}, {}, None),  # no GPU runs
+    ],
+)
+def test_crossover_is_where_the_gpu_stays_ahead(cpu, gpu, expected):
+    rows = [_row("cpu", b, s) for b, s in cpu.items()] + [_row("gpu", b, s) for b, s in gpu.items()]
+    assert crossover(rows) == expected
+
+
+def test_verdict_table_and_failed_runs_shown():
+    rows = [_row("cpu", 64, 30000, ttt=4.0), _row("cpu", 256, 60000, ttt=2.5), _row("gpu", 64, 20000, ttt=9.0),
+            _row("gpu", 256, 90000, ttt=3.0), _row("gpu", 1024, None, status="FAILED", reached=None),
+            _row("cpu", 1024, 70000, reached=False)]
+    text = verdict(rows, 0.15)
+    assert "GPU beats CPU from batch 256 (perf=fast)." in text
+    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.50 s of training)." in text
+    assert "Highest throughput: gpu, batch 256" in text
+    assert "1 run(s) did not finish: gpu-bs1024: FAILED." in text
+    assert fastest_to_target(rows).batch_size == 256
+    out = table(rows)
+    assert "not reached" in out and "FAILED" in out and len(out.splitlines()) == 7
+
+
+def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(compose_cfg, store):
+    train(compose_cfg("data.n_samples=4096", "trainer.max_epochs=6", "metrics.target_rmse=0.25",
+                      "logger.system_metrics_interval_s=0.5"))
+    (run,) = runs_of(store, "seqlab")
+    vals = store.get_metric_history(run.info.run_id, "val_rmse")
+    first = next(m for m in vals if m.value <= 0.25)
+    assert run.data.tags["target_reached"] == "true"
+    assert run.data.metrics["steps_to_target"] == first.step
+    steps_per_epoch = vals[0].step  # validation once an epoch
+    assert run.data.metrics["epochs_to_target"] == first.step / steps_per_epoch
+    # the training time of the epochs up to that validation, validation excluded
+    epochs = store.get_metric_history(run.info.run_id, "epoch_time_s")
+    expected = sum(m.value for m in epochs if m.step <= first.step)
+    assert run.data.metrics["time_to_target_s"] == pytest.approx(expected, rel=0.05)
+    # system metrics sampled alongside
+    assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics)
+
+
+def test_a_target_never_reached_is_said(compose_cfg, store):
+    train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1", "metrics.target_rmse=0.0001"))
+    (run,) = runs_of(store, "seqlab")
+    assert run.data.tags["target_reached"] == "false" and "time_to_target_s" not in run.data.metrics
+
+
+def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
+    proc = run_cli("-m", "sweep=device_batch", "data.batch_size=32,128", "data.n_samples=1024",
+                   "trainer.max_time=00:00:00:02", "metrics.target_rmse=0.3", "logger.system_metrics=false")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 jobs, 0 failed" in proc.stdout
+    assert "verdict: only cpu runs finished: no CPU/GPU crossover to report." in proc.stdout
+    runs = runs_of(store, "device-batch")
+    parent = next(r for r in runs if r.data.tags.get("sweep_role") == "parent")
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted((c.data.params["perf.name"], c.data.params["data.batch_size"]) for c in children) == [
+        ("fast", "128"), ("fast", "32"), ("naive", "128"), ("naive", "32")]
+    assert {c.info.run_name for c in children} == {"cpu-bs32-perf=naive", "cpu-bs32-perf=fast",
+                                                   "cpu-bs128-perf=naive", "cpu-bs128-perf=fast"}
+    files = artifact_paths(store, parent.info.run_id)
+    expected = {"comparison/comparison.csv", "comparison/comparison.md", "comparison/verdict.txt",
+                "comparison/throughput_vs_batch.png", "comparison/time_to_target_vs_batch.png",
+                "comparison/val_rmse_curves.png"}
+    assert expected <= files
+    local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))
+    for name in ("throughput_vs_batch.png", "time_to_target_vs_batch.png", "val_rmse_curves.png"):
+        assert imread(f"{local}/{name}").shape[0] > 100
+    assert parent.data.tags["verdict"].startswith("only cpu runs finished")
+
+    # and on demand, from the script
+    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), "--experiment", "device-batch",
+                            "--sweep", "latest", "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+                            "--out", str(tmp_path / "cmp"), "--no-log"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("FINISHED") == 4 and "perf" in again.stdout.splitlines()[0]
+
+
+def test_compare_shows_failed_runs_and_rejects_unknown_experiments(compose_cfg, store, tmp_path):
+    import torch
+
+    train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1"))
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception):
+            train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1", "trainer.accelerator=gpu"))
+    report = compare(store, "seqlab", tmp_path / "out", log_to_parent=False)
+    statuses = sorted(r.status for r in report.rows)
+    assert statuses == (["FINISHED"] if torch.cuda.is_available() else ["FAILED", "FINISHED"])
+    assert (tmp_path / "out" / "comparison.csv").read_text().count("\n") == len(report.rows) + 1
+    with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
+        compare(store, "nope", tmp_path / "out")
