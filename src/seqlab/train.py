@@ -145,6 +145,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     # and a hint about step-level self.log calls, which this module does not make.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
+    # The module marks host-to-device copies for the profiler and defers to Lightning for the rest.
+    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`")
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
