@@ -29,6 +29,8 @@ class RunRow:
     target_reached: Optional[bool]
     val_rmse: Optional[float]
     reason: str = ""
+    cpu_util: Optional[float] = None  # mean system/cpu_utilization_percentage over the run
+    gpu_util: Optional[float] = None  # mean system/gpu_0_utilization_percentage
     val_history: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (step, val_rmse)
 
 
@@ -73,9 +75,13 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
     for run in runs:
         m, t, p = run.data.metrics, run.data.tags, run.data.params
         reached = t.get("target_reached")
-        history = []
+        history, util = [], {}
         if with_history and run.info.status == "FINISHED":
             history = [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, "val_rmse")]
+            for key in ("system/cpu_utilization_percentage", "system/gpu_0_utilization_percentage"):
+                if key in m:
+                    values = [h.value for h in client.get_metric_history(run.info.run_id, key)]
+                    util[key] = sum(values) / len(values)
         rows.append(
             RunRow(
                 run_id=run.info.run_id,
@@ -90,6 +96,8 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 target_reached=None if reached is None else reached == "true",
                 val_rmse=m.get("final_val_rmse", m.get("val_rmse")),
                 reason=t.get("failure_reason", ""),
+                cpu_util=util.get("system/cpu_utilization_percentage"),
+                gpu_util=util.get("system/gpu_0_utilization_percentage"),
                 val_history=history,
             )
         )
@@ -156,7 +164,7 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     return " ".join(parts)
 
 
-COLUMNS = ("device", "batch", "perf", "it/s", "samples/s", "time to target", "val_rmse", "status", "run")
+COLUMNS = ("device", "batch", "perf", "it/s", "samples/s", "time to target", "val_rmse", "cpu %", "gpu %", "status", "run")
 
 
 def _cells(r: RunRow) -> list[str]:
@@ -168,7 +176,7 @@ def _cells(r: RunRow) -> list[str]:
     else:
         ttt = "not reached" if r.target_reached is False else "-"
     return [r.device, f(r.batch_size, "d"), r.perf, f(r.it_per_s, ",.1f"), f(r.samples_per_s, ",.0f"), ttt,
-            f(r.val_rmse, ".4g"), r.status, r.name]
+            f(r.val_rmse, ".4g"), f(r.cpu_util, ".0f"), f(r.gpu_util, ".0f"), r.status, r.name]
 
 
 def table(rows: list[RunRow]) -> str:
