@@ -43,6 +43,7 @@ class DataConfig:
     drop_last: bool = False
     x_key: Optional[str] = None  # the input / response variable in a file (npz, mat)
     y_key: Optional[str] = None
+    drop_nonfinite: bool = False  # NaN/Inf in a sample: false refuses the data, true drops the sample
 
 
 @dataclass

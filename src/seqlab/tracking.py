@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities import rank_zero_only
 
-from seqlab import one_line
+from seqlab import SeqlabError, one_line
 
 MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
 MAX_PARAMS = 100
@@ -87,6 +87,8 @@ class MlflowTracker:
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
+            if self.tracking_uri.startswith(("http://", "https://")):
+                check_server(self.tracking_uri)
             if self.tracking_uri.startswith("sqlite:///"):
                 Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
             self.client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
@@ -223,6 +225,22 @@ class MlflowTracker:
         return LightningBridge(self)
 
 
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds, with one line, when no MLflow server answers at `uri` (MLflow's own
+    client retries for minutes before it gives up)."""
+    import requests
+
+    try:
+        response = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as error:
+        raise SeqlabError(
+            f"logger.tracking_uri={uri}: no MLflow server answers there ({type(error).__name__}); "
+            "start it (mlflow server ...) or drop logger.tracking_uri to use the local store"
+        ) from None
+    if response.status_code != 200:
+        raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
+
+
 def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -264,6 +282,10 @@ class LightningBridge(Logger):
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+class Diverged(SeqlabError):
+    """The loss became NaN or Inf."""
 
 
 class StepMetricsRecorder(pl.Callback):
@@ -312,9 +334,18 @@ class StepMetricsRecorder(pl.Callback):
             return
         losses = torch.stack(self.losses).tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
+        diverged = next(((step, v) for step, v in zip(self.steps, losses) if not math.isfinite(v)), None)
         if self.lrs and isinstance(self.lrs[0], torch.Tensor):
             lrs = torch.stack(self.lrs).tolist()  # read back together with the losses
         else:
             lrs = [float(lr) for lr in self.lrs]
         self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, self.steps, self.times)
         self.losses, self.steps, self.lrs, self.times = [], [], [], []
+        if diverged is not None:
+            # Read back every flush (logger.flush_every_n_steps), so a divergence stops the run
+            # within that many steps without a per-step check.
+            step, value = diverged
+            raise Diverged(
+                f"the training loss became {value} at step {step}: training diverged; "
+                "lower optimizer.lr, set module.gradient_threshold, or check the data"
+            )

@@ -113,6 +113,7 @@ class SeqDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         x_key: Optional[str] = None,  # path, x_key, y_key: read by the source through ${..}
         y_key: Optional[str] = None,
+        drop_nonfinite: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
@@ -123,6 +124,7 @@ class SeqDataModule(pl.LightningDataModule):
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.drop_nonfinite = drop_nonfinite
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
         self.drop_single = False
@@ -131,7 +133,11 @@ class SeqDataModule(pl.LightningDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train is not None:
             return
-        data = self.source(n_samples=self.n_samples, seed=self.seed)
+        data = self._finite(self.source(n_samples=self.n_samples, seed=self.seed), "data")
+        if data.val is not None:
+            data.val = self._finite(data.val, "validation data")
+        if len(data) == 0:
+            raise SeqlabError(f"data: {self.name} holds no samples")
         if data.val is not None:
             self.train, self.val = data, data.val
             log.info("data      validation: the set that came with the data (data.val_fraction not used)")
@@ -156,6 +162,23 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_single = not self.drop_last and n_train % self.batch_size == 1 and self.n_steps == 1
         if self.drop_single:
             log.info("data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped")
+
+    def _finite(self, data: SeqData, what: str) -> SeqData:
+        """Samples whose inputs or targets hold NaN or Inf would make the loss NaN: refused, or
+        dropped (with a count) when data.drop_nonfinite is set."""
+        bad = ~(np.isfinite(data.x).all(axis=(1, 2)) & np.isfinite(data.y).all(axis=1))
+        if not bad.any():
+            return data
+        if not self.drop_nonfinite:
+            first = int(np.argmax(bad))
+            raise SeqlabError(
+                f"{what}: {int(bad.sum())} of {len(data)} samples hold NaN or Inf (the first is sample {first}); "
+                "clean the data, or set data.drop_nonfinite=true to drop them"
+            )
+        log.info("data      dropped %d of %d %s samples holding NaN or Inf", int(bad.sum()), len(data), what)
+        kept = data.take(np.flatnonzero(~bad))
+        kept.val = data.val
+        return kept
 
     @property
     def n_steps(self) -> int:

@@ -131,7 +131,13 @@ def load_npz(
     """A .npz file: X (N, [steps,] features) and y (N[, responses]); optional `lengths` (real
     steps of right-padded sequences) and X_val/y_val[/lengths_val] (a validation set)."""
     x_key, y_key = x_key or "X", y_key or "y"
-    with np.load(path) as f:
+    try:
+        archive = np.load(path)
+    except (ValueError, OSError, EOFError) as error:
+        raise SeqlabError(f"{path}: not a NumPy .npz file ({' '.join(str(error).split()) or 'empty file'})") from None
+    if not hasattr(archive, "files"):
+        raise SeqlabError(f"{path}: a single .npy array, not a .npz archive with X and y")
+    with archive as f:
         missing = [k for k in (x_key, y_key) if k not in f.files]
         if missing:
             raise SeqlabError(
@@ -154,7 +160,12 @@ def load_csv(
     delimiter: str = ",",
 ) -> SeqData:
     """One sample per row: seq_len * features input values (step-major), target last."""
-    lines = Path(path).read_text().splitlines()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except UnicodeDecodeError:
+        raise SeqlabError(f"{path}: not a text CSV file") from None
+    if not any(line.strip() for line in lines):
+        raise SeqlabError(f"{path}: the file is empty")
     if header == "auto":
         first = lines[0].split(delimiter) if lines else []
         header = not all(_is_number(v) for v in first)
