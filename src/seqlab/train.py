@@ -313,6 +313,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         result.write(job.output_dir)
         if status == "KILLED":
             sweep.interrupted = True
+            log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             raise
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)
