@@ -82,3 +82,31 @@ def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
     history = lambda run: [m.value for m in store.get_metric_history(run.info.run_id, "train_loss")]  # noqa: E731
     assert history(a) == history(b) and len(history(a)) == 8
     assert a.data.metrics["final_val_rmse"] == b.data.metrics["final_val_rmse"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_run_killed_with_one_line(tmp_path, store):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=500", "data.n_samples=2048",
+             f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")},
+        )
+        deadline = time.monotonic() + 120
+        while "epoch 2/" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "interrupted: MLflow run" in out and "ended KILLED" in out
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "KILLED"
