@@ -85,7 +85,8 @@ def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_the_run_killed_with_one_line(tmp_path, store):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_ends_the_run_killed_with_one_line(tmp_path, store, signame):
     import os
     import signal
     import subprocess
@@ -104,7 +105,7 @@ def test_ctrl_c_ends_the_run_killed_with_one_line(tmp_path, store):
         deadline = time.monotonic() + 120
         while "epoch 2/" not in err.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "interrupted: MLflow run" in out and "ended KILLED" in out
