@@ -314,7 +314,10 @@ def main(cfg: DictConfig) -> Optional[float]:
         if status == "KILLED":
             sweep.interrupted = True
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
-            raise
+            # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
+            # with status 0, which would read as success.
+            sigterm = type(error).__name__ == "SIGTERMException"
+            raise SystemExit(143 if sigterm else 130) from None
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)
         else:
