@@ -26,7 +26,7 @@ train: $(STAMP) ## train the default experiment (override anything with ARGS='ke
 test: $(STAMP) ## run the test suite
 	$(PY) -m pytest $(ARGS)
 
-ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:$(PORT)
+ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:5000 (another port: PORT=5001)
 	@mkdir -p mlruns/artifacts
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
