@@ -14,6 +14,8 @@ from typing import Optional
 
 import mlflow
 
+from seqlab.job import fmt
+
 
 @dataclass
 class RunRow:
@@ -168,15 +170,12 @@ COLUMNS = ("device", "batch", "perf", "it/s", "samples/s", "time to target", "va
 
 
 def _cells(r: RunRow) -> list[str]:
-    def f(v, spec):
-        return "-" if v is None else format(v, spec)
-
     if r.time_to_target_s is not None:
         ttt = f"{r.time_to_target_s:.2f} s"
     else:
         ttt = "not reached" if r.target_reached is False else "-"
-    return [r.device, f(r.batch_size, "d"), r.perf, f(r.it_per_s, ",.1f"), f(r.samples_per_s, ",.0f"), ttt,
-            f(r.val_rmse, ".4g"), f(r.cpu_util, ".0f"), f(r.gpu_util, ".0f"), r.status, r.name]
+    return [r.device, fmt(r.batch_size, "d"), r.perf, fmt(r.it_per_s, ",.1f"), fmt(r.samples_per_s, ",.0f"), ttt,
+            fmt(r.val_rmse, ".4g"), fmt(r.cpu_util, ".0f"), fmt(r.gpu_util, ".0f"), r.status, r.name]
 
 
 def table(rows: list[RunRow]) -> str:

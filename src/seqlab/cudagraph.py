@@ -67,7 +67,6 @@ class GraphedStep:
                 log.info("perf      training step captured as a CUDA graph (batch %d)", len(x))
             except Exception as error:  # any capture failure: eager is always correct
                 self.failed = True
-                self.graph = None
                 log.warning("perf      CUDA graph capture failed (%s): training eagerly", one_line(error))
                 return None
         static_x, static_y, static_lengths = self.static

@@ -16,6 +16,11 @@ SWEEP_FILE = "sweep.json"
 JOB_FILE = "seqlab_job.json"
 
 
+def fmt(value: Any, spec: str = ".4g") -> str:
+    """A number for a summary table or report line; "-" where there is none."""
+    return "-" if value is None else format(value, spec)
+
+
 @dataclass
 class Job:
     output_dir: Path

@@ -203,12 +203,16 @@ class SeqRegressor(pl.LightningModule):
             if self.step_sink is not None:
                 with phase("logging"):
                     self.step_sink(loss.detach(), self.global_step, lr)
-        if batch_idx + 1 >= self.trainer.num_training_batches and self._epoch_preds:
+        if batch_idx + 1 >= self.trainer.num_training_batches:
             # Folded in at the epoch's last call, so this work counts in the epoch's timing as a
             # per-step metric update does on the automatic path.
+            self._fold_epoch_predictions()
+        return loss.detach()
+
+    def _fold_epoch_predictions(self) -> None:
+        if self._epoch_preds:
             self.train_metrics.update(torch.cat(self._epoch_preds), torch.cat(self._epoch_targets))
             self._epoch_preds, self._epoch_targets = [], []
-        return loss.detach()
 
     # Lightning's automatic optimisation runs these two hooks: marked for the profiler.
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
@@ -243,9 +247,8 @@ class SeqRegressor(pl.LightningModule):
         return loss, pred
 
     def on_train_epoch_end(self) -> None:
-        if not self.automatic_optimization and self._epoch_preds:
-            self.train_metrics.update(torch.cat(self._epoch_preds), torch.cat(self._epoch_targets))
-            self._epoch_preds, self._epoch_targets = [], []
+        if not self.automatic_optimization:
+            self._fold_epoch_predictions()  # an epoch that max_steps ended early
         self.log_dict(_compute(self.train_metrics))
         self.train_metrics.reset()
         if not self.automatic_optimization:

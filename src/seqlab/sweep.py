@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from seqlab.job import JOB_FILE, SWEEP_FILE, JobResult
+from seqlab.job import JOB_FILE, SWEEP_FILE, JobResult, fmt
 
 
 # Set by a job that was interrupted, so that a sweep cut short ends its parent run KILLED.
@@ -30,18 +30,14 @@ def collect(sweep_dir: Path, sweep_id: str | None = None) -> list[JobResult]:
     return sorted(results, key=lambda r: (r.job is None, r.job))
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def summary_rows(results: list[JobResult]) -> list[dict[str, str]]:
     return [
         {
-            "job": _fmt(r.job, "d"),
+            "job": fmt(r.job, "d"),
             "overrides": " ".join(r.overrides) or "(defaults)",
             "status": r.status,
-            "it/s": _fmt(r.it_per_s, ",.0f"),
-            "val_rmse": _fmt(r.val_rmse, ".4g"),
+            "it/s": fmt(r.it_per_s, ",.0f"),
+            "val_rmse": fmt(r.val_rmse, ".4g"),
             "run": r.run_name or "-",
         }
         for r in results

@@ -15,7 +15,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line, sweep
-from seqlab.job import Job, JobResult
+from seqlab.job import Job, JobResult, fmt
 from seqlab.schema import validate
 
 log = logging.getLogger("seqlab")
@@ -278,9 +278,6 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
 
 
 def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: float) -> None:
-    def fmt(value: Optional[float], spec: str = ".4g") -> str:
-        return "-" if value is None else format(value, spec)
-
     lines = [
         f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
