@@ -14,11 +14,16 @@ from seqlab.tracking import MlflowTracker
 
 
 class EpochTimer(pl.Callback):
+    """Training time per epoch as the sum of its training segments: a segment runs from the
+    epoch's start, or from the first batch after a validation, to the next validation or the
+    epoch's end. Validation, and the epoch-end work that follows a validation closing the
+    epoch, are left out."""
+
     def __init__(self, tracker: Optional[MlflowTracker] = None) -> None:
         self.tracker = tracker
-        self.start: Optional[float] = None
-        self.val_start: Optional[float] = None
-        self.val_seconds = 0.0  # validation inside the epoch, taken out of its time
+        self.start: Optional[float] = None  # the epoch's start (the progress line's clock too)
+        self.segment_start: Optional[float] = None  # None while training is paused
+        self.epoch_s = 0.0  # training time of this epoch's finished segments
         self.trained_s = 0.0  # training time of the finished epochs
         self.trained_s_at_val = 0.0  # training time when the latest validation started
         self.first_step = 0
@@ -29,11 +34,20 @@ class EpochTimer(pl.Callback):
         synchronize(pl_module.device)
         return time.perf_counter()
 
+    def _pause(self, pl_module: pl.LightningModule) -> None:
+        if self.segment_start is not None:
+            self.epoch_s += self._now(pl_module) - self.segment_start
+            self.segment_start = None
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.first_step = trainer.global_step
         self.first_sample = getattr(pl_module, "samples_trained", 0)
-        self.val_seconds = 0.0
-        self.start = self._now(pl_module)
+        self.epoch_s = 0.0
+        self.start = self.segment_start = self._now(pl_module)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.segment_start is None:  # training resumes after a validation
+            self.segment_start = self._now(pl_module)
 
     def steps(self, trainer: pl.Trainer) -> int:
         """Optimizer steps so far this epoch (a fused-loop batch holds many)."""
@@ -42,16 +56,12 @@ class EpochTimer(pl.Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning marks the trainer as validating here, even inside fit.
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.start is not None:
-            self.val_start = self._now(pl_module)
-            self.trained_s_at_val = self.trained_s + (self.val_start - self.start - self.val_seconds)
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.val_start is not None:
-            self.val_seconds += self._now(pl_module) - self.val_start
-            self.val_start = None
+            self._pause(pl_module)
+            self.trained_s_at_val = self.trained_s + self.epoch_s
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        seconds = max(self._now(pl_module) - self.start - self.val_seconds, 1e-9)
+        self._pause(pl_module)
+        seconds = max(self.epoch_s, 1e-9)
         row = {
             "epoch_time_s": seconds,
             "it_per_s": self.steps(trainer) / seconds,
