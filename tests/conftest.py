@@ -31,6 +31,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_server_from_the_environment(monkeypatch):
+    # MLFLOW_TRACKING_URI picks the store (conf/paths); a developer's own must not leak in.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """compose_cfg('data.batch_size=32', ...) -> the composed config, stored under tmp_path."""
@@ -61,8 +67,9 @@ def store(tmp_path):
 def run_cli(tmp_path):
     """Run train.py as a user would, with every path under tmp_path."""
 
-    def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+        env = {**base, **(env or {})}
         return subprocess.run(
             [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
             cwd=tmp_path,

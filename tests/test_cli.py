@@ -3,14 +3,6 @@ its job but not the sweep, and a tracking server over http."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -65,50 +57,22 @@ def test_a_missing_gpu_fails_its_jobs_not_the_sweep(run_cli, store):
     assert not [r for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_runs_land_on_an_mlflow_server_over_http(run_cli, tmp_path):
     import mlflow
 
-    port = _free_port()
+    from seqlab.server import LocalServer
+
     server_dir = tmp_path / "server"
-    server_dir.mkdir()
-    mlflow_cli = Path(sys.executable).parent / "mlflow"
-    server = subprocess.Popen(
-        [str(mlflow_cli), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{server_dir}/server.db",
-         "--artifacts-destination", str(server_dir / "artifacts"), "--workers", "1"],
-        cwd=server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        # its own process group, so that its workers end with it; no background job runner
-        start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        client = mlflow.MlflowClient(uri)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.search_experiments()
-                break
-            except Exception:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.5)
-        proc = run_cli(*TINY, f"logger.tracking_uri={uri}", "logger.experiment_name=remote")
+    with LocalServer(f"sqlite:///{server_dir}/server.db", str(server_dir / "artifacts")) as server:
+        client = mlflow.MlflowClient(server.uri)
+        proc = run_cli(*TINY, f"logger.tracking_uri={server.uri}", "logger.experiment_name=remote")
         assert proc.returncode == 0, proc.stderr[-3000:]
         (run,) = runs_of(client, "remote")
         assert run.info.status == "FINISHED"
         assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
         assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
         assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def test_a_sweep_cut_short_does_not_leave_its_parent_running(run_cli, store):

@@ -6,6 +6,7 @@ in-memory state, so that launchers running jobs in other processes work the same
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +22,20 @@ def fmt(value: Any, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def cpu_count() -> int:
+    """The cores this process may use (a container or taskset may allow fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def process_rank() -> int:
+    """Which process of a multi-process (DDP) job this is: 0 for the one that started the job.
+    The variables Lightning's launchers, torchrun and SLURM set, in Lightning's order."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
 @dataclass
 class Job:
     output_dir: Path
@@ -28,6 +43,13 @@ class Job:
     sweep_dir: Optional[Path] = None  # set in a multirun
     num: Optional[int] = None
     result: Optional["JobResult"] = None  # what this job has written so far
+    rank: int = field(default_factory=process_rank)  # > 0: a helper process of a DDP job
+    concurrent_jobs: int = 1  # jobs a parallel launcher runs at once on this machine
+
+    def write(self, result: "JobResult") -> None:
+        """The job's result file; only rank 0 speaks for the job."""
+        if self.rank == 0:
+            result.write(self.output_dir)
 
     @property
     def multirun(self) -> bool:
@@ -46,7 +68,11 @@ class Job:
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
         if hc.mode == RunMode.MULTIRUN:
-            return cls(output_dir, overrides, Path(hc.sweep.dir), hc.job.num)
+            job = cls(output_dir, overrides, Path(hc.sweep.dir), hc.job.num)
+            if "joblib" in hc.launcher.get("_target_", ""):
+                n_jobs = int(hc.launcher.get("n_jobs") or 1)
+                job.concurrent_jobs = n_jobs if n_jobs > 0 else max(1, cpu_count() + 1 + n_jobs)  # joblib's -1: all
+            return job
         return cls(output_dir, overrides)
 
     def sweep_info(self) -> dict[str, Any]:
@@ -54,6 +80,14 @@ class Job:
             return {}
         path = self.sweep_dir / SWEEP_FILE
         return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def routed_tracking_uri(sweep: dict[str, Any], uri: str) -> str:
+    """A job of a parallel sweep whose runs go to a local SQLite store logs through the loopback
+    server the sweep started over that store (sweep.json: store_uri -> tracking_uri)."""
+    if sweep.get("store_uri") and sweep.get("store_uri") == uri:
+        return sweep["tracking_uri"]
+    return uri
 
 
 @dataclass

@@ -23,6 +23,10 @@ LOADERS = ("tensor", "dataloader")
 OPTIMIZER_IMPLS = ("fused", "foreach", "default")
 CUDA_GRAPH = ("auto", "on", "off")
 PROGRESS = ("line", "bar")
+# One process per device through Lightning: "ddp" (gloo on CPU, NCCL on GPUs). "auto" with
+# devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported: the
+# MLflow run is owned by the process that started the job.
+STRATEGIES = ("auto", "ddp")
 
 
 class ConfigError(SeqlabError):
@@ -74,6 +78,8 @@ class ModuleConfig:
 class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = 1
+    strategy: str = "auto"
+    num_nodes: int = 1
     max_epochs: int = 30
     max_steps: int = -1
     max_time: Optional[str] = None  # a budget of wall time, "DD:HH:MM:SS"
@@ -246,6 +252,11 @@ def validate(cfg: DictConfig) -> None:
         t.accelerator in ACCELERATORS,
         f"trainer.accelerator must be one of {', '.join(ACCELERATORS)}; got {t.accelerator!r}",
     )
+    _require(
+        t.strategy in STRATEGIES,
+        f"trainer.strategy must be one of {', '.join(STRATEGIES)}; got {t.strategy!r}",
+    )
+    _require(t.num_nodes > 0, f"trainer.num_nodes must be positive, got {t.num_nodes}")
     _require(
         str(t.precision) in PRECISIONS,
         f"trainer.precision must be one of {', '.join(PRECISIONS)}; got {t.precision!r}",

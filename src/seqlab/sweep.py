@@ -8,9 +8,10 @@ import logging
 import csv
 import io
 import json
+import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -74,12 +75,53 @@ def swept_keys(overrides: list[str]) -> list[str]:
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
-class MlflowSweepCallback(Callback):
-    """Configured in conf/hydra/default.yaml. MLflow is imported only when a sweep starts."""
+SEQUENTIAL_LAUNCHERS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",)
 
-    def __init__(self) -> None:
+
+class MlflowSweepCallback(Callback):
+    """Configured in conf/hydra/default.yaml. MLflow is imported only when a sweep starts.
+
+    `serve_local_store`: when a launcher runs jobs at the same time (hydra/launcher=joblib) and
+    the runs go to the local SQLite store, the sweep starts an MLflow server on a loopback port
+    over that store for its duration and routes every job through it ('auto'; 'never' to write
+    to the file directly). SQLite takes one writer at a time: several training processes writing
+    metrics at once to the file meet "database is locked" under load; one server process
+    serialises their writes and its clients retry. No setting needed: a sweep on a tracking
+    server already has one."""
+
+    def __init__(self, serve_local_store: str = "auto") -> None:
+        if serve_local_store not in ("auto", "never"):
+            raise ValueError(f"serve_local_store must be auto or never, got {serve_local_store!r}")
+        self.serve_local_store = serve_local_store
         self.tracker = None
         self.sweep_id = None
+        self.server = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Parallel launchers send the callbacks to their workers, which use none of this state
+        # (and a server process handle does not pickle).
+        return {"serve_local_store": self.serve_local_store, "tracker": None, "sweep_id": self.sweep_id, "server": None}
+
+    def _serve(self, config: DictConfig, sweep_dir: Path) -> Optional[str]:
+        """Start the loopback server over the local store if this sweep needs one; return the
+        store's URI."""
+        launcher = config.hydra.launcher.get("_target_", "")
+        store = self.tracker.tracking_uri
+        if self.serve_local_store == "never" or launcher in SEQUENTIAL_LAUNCHERS or not store.startswith("sqlite:"):
+            return None
+        from seqlab.server import LocalServer
+
+        self.tracker.connect()  # creates the store's tables and the experiment before any job runs
+        self.server = LocalServer(
+            store, str(Path(self.tracker.artifact_root or sweep_dir / "artifacts").resolve()),
+            log_path=sweep_dir / "mlflow_server.log",
+        ).start()
+        print(f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)", flush=True)
+        self.tracker.tracking_uri, self.tracker.client = self.server.uri, None
+        # MLflow prints a "View run at <server>" link per run over http; this server's address
+        # is gone after the sweep (make ui shows the runs). The jobs inherit the setting.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+        return store
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import instantiate
@@ -88,21 +130,26 @@ class MlflowSweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
         self.tracker = instantiate(config.logger)
+        if "submitit" in config.hydra.launcher.get("_target_", "") and not self.tracker.tracking_uri.startswith("http"):
+            print("note: cluster jobs share one store through a tracking server: "
+                  "make server on a host they reach, then logger=mlflow_server", flush=True)
+        # If the sweep never reaches on_multirun_end (a job's config does not compose, Ctrl-C),
+        # the parent run must still not be left RUNNING, nor a server left behind.
+        atexit.register(self._end_unfinished)
+        store_uri = self._serve(config, sweep_dir)
         overrides = " ".join(config.hydra.overrides.task)
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         run_id = self.tracker.start(
             f"sweep-{self.sweep_id}",
             {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": overrides},
         )
-        # If the sweep never reaches on_multirun_end (a job's config does not compose, Ctrl-C),
-        # the parent run must still not be left RUNNING.
-        atexit.register(self._end_unfinished)
         (sweep_dir / SWEEP_FILE).write_text(
             json.dumps(
                 {
                     "sweep_id": self.sweep_id,
                     "parent_run_id": run_id,
                     "tracking_uri": self.tracker.tracking_uri,
+                    "store_uri": store_uri,  # set when tracking_uri is the sweep's own server over it
                     "experiment_id": self.tracker.experiment_id,
                     # Swept on the command line or by a sweep preset (hydra.sweeper.params).
                     "swept_keys": swept_keys(list(config.hydra.overrides.task))
@@ -113,10 +160,18 @@ class MlflowSweepCallback(Callback):
         )
 
     def _end_unfinished(self) -> None:
-        if self.tracker is not None and self.tracker.run_id:
-            status = "KILLED" if interrupted else "FAILED"
-            self.tracker.end(status, "the sweep stopped before its summary: see the console")
-            self.tracker.run_id = None
+        try:
+            if self.tracker is not None and self.tracker.run_id:
+                status = "KILLED" if interrupted else "FAILED"
+                self.tracker.end(status, "the sweep stopped before its summary: see the console")
+                self.tracker.run_id = None
+        finally:
+            self._stop_server()
+
+    def _stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
     def _compare(self, sweep_dir: Path) -> None:
         """The side-by-side comparison of the sweep's runs, stored on its parent run."""
@@ -130,7 +185,8 @@ class MlflowSweepCallback(Callback):
         print(f"\nverdict: {report.verdict}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        atexit.unregister(self._end_unfinished)
+        # _end_unfinished stays registered until the parent run has ended: whatever fails on
+        # the way still ends it and stops the sweep's server.
         sweep_dir = Path(config.hydra.sweep.dir)
         results = collect(sweep_dir, self.sweep_id)
         failed = [r for r in results if r.status != "FINISHED"]
@@ -147,5 +203,8 @@ class MlflowSweepCallback(Callback):
             self.tracker.log_artifact(sweep_dir / "sweep_summary.csv")
             self.tracker.set_tags({"n_jobs": len(results), "n_failed": len(failed)})
             self.tracker.end("FAILED" if failed else "FINISHED")
+            self.tracker.run_id = None
+        self._stop_server()
+        atexit.unregister(self._end_unfinished)
         if failed:
             raise SystemExit(1)

@@ -65,7 +65,8 @@ class EpochTimer(pl.Callback):
         row = {
             "epoch_time_s": seconds,
             "it_per_s": self.steps(trainer) / seconds,
-            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) / seconds,
+            # Every process trains as many samples as this one (DDP shards are equal).
+            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) * trainer.world_size / seconds,
         }
         self.epochs.append(row)
         self.trained_s += seconds

@@ -224,6 +224,42 @@ class MlflowTracker:
     def lightning_logger(self) -> "LightningBridge":
         return LightningBridge(self)
 
+    def silenced(self) -> "SilentTracker":
+        """The same settings for a process other than rank 0 of a multi-process job."""
+        silent = SilentTracker.__new__(SilentTracker)
+        silent.__dict__.update(self.__dict__)
+        return silent
+
+
+class SilentTracker(MlflowTracker):
+    """What ranks 1..N-1 of a DDP job use: rank 0 owns the job's one MLflow run; the others train
+    through the same code, keep their metric history, and send nothing."""
+
+    def connect(self) -> None:  # type: ignore[override]
+        return None
+
+    def start(self, run_name: str, tags: Mapping[str, str], parent_run_id: Optional[str] = None, description: str = "") -> str:
+        return ""
+
+    def start_system_metrics(self) -> None:
+        pass
+
+    def end(self, status: str, reason: Optional[str] = None) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def _send(self, metrics: list[Metric]) -> None:
+        for m in metrics:
+            self.history[m.key].append((m.step, m.value))
+
+    def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
+        pass
+
 
 def check_server(uri: str, timeout_s: float = 10.0) -> None:
     """Fail in seconds, with one line, when no MLflow server answers at `uri` (MLflow's own
@@ -332,7 +368,13 @@ class StepMetricsRecorder(pl.Callback):
     def flush(self) -> None:
         if not self.steps:
             return
-        losses = torch.stack(self.losses).tolist()  # the one synchronisation
+        losses = torch.stack(self.losses)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # DDP: each process trained on its own share of the batch; the step's loss is their
+            # mean. Every process flushes at the same steps, so this collective lines up.
+            torch.distributed.all_reduce(losses)
+            losses = losses / torch.distributed.get_world_size()
+        losses = losses.tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
         diverged = next(((step, v) for step, v in zip(self.steps, losses) if not math.isfinite(v)), None)
         if self.lrs and isinstance(self.lrs[0], torch.Tensor):

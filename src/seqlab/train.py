@@ -4,18 +4,20 @@ glue (`main`). Heavy imports happen inside the functions so `train.py --help` st
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line, sweep
-from seqlab.job import Job, JobResult, fmt
+from seqlab.job import Job, JobResult, fmt, routed_tracking_uri
 from seqlab.schema import validate
 
 log = logging.getLogger("seqlab")
@@ -87,7 +89,11 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     except SeqlabError as error:
         device, device_error = None, error
     tracker = instantiate(cfg.logger)
+    if job.rank > 0:
+        tracker = tracker.silenced()  # rank 0 records the job
+        log.setLevel(logging.WARNING)  # and reports it
     sweep = job.sweep_info()
+    tracker.tracking_uri = routed_tracking_uri(sweep, tracker.tracking_uri)
     name = tracker.run_name or run_name(
         device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
     )
@@ -101,7 +107,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
 
     with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes):
         result.run_id, result.run_name = tracker.run_id, name
-        result.write(job.output_dir)
+        job.write(result)
         try:
             from seqlab.tracking import flatten
 
@@ -110,7 +116,8 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
             tracker.log_artifact(job.output_dir / "config.yaml")
             if device_error is not None:
                 raise device_error
-            _fit(cfg, job, tracker, device, result)
+            with _process_group_scope(cfg.trainer):
+                _fit(cfg, job, tracker, device, result)
         finally:
             tracker.log_artifact(job.output_dir / ".hydra", "hydra")
             for log_file in job.output_dir.glob("*.log"):
@@ -147,8 +154,17 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
     # The module marks host-to-device copies for the profiler and defers to Lightning for the rest.
     warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`")
+    # Under DDP: the epoch metrics are torchmetrics states, which synchronise across processes
+    # themselves, and every process validates on the whole validation set.
+    warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting")
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
+    if job.concurrent_jobs > 1:
+        # Jobs running side by side share the cores: each takes its part instead of all of them
+        # (torch's default), which would oversubscribe the machine and slow every job down.
+        from seqlab.job import cpu_count
+
+        torch.set_num_threads(max(1, cpu_count() // job.concurrent_jobs))
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     perf = cfg.perf
@@ -164,9 +180,15 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     val_check_interval = cfg.trainer.val_check_interval if datamodule.has_val() else None
     k, val_check_interval = (
         steps_per_call(perf.steps_per_call, batches, val_check_interval)
-        if perf.steps_per_call > 1
+        if perf.steps_per_call > 1 and not multi_process(cfg.trainer)
         else (1, val_check_interval)
     )
+    if multi_process(cfg.trainer):
+        # DDP synchronises gradients in each backward of its wrapped forward: one optimizer
+        # step per Lightning call, the path Lightning's DDP is built for.
+        _start_ranks_as_this_job(job)
+        log.info("ddp       %s process(es) per node x %d node(s); one step per call; data sharded per process",
+                 cfg.trainer.devices, cfg.trainer.num_nodes)
     # The shortcuts need gradients kept as zero tensors, which the fused loop (k > 1) does.
     model.shortcuts = perf.exact_shortcuts and k > 1
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
@@ -201,7 +223,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         from seqlab.profiling import ProfileSteps
 
         callbacks.append(ProfileSteps(perf.profile_steps, job.output_dir / "profile", tracker))
-    if perf.progress == "line":
+    if perf.progress == "line" and job.rank == 0:
         callbacks.append(ProgressLine(timer))
     if perf.checkpoint_every_n_epochs:
         callbacks.append(
@@ -218,6 +240,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     trainer = pl.Trainer(
         accelerator=device.accelerator,
         devices=cfg.trainer.devices,
+        strategy=cfg.trainer.strategy,
+        num_nodes=cfg.trainer.num_nodes,
         max_epochs=cfg.trainer.max_epochs,
         max_steps=cfg.trainer.max_steps,
         max_time=cfg.trainer.max_time,
@@ -238,6 +262,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         **({} if datamodule.has_val() else {"limit_val_batches": 0}),
         **OmegaConf.to_container(cfg.trainer.extra, resolve=True),
     )
+    tracker.set_tags({"torch_threads": torch.get_num_threads()})
     tracker.start_system_metrics()
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
@@ -261,7 +286,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     tracker.log_metrics(summary, trainer.global_step)
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
-    trainer.save_checkpoint(ckpt)
+    trainer.save_checkpoint(ckpt)  # every process takes part; rank 0 writes
+    if job.rank > 0:
+        return
     if tracker.log_checkpoint:
         tracker.log_artifact(ckpt, "checkpoints")
     png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
@@ -275,6 +302,63 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
         result.target_rmse = cfg.metrics.target_rmse
         result.time_to_target_s = to_target.reached["time_to_target_s"] if to_target.reached else None
     _report(cfg, job, tracker, device, result, trainer, wall)
+
+
+def multi_process(t: DictConfig) -> bool:
+    """Whether the trainer settings start more than one training process (DDP)."""
+    devices = t.devices
+    one_device = devices in (1, "1") or (OmegaConf.is_list(devices) and len(devices) == 1)
+    return t.strategy != "auto" or t.num_nodes > 1 or not one_device
+
+
+@contextmanager
+def _process_group_scope(t: DictConfig) -> Iterator[None]:
+    """A DDP job leaves its process group and the launcher's variables (MASTER_PORT, ...) behind;
+    the next job of a sweep in the same process would join that dead group. Both end with the job."""
+    if not multi_process(t):
+        yield
+        return
+    keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK")
+    saved = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _start_ranks_as_this_job(job: Job) -> None:
+    """Lightning's DDP launcher starts ranks 1..N-1 by running the command line again, which in a
+    multirun would start the whole sweep again (and from a launcher's worker, not train.py at
+    all). Each rank is started as a single run of this job instead: train.py with the job's
+    overrides, in the job's output folder."""
+    from hydra.core.hydra_config import HydraConfig
+    from pytorch_lightning.strategies.launchers import subprocess_script
+
+    if not HydraConfig.initialized():
+        raise SeqlabError(
+            "multi-process training (trainer.devices > 1 or trainer.strategy=ddp) starts through the CLI: "
+            "python train.py trainer.devices=N trainer.strategy=ddp ..."
+        )
+    entry = Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py"
+    cwd = HydraConfig.get().runtime.cwd
+
+    def command(local_rank: int) -> tuple[list[str], str]:
+        return [
+            sys.executable, str(entry), *job.overrides,
+            f'hydra.run.dir="{job.output_dir}"',
+            f"hydra.job.name=train_ddp_process_{local_rank}",
+            "hydra.output_subdir=null",  # rank 0 wrote .hydra/
+        ], cwd
+
+    subprocess_script._hydra_subprocess_cmd = command
 
 
 def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: float) -> None:
@@ -307,7 +391,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         result = job.result or JobResult(status, job.num, job.sweep_info().get("sweep_id"), job.overrides)
         result.status, result.reason = status, one_line(error)
-        result.write(job.output_dir)
+        job.write(result)
         if status == "KILLED":
             sweep.interrupted = True
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
@@ -322,5 +406,5 @@ def main(cfg: DictConfig) -> Optional[float]:
         if not job.multirun:
             raise SystemExit(1) from None
         return None
-    result.write(job.output_dir)
+    job.write(result)
     return result.val_rmse

@@ -28,7 +28,12 @@ class TensorBatches:
     With `device`, the tensors are moved there once and shuffled there (an on-device permutation),
     so no batch crosses from host to device during training. With `batches_per_item` K > 1,
     each item is K consecutive mini-batches in one tensor, which the module's fused loop splits:
-    the framework's per-item work is then paid once per K optimizer steps."""
+    the framework's per-item work is then paid once per K optimizer steps.
+
+    With `world_size` P > 1 (DDP), every process draws the same permutation (same seed) and
+    takes every P-th sample of it from `rank` on, the same number on every process: each sample
+    is trained on at most once an epoch, and the N mod P left over wait for a later shuffle
+    (DistributedSampler's drop_last). Equal counts keep the processes' steps in lockstep."""
 
     def __init__(
         self,
@@ -41,18 +46,25 @@ class TensorBatches:
         lengths: Optional[torch.Tensor] = None,
         device: Optional[torch.device] = None,
         batches_per_item: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not one of the {world_size} processes")
+        if len(x) < world_size:
+            raise SeqlabError(f"{len(x)} training samples cannot be shared by {world_size} processes")
         tensors = (x, y) if lengths is None else (x, y, lengths)
         self.tensors = tuple(t.to(device) for t in tensors) if device is not None else tensors
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last  # MATLAB discards the last incomplete mini-batch
         self.batches_per_item = batches_per_item
+        self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator(device=self.tensors[0].device).manual_seed(seed)
 
     @property
     def n_batches(self) -> int:
-        n = len(self.tensors[0])
+        n = len(self.tensors[0]) // self.world_size
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
@@ -63,7 +75,12 @@ class TensorBatches:
         if self.shuffle:
             with phase("data"):
                 order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
+                if self.world_size > 1:
+                    order = order[self.rank :: self.world_size][: len(order) // self.world_size]
                 tensors = tuple(t[order] for t in tensors)
+        elif self.world_size > 1:
+            share = len(tensors[0]) // self.world_size
+            tensors = tuple(t[self.rank * share : (self.rank + 1) * share] for t in tensors)
         # The samples this epoch trains on (without the dropped partial batch), in items of
         # K mini-batches: slices of one contiguous tensor, so no copies.
         used = min(len(tensors[0]), self.n_batches * self.batch_size)
@@ -220,8 +237,13 @@ class SeqDataModule(pl.LightningDataModule):
             return _Marked(DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
                                       drop_last=drop_last, generator=generator))
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
+        # Under DDP each process trains on its share (Lightning shards a DataLoader itself).
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        if world_size > 1 and not self.drop_last:
+            drop_last = (len(x) // world_size) % self.batch_size == 1 and self.n_steps == 1
         return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
-                             device=device, batches_per_item=self.batches_per_item)
+                             device=device, batches_per_item=self.batches_per_item,
+                             rank=rank, world_size=world_size)
 
     def configure_batching(self, loader: str, on_device: bool, batches_per_item: int) -> None:
         """How training batches are served (conf/perf): `loader` 'tensor' (contiguous slices) or

@@ -1,0 +1,188 @@
+"""The MLflow tracking server, started one way for three users: `make server` (a shared server
+for a team or a machine), a parallel sweep's own loopback server (see sweep.py), and the tests.
+
+The server owns the store (SQLite by default, PostgreSQL in production) and serves artifacts
+itself (`--serve-artifacts`), so its clients need only its address, no shared disk.
+
+`python -m seqlab.server --help` lists the options; nothing heavy is imported to answer it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from seqlab import SeqlabError
+
+# What `make server` uses unless told otherwise: its own store beside the local one, so runs sent
+# to the server get artifact locations the server serves (mlflow-artifacts:/...), never paths on
+# one client's disk.
+DEFAULT_DIR = "mlruns/server"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_backend(backend_store_uri: str) -> None:
+    """Refuse, in one line, a store the server could not open (MLflow would say so in a long trace)."""
+    scheme = backend_store_uri.split(":", 1)[0].split("+", 1)[0]
+    if scheme == "postgresql":
+        try:
+            import psycopg2  # noqa: F401
+        except ImportError:
+            raise SeqlabError(
+                f"--backend-store-uri {backend_store_uri}: PostgreSQL needs its driver; "
+                "install it with .venv/bin/pip install -e '.[postgres]'"
+            ) from None
+    elif scheme == "sqlite":
+        path = backend_store_uri[len("sqlite:///") :]
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    elif scheme not in ("mysql", "mssql"):
+        raise SeqlabError(
+            f"--backend-store-uri {backend_store_uri}: MLflow 3 needs a database here "
+            "(sqlite:///path/mlflow.db or postgresql://user:password@host/db), not a folder"
+        )
+
+
+def command(
+    backend_store_uri: str,
+    artifacts_destination: str,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    workers: int = 1,
+) -> list[str]:
+    mlflow_cli = Path(sys.executable).parent / "mlflow"
+    return [
+        str(mlflow_cli) if mlflow_cli.exists() else "mlflow",
+        "server",
+        "--backend-store-uri", backend_store_uri,
+        "--artifacts-destination", artifacts_destination,
+        "--serve-artifacts",
+        "--host", host,
+        "--port", str(port),
+        # One worker process: a SQLite store takes one writer at a time, and one process with
+        # its own pool is what keeps concurrent clients from "database is locked".
+        "--workers", str(workers),
+    ]
+
+
+def wait_until_up(uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting")
+        if time.monotonic() > deadline:
+            raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.3)
+
+
+class LocalServer:
+    """An MLflow server in a child process on a loopback port, stopped on `stop()` or at the end
+    of a `with` block. Its output goes to `log_path` (or nowhere)."""
+
+    def __init__(
+        self,
+        backend_store_uri: str,
+        artifacts_destination: str,
+        port: Optional[int] = None,
+        host: str = "127.0.0.1",
+        log_path: Optional[Path] = None,
+    ) -> None:
+        check_backend(backend_store_uri)
+        self.host = host
+        self.port = port or free_port(host)
+        self.uri = f"http://{host}:{self.port}"
+        self.cmd = command(backend_store_uri, artifacts_destination, host, self.port)
+        self.log_path = log_path
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "LocalServer":
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Its own process group, so that its workers stop with it; MLflow's background
+                # job runner is not needed for tracking.
+                start_new_session=True,
+                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        try:
+            wait_until_up(self.uri, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m seqlab.server",
+        description="Start an MLflow tracking server that stores runs in a database and serves their "
+        "artifacts, so that clients need only its address (logger=mlflow_server or "
+        "MLFLOW_TRACKING_URI=http://HOST:PORT).",
+    )
+    parser.add_argument("--backend-store-uri", default=f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
+                        help="sqlite:///path/mlflow.db (default: %(default)s) or postgresql://user:password@host:5432/db")
+    parser.add_argument("--artifacts-destination", default=str(Path(DEFAULT_DIR).resolve() / "artifacts"),
+                        help="a folder or s3://bucket/path where the server keeps artifacts (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: put it behind a firewall or auth)")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (default 1; more only with PostgreSQL: SQLite takes one writer at a time)")
+    args = parser.parse_args(argv)
+    try:
+        check_backend(args.backend_store_uri)
+    except SeqlabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    cmd = command(args.backend_store_uri, args.artifacts_destination, args.host, args.port, args.workers)
+    print(f"MLflow server on http://{args.host}:{args.port} (store {args.backend_store_uri}, "
+          f"artifacts {args.artifacts_destination})\n"
+          f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri=http://{args.host}:{args.port}",
+          flush=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    os.execvpe(cmd[0], cmd, env)  # the server in the foreground: Ctrl-C stops it
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Past one process: a real MLflow server, parallel sweep jobs on the SQLite store, DDP with two
+CPU processes, and the SLURM launcher's config."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF_DIR, ROOT, TINY, artifact_paths, runs_of
+from seqlab import SeqlabError
+from seqlab.data import TensorBatches
+from seqlab.job import cpu_count
+from seqlab.server import LocalServer, check_backend
+
+N_TRAIN = 205  # TINY: 256 samples, 20% held out for validation
+
+
+def _children(client, experiment="seqlab"):
+    runs = runs_of(client, experiment)
+    parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
+    return parents, children
+
+
+def _port_closed(uri: str) -> bool:
+    host, port = uri.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
+# -- the tracking server ------------------------------------------------------------------------
+def test_a_server_store_must_be_a_database():
+    with pytest.raises(SeqlabError, match="needs a database"):
+        check_backend("./mlruns")
+    proc = subprocess.run(
+        [sys.executable, "-m", "seqlab.server", "--backend-store-uri", "file:./mlruns"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --backend-store-uri file:./mlruns: MLflow 3 needs a database here "
+        "(sqlite:///path/mlflow.db or postgresql://user:password@host/db), not a folder"
+    ]
+
+
+def test_the_server_preset_takes_its_address_from_the_environment(compose_cfg, monkeypatch):
+    assert compose_cfg("logger=mlflow_server").logger.tracking_uri == "http://127.0.0.1:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5001")
+    assert compose_cfg("logger=mlflow_server").logger.tracking_uri == "http://tracking.example:5001"
+    # MLflow's own variable also moves the default logger off the local store.
+    assert compose_cfg().logger.tracking_uri == "http://tracking.example:5001"
+
+
+@pytest.mark.slow
+def test_a_multirun_sent_to_a_real_server(run_cli, tmp_path):
+    server_dir = tmp_path / "server"
+    with LocalServer(f"sqlite:///{server_dir}/mlflow.db", str(server_dir / "artifacts")) as server:
+        proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY,
+                       env={"MLFLOW_TRACKING_URI": server.uri})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        client = mlflow.MlflowClient(server.uri)
+        (parent,), children = _children(client)
+        assert parent.info.status == "FINISHED"
+        assert sorted(r.info.run_name for r in children) == ["cpu-bs32", "cpu-bs64"]
+        for run in children:
+            bs = int(run.data.params["data.batch_size"])
+            assert run.info.status == "FINISHED"
+            assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+            steps = client.get_metric_history(run.info.run_id, "train_loss")
+            assert [m.step for m in steps] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
+            assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
+            # Artifacts went through the server (no path on this client's disk in their location).
+            assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+            assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
+        assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
+
+
+# -- parallel sweep jobs ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_cli, store, tmp_path):
+    proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                   "data.batch_size=16,32,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "database is locked" not in out
+    (parent,), children = _children(store)
+    assert parent.info.status == "FINISHED" and parent.data.tags["n_jobs"] == "6"
+    assert len(children) == 6
+    threads = str(max(1, cpu_count() // 2))
+    for run in children:
+        bs = int(run.data.params["data.batch_size"])
+        assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["torch_threads"] == threads  # the cores shared between the two jobs
+        losses = store.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in losses] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
+        assert len(store.get_metric_history(run.info.run_id, "val_rmse")) == 2
+        assert "checkpoints/last.ckpt" in artifact_paths(store, run.info.run_id)
+    # The jobs logged through the sweep's own server, which is gone now.
+    (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
+    info = __import__("json").loads((sweep_dir / "sweep.json").read_text())
+    assert info["store_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    assert info["tracking_uri"].startswith("http://127.0.0.1:") and _port_closed(info["tracking_uri"])
+    assert (sweep_dir / "mlflow_server.log").is_file()
+
+
+def test_the_sweep_callback_travels_to_launcher_workers_without_its_server():
+    import pickle
+
+    from seqlab.sweep import MlflowSweepCallback
+
+    callback = MlflowSweepCallback()
+    callback.server = object()  # stands for a process handle, which does not pickle
+    callback.tracker = object()
+    copy = pickle.loads(pickle.dumps(callback))
+    assert copy.server is None and copy.tracker is None and copy.serve_local_store == "auto"
+
+
+# -- DDP -------------------------------------------------------------------------------------------
+def test_ddp_shards_cover_each_sample_at_most_once_per_epoch():
+    x = torch.arange(103, dtype=torch.float32).reshape(103, 1, 1)
+    y = x.clone()
+    shards = [TensorBatches(x, y, 8, True, False, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(2):  # two epochs, each reshuffled
+        seen = [torch.cat([b[0].flatten() for b in shard]) for shard in shards]
+        assert len(seen[0]) == len(seen[1]) == 51  # equal shares keep the processes in step
+        assert len(shards[0]) == len(shards[1]) == math.ceil(51 / 8)
+        both = torch.cat(seen)
+        assert len(set(both.tolist())) == 102  # disjoint: one sample left for a later shuffle
+    in_order = [TensorBatches(x, y, 8, False, False, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    assert torch.cat([b[0].flatten() for b in in_order[1]]).tolist() == list(range(51, 102))
+
+
+@pytest.mark.slow
+def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_cli, store, tmp_path):
+    n_train, bs = 512, 32  # 640 samples, 20% for validation
+    proc = run_cli("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                   f"data.batch_size={bs}", "optimizer.lr=0.001,0.002", "data.n_samples=640",
+                   "trainer.max_epochs=2", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (parent,), children = _children(store)
+    assert parent.info.status == "FINISHED"
+    assert len(children) == 2  # one run per job, from rank 0 only
+    for run in children:
+        assert run.info.status == "FINISHED"
+        losses = store.get_metric_history(run.info.run_id, "train_loss")
+        # Each process trains on half the samples: 512 / (32 x 2) = 8 steps an epoch.
+        assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
+        assert all(math.isfinite(m.value) for m in losses)
+        assert len(store.get_metric_history(run.info.run_id, "val_rmse")) == 2
+    for job in (0, 1):
+        job_dir = next((tmp_path / "logs" / "multiruns").iterdir()) / str(job)
+        assert (job_dir / "train_ddp_process_1.log").is_file()  # rank 1 ran as this job
+
+
+def test_multi_process_training_needs_the_cli(compose_cfg):
+    from seqlab.train import train
+
+    cfg = compose_cfg(*TINY, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp")
+    with pytest.raises(SeqlabError, match="starts through the CLI"):
+        train(cfg)
+
+
+def test_an_unknown_strategy_is_refused_up_front(run_cli):
+    proc = run_cli(*TINY, "trainer.strategy=ddp_spawn")
+    assert proc.returncode == 1
+    assert "trainer.strategy must be one of auto, ddp; got 'ddp_spawn'" in proc.stdout + proc.stderr
+
+
+# -- SLURM -------------------------------------------------------------------------------------
+def test_the_slurm_launcher_config_composes():
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.devices=4",
+                                          "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.partition == "gpu" and launcher.timeout_min == 60
+    assert launcher.tasks_per_node == launcher.gpus_per_node == 4 and launcher.nodes == 1
+    assert launcher.submitit_folder.endswith("/.submitit/%j")
