@@ -4,10 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.seqlab-installed
 PORT ?= 5000
+HOST ?= 127.0.0.1
+# make server: where the server keeps runs and artifacts (defaults: mlruns/server/). A team server:
+# BACKEND_STORE_URI=postgresql://user:password@dbhost:5432/mlflow ARTIFACTS=s3://bucket/mlflow HOST=0.0.0.0
+BACKEND_STORE_URI ?=
+ARTIFACTS ?=
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test ui clean
+.PHONY: help install train test ui server clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -17,7 +22,7 @@ install: $(STAMP) ## create .venv and install the project with pinned versions (
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev,postgres]'
 	@touch $@
 
 train: $(STAMP) ## train the default experiment (override anything with ARGS='key=value ...')
@@ -30,6 +35,10 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 	@mkdir -p mlruns/artifacts
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
+
+server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, PORT=...) that stores runs and serves artifacts
+	$(PY) -m seqlab.server --host $(HOST) --port $(PORT) \
+		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)')
 
 clean: ## remove Hydra output folders (keeps mlruns/ and .venv)
 	rm -rf logs outputs multirun .pytest_cache

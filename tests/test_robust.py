@@ -111,3 +111,127 @@ def test_ctrl_c_or_sigterm_ends_the_run_killed_with_one_line(tmp_path, store, si
     assert "interrupted: MLflow run" in out and "ended KILLED" in out
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
+
+
+# -- interrupted runs: checkpoint, resume, exact continuation ------------------------------------
+RESUMABLE = ["deterministic=true", "trainer.max_epochs=30", "perf.steps_per_call=10"]
+
+
+@pytest.mark.slow
+def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, store, run_cli):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import ROOT
+
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *RESUMABLE, f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        )
+        deadline = time.monotonic() + 120
+        while "epoch 3/" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out[-2000:]
+    (run,) = runs_of(store, "seqlab")
+    run_id = run.info.run_id
+    assert run.info.status == "KILLED"
+    stopped_at = int(run.data.tags["interrupted_at_step"])
+    assert 0 < stopped_at < 30 * 103  # 6554 training samples: 103 steps an epoch
+    hint = next(line.strip() for line in out.splitlines() if line.strip().startswith("python train.py"))
+    assert hint.endswith(f"resume={run_id}") and "trainer.max_epochs=30" in hint
+
+    resumed = run_cli(*RESUMABLE, f"resume={run_id}")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    (run,) = runs_of(store, "seqlab")  # the same run, continued
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
+    assert steps == list(range(1, 30 * 103 + 1))  # every step once: none lost, none repeated
+    assert len(store.get_metric_history(run_id, "val_rmse")) == 30
+
+    fresh = run_cli(*RESUMABLE, "logger.experiment_name=uninterrupted")
+    assert fresh.returncode == 0
+    (other,) = runs_of(store, "uninterrupted")
+
+    def final_weights(r):
+        path = store.download_artifacts(r.info.run_id, "checkpoints/last.ckpt", str(tmp_path / r.info.run_id))
+        return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+    a, b = final_weights(run), final_weights(other)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"stopped at step {stopped_at}"
+    assert run.data.metrics["final_val_rmse"] == other.data.metrics["final_val_rmse"]
+
+
+def test_the_order_of_an_interrupted_epoch_is_replayed_from_where_it_stopped():
+    import torch
+
+    from seqlab.data import TensorBatches
+
+    x = torch.arange(40, dtype=torch.float32).reshape(40, 1, 1)
+
+    def epochs(batches, n):
+        return [[b[0].flatten().tolist() for b in batches] for _ in range(n)]
+
+    reference = TensorBatches(x, x.clone(), 4, True, False, seed=7, batches_per_item=2)
+    first, second, third = epochs(reference, 3)
+    interrupted = TensorBatches(x, x.clone(), 4, True, False, seed=7, batches_per_item=2)
+    epochs(interrupted, 1)
+    iterator = iter(interrupted)
+    done = [next(iterator)[0].flatten().tolist() for _ in range(3)]  # 3 of 5 items of epoch 2
+    assert done == second[:3]
+    state = interrupted.state_dict()["generator"]
+
+    restored = TensorBatches(x, x.clone(), 4, True, False, seed=0, batches_per_item=2)  # another seed: the state wins
+    restored.resume(state, 3)
+    assert epochs(restored, 2) == [second[3:], third]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["resume=0123456789abcdef0123456789abcdef"], "resume=0123456789abcdef0123456789abcdef: no such run in this tracking store"),
+        (["ckpt_path=/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt: no such file"),
+        (["resume=abc", "ckpt_path=/x.ckpt"], "resume=RUN_ID and ckpt_path=FILE are two ways"),
+    ],
+)
+def test_a_bad_resume_or_checkpoint_is_one_line(run_cli, args, message):
+    proc = run_cli(*TINY, *args)
+    assert proc.returncode == 1
+    assert f"error: {message}" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(run_cli, store, tmp_path):
+    first = run_cli(*TINY, "model.hidden_size=8")
+    assert first.returncode == 0
+    (run,) = runs_of(store, "seqlab")
+    proc = run_cli(*TINY, "model.hidden_size=8", f"resume={run.info.run_id}")
+    assert proc.returncode == 1 and "that run finished; there is nothing to continue" in proc.stdout
+
+    store.set_terminated(run.info.run_id, "KILLED")  # as if it had been interrupted
+    proc = run_cli(*TINY, f"resume={run.info.run_id}")
+    assert proc.returncode == 1
+    assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in proc.stdout
+    assert ("give the run's overrides: data.n_samples=256 trainer.max_epochs=2 model.hidden_size=8 "
+            f"paths.root_dir={tmp_path} resume={run.info.run_id}") in proc.stdout
+    assert store.get_run(run.info.run_id).info.status == "KILLED"  # nothing reopened
+
+    ckpt = next((tmp_path / "logs").glob("runs/*/checkpoints/last.ckpt"))
+    proc = run_cli(*TINY, f"ckpt_path={ckpt}")  # hidden_size 24 here
+    assert proc.returncode == 1
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("error:"))
+    assert line.startswith(f"error: ckpt_path={ckpt}: the checkpoint is for another model shape (model.lstm.")
+    assert "Traceback" not in proc.stdout + proc.stderr
+    not_a_checkpoint = tmp_path / "notes.ckpt"
+    not_a_checkpoint.write_text("hello")
+    proc = run_cli(*TINY, f"ckpt_path={not_a_checkpoint}")
+    assert proc.returncode == 1 and f"error: ckpt_path={not_a_checkpoint}: not a PyTorch Lightning checkpoint" in proc.stdout

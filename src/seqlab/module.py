@@ -154,6 +154,19 @@ class SeqRegressor(pl.LightningModule):
 
                 self.graphed = GraphedStep(lambda x, y, lengths: self._step(x, y, lengths, raw.step), self.batch_size)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Dropout draws from the global generators: a resumed run continues their streams.
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("rng_states") or {}
+        if "torch" in states:
+            torch.set_rng_state(states["torch"])
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+
     def on_validation_model_zero_grad(self) -> None:
         # Lightning frees gradients before validation; the fused loop keeps them (zeroed in
         # place each step), so that a captured CUDA graph's gradient tensors stay the live ones.

@@ -159,6 +159,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     notes: str = ""
+    resume: Optional[str] = None  # an MLflow run id: continue that interrupted run from its checkpoint
+    ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
 
 
 def accelerators_present() -> str:
@@ -195,6 +197,12 @@ def _require(ok: bool, message: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Check ranges and choices; raise ConfigError with one line naming the key and the fix."""
     d, m, t = cfg.data, cfg.model, cfg.trainer
+    _require(
+        not (cfg.resume and cfg.ckpt_path),
+        "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one",
+    )
+    if cfg.ckpt_path:
+        _require(Path(cfg.ckpt_path).is_file(), f"ckpt_path={cfg.ckpt_path}: no such file")
     _require(d.batch_size > 0, f"data.batch_size must be a positive integer, got {d.batch_size}")
     _require(
         d.n_samples is None or d.n_samples > 0,

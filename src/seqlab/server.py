@@ -37,7 +37,7 @@ def check_backend(backend_store_uri: str) -> None:
     scheme = backend_store_uri.split(":", 1)[0].split("+", 1)[0]
     if scheme == "postgresql":
         try:
-            import psycopg2  # noqa: F401
+            import psycopg  # noqa: F401  (SQLAlchemy 2.1's default PostgreSQL driver)
         except ImportError:
             raise SeqlabError(
                 f"--backend-store-uri {backend_store_uri}: PostgreSQL needs its driver; "
@@ -76,8 +76,14 @@ def command(
     ]
 
 
-def wait_until_up(uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0) -> None:
+def wait_until_up(
+    uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None
+) -> None:
     import requests
+
+    def last_line() -> str:
+        lines = log_path.read_text(errors="replace").strip().splitlines() if log_path and log_path.is_file() else []
+        return f": {lines[-1]} (see {log_path})" if lines else ""
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -87,7 +93,8 @@ def wait_until_up(uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: 
         except requests.RequestException:
             pass
         if proc is not None and proc.poll() is not None:
-            raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting")
+            detail = last_line()
+            raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}")
         if time.monotonic() > deadline:
             raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s")
         time.sleep(0.3)
@@ -129,7 +136,7 @@ class LocalServer:
             if out is not subprocess.DEVNULL:
                 out.close()
         try:
-            wait_until_up(self.uri, self.proc)
+            wait_until_up(self.uri, self.proc, log_path=self.log_path)
         except BaseException:
             self.stop()
             raise

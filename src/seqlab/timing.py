@@ -73,6 +73,14 @@ class EpochTimer(pl.Callback):
         if self.tracker is not None:
             self.tracker.log_metrics(row, trainer.global_step)
 
+    # Saved in checkpoints, so that a resumed run's training time continues.
+    def state_dict(self) -> dict[str, Any]:
+        return {"trained_s": self.trained_s, "epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trained_s = state.get("trained_s", 0.0)
+        self.epochs = list(state.get("epochs", []))
+
     def median(self, key: str, skip_first: bool = True) -> Optional[float]:
         """Median over epochs; the first epoch (warm-up, allocator growth) is left out when
         there are others."""
@@ -94,6 +102,12 @@ class TimeToTarget(pl.Callback):
         self.target = target_rmse
         self.tracker = tracker
         self.reached: Optional[dict[str, float]] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reached": self.reached}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reached = state.get("reached")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:

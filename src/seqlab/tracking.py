@@ -111,9 +111,16 @@ class MlflowTracker:
         tags: Mapping[str, str],
         parent_run_id: Optional[str] = None,
         description: str = "",
+        resume_run_id: Optional[str] = None,
     ) -> str:
-        """Create the run (a child of parent_run_id if given) and return its id."""
+        """Create the run (a child of parent_run_id if given) and return its id; or open the
+        existing run `resume_run_id` again, to continue it."""
         client = self.connect()
+        if resume_run_id:
+            client.update_run(resume_run_id, status="RUNNING")
+            self.run_id = resume_run_id
+            self.set_tags(tags)
+            return self.run_id
         all_tags = dict(tags)
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
@@ -154,10 +161,11 @@ class MlflowTracker:
         tags: Mapping[str, str],
         parent_run_id: Optional[str] = None,
         description: str = "",
+        resume_run_id: Optional[str] = None,
     ) -> Iterator["MlflowTracker"]:
-        """Open a run; end it FINISHED if the block completes, KILLED if interrupted, FAILED
-        (with the reason as the `failure_reason` tag) on any other exception."""
-        self.start(run_name, tags, parent_run_id, description)
+        """Open a run (or reopen `resume_run_id`); end it FINISHED if the block completes, KILLED
+        if interrupted, FAILED (with the reason as the `failure_reason` tag) on any other exception."""
+        self.start(run_name, tags, parent_run_id, description, resume_run_id)
         status, reason = "FAILED", None
         try:
             yield self
@@ -238,7 +246,8 @@ class SilentTracker(MlflowTracker):
     def connect(self) -> None:  # type: ignore[override]
         return None
 
-    def start(self, run_name: str, tags: Mapping[str, str], parent_run_id: Optional[str] = None, description: str = "") -> str:
+    def start(self, run_name: str, tags: Mapping[str, str], parent_run_id: Optional[str] = None,
+              description: str = "", resume_run_id: Optional[str] = None) -> str:
         return ""
 
     def start_system_metrics(self) -> None:
@@ -364,6 +373,10 @@ class StepMetricsRecorder(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()  # a max_steps stop can end an epoch early
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, Diverged):
+            self.flush()  # the steps trained before an interruption are part of the run
 
     def flush(self) -> None:
         if not self.steps:

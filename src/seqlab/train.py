@@ -104,20 +104,32 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     result = JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides,
                        accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size)
     job.result = result
+    from seqlab.tracking import flatten
 
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes):
+    params = flatten(cfg)
+    start_from = Path(cfg.ckpt_path) if cfg.ckpt_path else None
+    if cfg.resume:
+        from seqlab.interrupt import prepare_resume
+
+        dst = job.output_dir / "resume"
+        if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
+            start_from = prepare_resume(tracker.connect(), cfg.resume, params, dst)
+            name = tracker.client.get_run(cfg.resume).info.run_name
+        else:  # rank 0 fetched it before starting this process
+            start_from = dst / "checkpoints" / "interrupted.ckpt"
+
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
         result.run_id, result.run_name = tracker.run_id, name
         job.write(result)
         try:
-            from seqlab.tracking import flatten
-
-            tracker.log_params(flatten(cfg))
+            if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
+                tracker.log_params(params)
             _save_config(cfg, job.output_dir / "config.yaml")
             tracker.log_artifact(job.output_dir / "config.yaml")
             if device_error is not None:
                 raise device_error
             with _process_group_scope(cfg.trainer):
-                _fit(cfg, job, tracker, device, result)
+                _fit(cfg, job, tracker, device, result, start_from)
         finally:
             tracker.log_artifact(job.output_dir / ".hydra", "hydra")
             for log_file in job.output_dir.glob("*.log"):
@@ -131,13 +143,14 @@ def _save_config(cfg: DictConfig, path: Path) -> None:
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
 
-def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
+def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_from: Optional[Path] = None) -> None:
     import pytorch_lightning as pl
     import torch
     from hydra.utils import instantiate
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
+    from seqlab.interrupt import CHECKPOINT, GracefulStop, check_checkpoint, resume_command
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
     from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
@@ -157,6 +170,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     # Under DDP: the epoch metrics are torchmetrics states, which synchronise across processes
     # themselves, and every process validates on the whole validation set.
     warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting")
+    # The data module saves and restores the position in the epoch's order (data.module), which
+    # Lightning does not see on the loader itself.
+    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
     if job.concurrent_jobs > 1:
@@ -213,8 +229,12 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name, perf.name, k)
     log.info("mlflow    run %s (%s) in experiment '%s'", tracker.run_id, result.run_name, tracker.experiment_name)
 
+    if start_from is not None:
+        check_checkpoint(start_from, module, f"resume={cfg.resume}" if cfg.resume else f"ckpt_path={cfg.ckpt_path}")
+        log.info("resume    from %s", start_from)
+    stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT)
     timer = EpochTimer(tracker)
-    callbacks = [timer, recorder]
+    callbacks = [timer, recorder, stop]
     to_target = None
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
@@ -265,7 +285,18 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult) -> None:
     tracker.set_tags({"torch_threads": torch.get_num_threads()})
     tracker.start_system_metrics()
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=start_from)
+    except BaseException:
+        if stop.saved is not None and job.rank == 0:
+            tracker.log_artifact(stop.saved, "checkpoints")
+            tracker.set_tags({"interrupted_at_step": trainer.global_step})
+            log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",
+                      stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved,
+                      resume_command(job.overrides, tracker.run_id))
+        if stop.signal == "SIGINT":
+            raise KeyboardInterrupt from None  # Ctrl-C took Lightning's SIGTERM path to stop cleanly
+        raise
     wall = time.perf_counter() - start
 
     if cfg.module.bn_statistics == "population":

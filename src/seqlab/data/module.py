@@ -61,6 +61,16 @@ class TensorBatches:
         self.batches_per_item = batches_per_item
         self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator(device=self.tensors[0].device).manual_seed(seed)
+        # Where the current pass started: with the items done, enough to replay its order.
+        self.pass_start_state: Optional[torch.Tensor] = None
+        self.resume_at: Optional[tuple[torch.Tensor, int]] = None
+
+    def state_dict(self) -> dict:
+        return {"generator": self.pass_start_state if self.pass_start_state is not None else self.generator.get_state()}
+
+    def resume(self, generator_state: torch.Tensor, items_done: int) -> None:
+        """The next pass replays the interrupted one's order and skips the items it trained on."""
+        self.resume_at = (generator_state, items_done)
 
     @property
     def n_batches(self) -> int:
@@ -72,6 +82,12 @@ class TensorBatches:
 
     def __iter__(self) -> Iterator[Batch]:
         tensors = self.tensors
+        skip = 0
+        if self.resume_at is not None:
+            state, skip = self.resume_at
+            self.generator.set_state(state)
+            self.resume_at = None
+        self.pass_start_state = self.generator.get_state()
         if self.shuffle:
             with phase("data"):
                 order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
@@ -85,7 +101,7 @@ class TensorBatches:
         # K mini-batches: slices of one contiguous tensor, so no copies.
         used = min(len(tensors[0]), self.n_batches * self.batch_size)
         step = self.batch_size * self.batches_per_item
-        for start in range(0, used, step):
+        for start in range(skip * step, used, step):
             yield tuple(t[start : min(start + step, used)] for t in tensors)
 
 
@@ -241,9 +257,27 @@ class SeqDataModule(pl.LightningDataModule):
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         if world_size > 1 and not self.drop_last:
             drop_last = (len(x) // world_size) % self.batch_size == 1 and self.n_steps == 1
-        return TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
-                             device=device, batches_per_item=self.batches_per_item,
-                             rank=rank, world_size=world_size)
+        self._train_batches = TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
+                                            device=device, batches_per_item=self.batches_per_item,
+                                            rank=rank, world_size=world_size)
+        state = getattr(self, "_resume_state", None)
+        if state and "train_order" in state:
+            self._train_batches.resume(state["train_order"], state["items_done"])
+        return self._train_batches
+
+    # -- checkpoints: where in the epoch's order training stopped -----------------------------
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint (Lightning calls this): the training order's generator state at
+        the start of the current epoch and how many of its items are done, so that a resumed run
+        trains on exactly the samples the interrupted one had left."""
+        batches = getattr(self, "_train_batches", None)
+        if not isinstance(batches, TensorBatches) or self.trainer is None:
+            return {}
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return {"train_order": batches.state_dict()["generator"], "items_done": done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_state = state or None
 
     def configure_batching(self, loader: str, on_device: bool, batches_per_item: int) -> None:
         """How training batches are served (conf/perf): `loader` 'tensor' (contiguous slices) or

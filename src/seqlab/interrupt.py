@@ -1,0 +1,125 @@
+"""Stopping cleanly and continuing. Ctrl-C or SIGTERM stops training at the next step boundary
+and saves a checkpoint that holds everything the rest of the run depends on (weights, optimizer
+and scheduler state, loop counters, the random streams and the position in the epoch's sample
+order); `resume=RUN_ID` continues that MLflow run from it, and `ckpt_path=FILE` starts a new run
+from a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from seqlab import SeqlabError
+
+log = logging.getLogger("seqlab")
+
+CHECKPOINT = "interrupted.ckpt"
+# Keys that may differ between an interrupted run and its resumption: where things go, not what
+# is trained.
+_MAY_DIFFER = ("paths.", "logger.", "resume", "ckpt_path", "notes", "trainer.max_time")
+
+
+class GracefulStop(pl.Callback):
+    """SIGTERM: Lightning stops at the end of the running step (SIGTERMException). Ctrl-C is made
+    to do the same; a second Ctrl-C stops at once, without a checkpoint. The checkpoint is saved
+    when Lightning reports the stop, at that step boundary."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.signal: Optional[str] = None  # SIGINT | SIGTERM, once one arrived
+        self.saved: Optional[Path] = None
+        self._trainer: Optional[pl.Trainer] = None
+        self._previous: Any = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._trainer = trainer
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = "SIGINT"
+        log.warning("stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
+        # Lightning's graceful stop: it ends the loop at the next step boundary.
+        self._trainer._signal_connector.received_sigterm = True
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore()
+        if isinstance(exception, SIGTERMException):
+            self.signal = self.signal or "SIGTERM"
+            trainer.save_checkpoint(self.path)
+            self.saved = self.path
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()
+
+
+def check_checkpoint(path: Path, module: torch.nn.Module, what: str) -> None:
+    """One line, before training, for a file that is not a checkpoint of this model."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # pickle, zip and torch errors alike
+        raise SeqlabError(f"{what}: not a PyTorch Lightning checkpoint ({type(error).__name__})") from None
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, Mapping) else None
+    if not isinstance(state, Mapping):
+        raise SeqlabError(f"{what}: not a PyTorch Lightning checkpoint (no state_dict)")
+    expected = module.state_dict()
+    for key, tensor in expected.items():
+        if key not in state:
+            raise SeqlabError(f"{what}: the checkpoint has no {key}: it was saved from another model")
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise SeqlabError(
+                f"{what}: the checkpoint is for another model shape ({key} is {list(state[key].shape)} there, "
+                f"{list(tensor.shape)} here); train with the model settings it was saved with"
+            )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise SeqlabError(f"{what}: the checkpoint has {extra[0]}, which this model lacks: it was saved from another model")
+
+
+def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Path) -> Path:
+    """Check that `run_id` can be continued with this config and fetch its checkpoint."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise SeqlabError(f"resume={run_id}: no such run in this tracking store") from None
+    if run.info.status == "FINISHED":
+        raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
+    differ = [
+        f"{key}={value} (the run had {run.data.params[key]})"
+        for key, value in params.items()
+        if not key.startswith(_MAY_DIFFER) and key in run.data.params and run.data.params[key] != value[:6000]
+    ]
+    if differ:
+        overrides = run.data.tags.get("hydra_overrides", "")
+        raise SeqlabError(
+            f"resume={run_id}: this config differs from the run's: {'; '.join(differ[:3])}; "
+            f"give the run's overrides: {overrides or '(none)'} resume={run_id}"
+        )
+    try:
+        local = client.download_artifacts(run_id, f"checkpoints/{CHECKPOINT}", str(dst))
+    except (MlflowException, OSError):
+        raise SeqlabError(
+            f"resume={run_id}: the run has no checkpoints/{CHECKPOINT} (one is saved when Ctrl-C or SIGTERM stops training)"
+        ) from None
+    return Path(local)
+
+
+def resume_command(overrides: list[str], run_id: str) -> str:
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
+    return " ".join(["python train.py", *kept, f"resume={run_id}"])
