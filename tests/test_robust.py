@@ -235,3 +235,81 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
     not_a_checkpoint.write_text("hello")
     proc = run_cli(*TINY, f"ckpt_path={not_a_checkpoint}")
     assert proc.returncode == 1 and f"error: ckpt_path={not_a_checkpoint}: not a PyTorch Lightning checkpoint" in proc.stdout
+
+
+# -- a tracking server that goes away mid-run ------------------------------------------------------
+def _train_against(uri: str, tmp_path, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=30", f"logger.tracking_uri={uri}", *args,
+         f"paths.root_dir={tmp_path}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))},
+    )
+
+
+def _wait_for_steps(client, proc, deadline_s: float = 120):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        experiment = client.get_experiment_by_name("seqlab")
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
+            return runs[0].info.run_id
+        time.sleep(0.2)
+    raise AssertionError("the run logged no steps")
+
+
+@pytest.mark.slow
+def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path):
+    import mlflow
+
+    from seqlab.server import LocalServer, free_port
+
+    port, db, artifacts = free_port(), f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
+    server = LocalServer(db, artifacts, port=port).start()
+    try:
+        proc = _train_against(server.uri, tmp_path, "logger.outage_wait_s=120")
+        run_id = _wait_for_steps(mlflow.MlflowClient(server.uri), proc)
+        server.stop()  # mid-run: training goes on
+        time.sleep(2)
+        server = LocalServer(db, artifacts, port=port).start()
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+        client = mlflow.MlflowClient(server.uri)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
+        assert steps == list(range(1, 30 * 103 + 1))  # nothing lost while the server was away
+        assert len(client.get_metric_history(run_id, "val_rmse")) == 30
+        assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(run_id, "checkpoints")}
+        assert "does not answer: training goes on" in out and "the server is back" in out
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(tmp_path, store):
+    import mlflow
+
+    from seqlab.server import LocalServer
+
+    server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start()
+    try:
+        proc = _train_against(server.uri, tmp_path, "logger.outage_wait_s=3")
+        server_run_id = _wait_for_steps(mlflow.MlflowClient(server.uri), proc)
+    finally:
+        server.stop()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["server_run_id"] == server_run_id
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 30 * 103 + 1))
+    assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
+    assert "checkpoints/last.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
+    assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in out

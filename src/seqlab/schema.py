@@ -106,6 +106,8 @@ class LoggerConfig:
     synchronous: bool = False
     system_metrics: bool = True  # CPU/memory (and GPU) utilisation sampled alongside the run
     system_metrics_interval_s: float = 2.0
+    outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
+    fallback_uri: Optional[str] = None  # where that copy goes (a local store)
 
 
 @dataclass
@@ -293,6 +295,7 @@ def validate(cfg: DictConfig) -> None:
             f"scheduler.step_size must be a positive whole number of epochs, got {step_size}",
         )
         _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
+    _require(cfg.logger.outage_wait_s >= 0, f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}")
     _require(
         cfg.logger.flush_every_n_steps > 0,
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",

@@ -8,7 +8,9 @@ reading a loss back every step would synchronise the device every step.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
 import time
 from collections import defaultdict
@@ -26,6 +28,8 @@ from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities import rank_zero_only
 
 from seqlab import SeqlabError, one_line
+
+log = logging.getLogger("seqlab")
 
 MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
 MAX_PARAMS = 100
@@ -62,6 +66,8 @@ class MlflowTracker:
         synchronous: bool = False,
         system_metrics: bool = False,
         system_metrics_interval_s: float = 2.0,
+        outage_wait_s: float = 60.0,
+        fallback_uri: Optional[str] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -83,12 +89,26 @@ class MlflowTracker:
         # The last optimizer step seen: epoch-level metrics are logged at it, so that they line
         # up with the per-step series (Lightning's own logging step lags by one at epoch end).
         self.step = 0
+        # A tracking server may go away mid-run: writes then wait in the outbox (seqlab.outbox);
+        # at the end, up to outage_wait_s for it to come back, else the run is copied whole to
+        # fallback_uri. What was logged is kept for that copy.
+        self.outage_wait_s = outage_wait_s
+        self.fallback_uri = fallback_uri
+        self.outbox = None
+        self.logged: dict[str, Any] = {"params": {}, "tags": {}, "metrics": [], "artifacts": [], "name": None}
+        self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
-            if self.tracking_uri.startswith(("http://", "https://")):
+            if self.is_server:
                 check_server(self.tracking_uri)
+                # The outbox retries on its own schedule; MLflow's default (7 retries with a
+                # doubling back-off, 120 s timeouts) would hold each write for minutes.
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+                # While a server is away, the outbox says so once; urllib3 would warn per retry.
+                logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
             if self.tracking_uri.startswith("sqlite:///"):
                 Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
             self.client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
@@ -96,6 +116,10 @@ class MlflowTracker:
                 self.client, self.experiment_name, self._artifact_location()
             )
         return self.client
+
+    @property
+    def is_server(self) -> bool:
+        return self.tracking_uri.startswith(("http://", "https://"))
 
     def _artifact_location(self) -> Optional[str]:
         # A local store needs an explicit artifact folder (MLflow would pick one relative to the
@@ -116,9 +140,11 @@ class MlflowTracker:
         """Create the run (a child of parent_run_id if given) and return its id; or open the
         existing run `resume_run_id` again, to continue it."""
         client = self.connect()
+        self.logged["name"] = run_name
         if resume_run_id:
             client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
+            self._open_outbox()
             self.set_tags(tags)
             return self.run_id
         all_tags = dict(tags)
@@ -128,7 +154,16 @@ class MlflowTracker:
             all_tags["mlflow.note.content"] = description
         run = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
+        self.logged["tags"].update(all_tags)
+        self._open_outbox()
         return self.run_id
+
+    def _open_outbox(self) -> None:
+        if self.is_server and self.outbox is None:
+            from seqlab.outbox import Outbox
+
+            run_id = self.run_id
+            self.outbox = Outbox(lambda item: self.client.log_batch(run_id, synchronous=True, **item), self.tracking_uri)
 
     def start_system_metrics(self) -> None:
         """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
@@ -144,15 +179,69 @@ class MlflowTracker:
         self.monitor.start()
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
-        try:
-            if self.monitor is not None:
+        if self.monitor is not None:
+            try:
                 self.monitor.finish()  # logs what it sampled last
-                self.monitor = None
+            except Exception:  # noqa: BLE001 - system metrics are not worth losing the run over
+                pass
+            self.monitor = None
+        if self.outbox is not None:
+            self._end_on_server(status, reason)
+            return
+        try:
             self.flush()
         finally:
             if reason:
                 self.set_tags({"failure_reason": reason})
             self.client.set_terminated(self.run_id, status)
+
+    def _end_on_server(self, status: str, reason: Optional[str]) -> None:
+        """Wait (up to outage_wait_s) for the server to take every write, then close the run
+        there; if it does not, copy the whole run to the local fallback store."""
+        from seqlab.outbox import transient
+
+        if reason:
+            self.set_tags({"failure_reason": reason})
+        outbox, self.outbox = self.outbox, None
+        if outbox.down_since is not None:
+            log.warning("tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
+                        self.outage_wait_s, self.tracking_uri)
+        try:
+            if not outbox.drain(self.outage_wait_s):
+                raise ConnectionError("the tracking server did not come back")
+            for path, artifact_path in self.unsent_artifacts:
+                self._upload(self.client, path, artifact_path)
+            self.unsent_artifacts = []
+            self.client.set_terminated(self.run_id, status)
+        except Exception as error:  # noqa: BLE001
+            if not transient(error):
+                raise
+            self._copy_to_fallback(status)
+        finally:
+            outbox.close()
+            for refused in outbox.refused:
+                log.warning("tracking  the server refused a write: %s", refused)
+
+    def _copy_to_fallback(self, status: str) -> None:
+        if not self.fallback_uri:
+            raise SeqlabError(f"the tracking server at {self.tracking_uri} did not come back, and "
+                              "logger.fallback_uri is not set: this run's last metrics were not stored")
+        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root)
+        tags = {**self.logged["tags"], "server_uri": self.tracking_uri, "server_run_id": self.run_id}
+        tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
+        local.start(self.logged["name"] or "run", tags)
+        local.log_params(self.logged["params"])
+        metrics = self.logged["metrics"]
+        for i in range(0, len(metrics), MAX_BATCH):
+            local.client.log_batch(local.run_id, metrics=metrics[i : i + MAX_BATCH])
+        for path, artifact_path in self.logged["artifacts"]:
+            self._upload(local.client, path, artifact_path, local.run_id)
+        local.client.set_terminated(local.run_id, status)
+        log.warning(
+            "tracking  the server at %s did not come back within %.0f s: the whole run (its params, tags, every "
+            "metric and artifact) is in the local store %s as run %s (make ui shows it); on the server, run %s "
+            "is incomplete", self.tracking_uri, self.outage_wait_s, self.fallback_uri, local.run_id, self.run_id,
+        )
 
     @contextmanager
     def run(
@@ -181,12 +270,18 @@ class MlflowTracker:
 
     # -- logging ---------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, str]) -> None:
+        self.logged["params"].update(params)
         items = [Param(key, value[:6000]) for key, value in params.items()]
         for i in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.logged["tags"].update({k: str(v) for k, v in tags.items()})
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        if self.outbox is not None:
+            self.outbox.put({"tags": items})
+        else:
+            self.client.log_batch(self.run_id, tags=items)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -205,6 +300,11 @@ class MlflowTracker:
     def _send(self, metrics: list[Metric]) -> None:
         for m in metrics:
             self.history[m.key].append((m.step, m.value))
+        if self.outbox is not None:
+            self.logged["metrics"].extend(metrics)
+            for i in range(0, len(metrics), MAX_BATCH):
+                self.outbox.put({"metrics": metrics[i : i + MAX_BATCH]})
+            return
         for i in range(0, len(metrics), MAX_BATCH):
             operation = self.client.log_batch(
                 self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=self.synchronous
@@ -220,10 +320,25 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         path = Path(path)
+        if self.outbox is None:
+            self._upload(self.client, path, artifact_path)
+            return
+        self.logged["artifacts"].append((path, artifact_path))
+        from seqlab.outbox import transient
+
+        try:
+            self._upload(self.client, path, artifact_path)
+        except Exception as error:  # noqa: BLE001
+            if not transient(error):
+                raise
+            self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
+
+    def _upload(self, client: mlflow.MlflowClient, path: Path, artifact_path: Optional[str], run_id: Optional[str] = None) -> None:
+        run_id = run_id or self.run_id
         if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+            client.log_artifacts(run_id, str(path), artifact_path)
         elif path.is_file():
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+            client.log_artifact(run_id, str(path), artifact_path)
 
     def last(self, name: str) -> Optional[float]:
         points = self.history.get(name)

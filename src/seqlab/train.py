@@ -160,7 +160,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
 
     # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+    # Its warnings repeat what the outbox says once when a tracking server goes away.
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
     # Noise that says nothing to a user of this project: an internal deprecation in Lightning,
     # and a hint about step-level self.log calls, which this module does not make.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
