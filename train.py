@@ -4,6 +4,7 @@ Only Hydra and the config schema load here; torch, Lightning and MLflow load ins
 so `--help` and `--cfg job` answer at once."""
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -22,4 +23,10 @@ def main(cfg: DictConfig) -> object:
 
 
 if __name__ == "__main__":
+    # A misspelled key gets one line with the nearest keys (Hydra's own message has no suggestion).
+    groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
+    problem = seqlab.schema.unknown_key(sys.argv[1:], groups)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(1)
     main()

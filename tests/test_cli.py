@@ -1,5 +1,5 @@
-"""The real CLI in a subprocess: multiruns grouped under a parent run, a missing device failing
-its job but not the sweep, and a tracking server over http."""
+"""The real CLI in a subprocess: multiruns grouped under a parent run, and a missing device failing
+its job but not the sweep (a tracking server over http: test_scale.py)."""
 
 from __future__ import annotations
 
@@ -55,24 +55,6 @@ def test_a_missing_gpu_fails_its_jobs_not_the_sweep(run_cli, store):
     assert "asked for a CUDA GPU" in gpu.data.tags["failure_reason"]
     assert parent.info.status == "FAILED" and parent.data.tags["n_failed"] == "1"
     assert not [r for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"]
-
-
-@pytest.mark.slow
-def test_runs_land_on_an_mlflow_server_over_http(run_cli, tmp_path):
-    import mlflow
-
-    from seqlab.server import LocalServer
-
-    server_dir = tmp_path / "server"
-    with LocalServer(f"sqlite:///{server_dir}/server.db", str(server_dir / "artifacts")) as server:
-        client = mlflow.MlflowClient(server.uri)
-        proc = run_cli(*TINY, f"logger.tracking_uri={server.uri}", "logger.experiment_name=remote")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (run,) = runs_of(client, "remote")
-        assert run.info.status == "FINISHED"
-        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
-        assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
-        assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
 
 
 def test_a_sweep_cut_short_does_not_leave_its_parent_running(run_cli, store):

@@ -146,6 +146,7 @@ def test_ragged_sequences_carry_their_lengths_through_the_batches():
 
 
 def test_too_few_samples_for_one_batch_is_a_clear_error():
-    dm = _module(n_samples=10, batch_size=64, drop_last=True)
-    with pytest.raises(SeqlabError, match="make no full batch of data.batch_size=64"):
-        dm.setup()
+    for drop_last in (True, False):  # a batch of 64 asked for, 8 samples to train on: not what was meant
+        dm = _module(n_samples=10, batch_size=64, drop_last=drop_last)
+        with pytest.raises(SeqlabError, match="8 training samples are fewer than one batch of data.batch_size=64"):
+            dm.setup()

@@ -26,11 +26,12 @@ def test_nan_in_the_data_is_refused_or_dropped_with_a_count(compose_cfg, store, 
     x[3, 0, 2], y[7] = np.nan, np.inf
     path = _npz(tmp_path, x, y)
     with pytest.raises(SeqlabError, match=r"data: 2 of 80 samples hold NaN or Inf \(the first is sample 3\); .*data.drop_nonfinite=true"):
-        train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1"))
+        train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32"))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED"
     with caplog.at_level("INFO", logger="seqlab"):
-        result = train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.drop_nonfinite=true"))
+        result = train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32",
+                                   "data.drop_nonfinite=true"))
     assert result.status == "FINISHED" and "dropped 2 of 80 data samples holding NaN or Inf" in caplog.text
 
 
@@ -85,8 +86,8 @@ def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_ends_the_run_killed_with_one_line(tmp_path, store, signame):
+def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_ends_the_run_killed(tmp_path, store):
+    signame = "SIGINT"  # SIGTERM: test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run
     import os
     import signal
     import subprocess
@@ -107,14 +108,17 @@ def test_ctrl_c_or_sigterm_ends_the_run_killed_with_one_line(tmp_path, store, si
             time.sleep(0.2)
         proc.send_signal(getattr(signal, signame))
         out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == (143 if signame == "SIGTERM" else 130)  # 128 + the signal
+    assert proc.returncode == 130  # 128 + SIGINT
     assert "interrupted: MLflow run" in out and "ended KILLED" in out
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
+    assert f"stopped by SIGINT at step {run.data.tags['interrupted_at_step']}" in out
+    assert f"resume={run.info.run_id}" in out
+    assert "checkpoints/interrupted.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
 
 
 # -- interrupted runs: checkpoint, resume, exact continuation ------------------------------------
-RESUMABLE = ["deterministic=true", "trainer.max_epochs=30", "perf.steps_per_call=10"]
+RESUMABLE = ["deterministic=true", "trainer.max_epochs=12", "perf.steps_per_call=10"]
 
 
 @pytest.mark.slow
@@ -145,17 +149,17 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     run_id = run.info.run_id
     assert run.info.status == "KILLED"
     stopped_at = int(run.data.tags["interrupted_at_step"])
-    assert 0 < stopped_at < 30 * 103  # 6554 training samples: 103 steps an epoch
+    assert 0 < stopped_at < 12 * 103  # 6554 training samples: 103 steps an epoch
     hint = next(line.strip() for line in out.splitlines() if line.strip().startswith("python train.py"))
-    assert hint.endswith(f"resume={run_id}") and "trainer.max_epochs=30" in hint
+    assert hint.endswith(f"resume={run_id}") and "trainer.max_epochs=12" in hint
 
     resumed = run_cli(*RESUMABLE, f"resume={run_id}")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     (run,) = runs_of(store, "seqlab")  # the same run, continued
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
-    assert steps == list(range(1, 30 * 103 + 1))  # every step once: none lost, none repeated
-    assert len(store.get_metric_history(run_id, "val_rmse")) == 30
+    assert steps == list(range(1, 12 * 103 + 1))  # every step once: none lost, none repeated
+    assert len(store.get_metric_history(run_id, "val_rmse")) == 12
 
     fresh = run_cli(*RESUMABLE, "logger.experiment_name=uninterrupted")
     assert fresh.returncode == 0
@@ -231,10 +235,26 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
     line = next(line for line in proc.stdout.splitlines() if line.startswith("error:"))
     assert line.startswith(f"error: ckpt_path={ckpt}: the checkpoint is for another model shape (model.lstm.")
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+    import torch
+
+    from seqlab.interrupt import check_checkpoint
+
+    model = torch.nn.Linear(2, 1)
     not_a_checkpoint = tmp_path / "notes.ckpt"
     not_a_checkpoint.write_text("hello")
-    proc = run_cli(*TINY, f"ckpt_path={not_a_checkpoint}")
-    assert proc.returncode == 1 and f"error: ckpt_path={not_a_checkpoint}: not a PyTorch Lightning checkpoint" in proc.stdout
+    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: not a PyTorch Lightning checkpoint \(UnpicklingError\)$"):
+        check_checkpoint(not_a_checkpoint, model, "ckpt_path=x")
+    torch.save({"weights": 1}, tmp_path / "other.ckpt")
+    with pytest.raises(SeqlabError, match=r"no state_dict"):
+        check_checkpoint(tmp_path / "other.ckpt", model, "ckpt_path=x")
+    torch.save({"state_dict": {"weight": torch.zeros(1, 2)}}, tmp_path / "part.ckpt")
+    with pytest.raises(SeqlabError, match=r"the checkpoint has no bias: it was saved from another model"):
+        check_checkpoint(tmp_path / "part.ckpt", model, "ckpt_path=x")
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "good.ckpt")
+    check_checkpoint(tmp_path / "good.ckpt", model, "ckpt_path=x")
 
 
 # -- a tracking server that goes away mid-run ------------------------------------------------------
@@ -246,7 +266,7 @@ def _train_against(uri: str, tmp_path, *args: str):
     from conftest import ROOT
 
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=30", f"logger.tracking_uri={uri}", *args,
+        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=15", f"logger.tracking_uri={uri}", *args,
          f"paths.root_dir={tmp_path}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))},
@@ -284,8 +304,8 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path):
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-        assert steps == list(range(1, 30 * 103 + 1))  # nothing lost while the server was away
-        assert len(client.get_metric_history(run_id, "val_rmse")) == 30
+        assert steps == list(range(1, 15 * 103 + 1))  # nothing lost while the server was away
+        assert len(client.get_metric_history(run_id, "val_rmse")) == 15
         assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(run_id, "checkpoints")}
         assert "does not answer: training goes on" in out and "the server is back" in out
     finally:
@@ -309,7 +329,7 @@ def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_stor
     (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
     assert run.info.status == "FINISHED"
     assert run.data.tags["server_run_id"] == server_run_id
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 30 * 103 + 1))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 15 * 103 + 1))
     assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
     assert "checkpoints/last.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
     assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in out

@@ -187,6 +187,38 @@ def register() -> None:
 register()
 
 
+def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
+    """The first `key=value` on the command line whose key the schema does not have, as one line
+    with the nearest keys; None if all are known. Hydra would refuse it too, in a multi-line message
+    without suggestions. Keys under untyped nodes (optimizer.*, data.source.*, trainer.extra.*),
+    `+`/`~` overrides and hydra.* are left to Hydra; `groups` are the config groups in conf/."""
+    import dataclasses
+    import difflib
+
+    for override in overrides:
+        key = override.partition("=")[0]
+        if "=" not in override or override.startswith(("-", "+", "~")) or "/" in key or "@" in key:
+            continue
+        parts = key.split(".")
+        if parts[0] == "hydra" or (len(parts) == 1 and parts[0] in groups):
+            continue
+        node: Any = TrainConfig
+        for depth, part in enumerate(parts):
+            fields = {f.name: f for f in dataclasses.fields(node)}
+            if part not in fields:
+                known = sorted(fields) + (sorted(groups - set(fields)) if depth == 0 else [])
+                prefix = ".".join(parts[:depth])
+                near = difflib.get_close_matches(part, known, n=1)
+                where = f"{prefix} has" if prefix else "the keys are"
+                hint = f"; did you mean {'.'.join([*parts[:depth], near[0]])}?" if near else ""
+                return f"{key} is not a config key{hint} ({where}: {', '.join(known)})"
+            field_type = fields[part].default_factory if fields[part].default_factory is not dataclasses.MISSING else None
+            if not (isinstance(field_type, type) and dataclasses.is_dataclass(field_type)):
+                break  # a value, or an untyped node whose keys Hydra checks
+            node = field_type
+    return None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

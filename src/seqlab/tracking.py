@@ -107,6 +107,7 @@ class MlflowTracker:
                 # doubling back-off, 120 s timeouts) would hold each write for minutes.
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
                 # While a server is away, the outbox says so once; urllib3 would warn per retry.
                 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
             if self.tracking_uri.startswith("sqlite:///"):
@@ -326,6 +327,9 @@ class MlflowTracker:
         self.logged["artifacts"].append((path, artifact_path))
         from seqlab.outbox import transient
 
+        if self.outbox.down_since is not None:  # known to be away: do not wait for it here
+            self.unsent_artifacts.append((path, artifact_path))
+            return
         try:
             self._upload(self.client, path, artifact_path)
         except Exception as error:  # noqa: BLE001

@@ -186,10 +186,12 @@ class SeqDataModule(pl.LightningDataModule):
                 f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
             )
         n_train = len(self.train)
-        if n_train < 2 or (self.drop_last and n_train < self.batch_size):
+        if n_train < 2:
+            raise SeqlabError(f"data: {n_train} training sample(s): BatchNorm needs 2 or more; use more data")
+        if n_train < self.batch_size:
             raise SeqlabError(
-                f"data: {n_train} training sample(s) make no full batch of data.batch_size="
-                f"{self.batch_size} (BatchNorm needs 2 or more); use more data or a smaller batch"
+                f"data: {n_train} training samples are fewer than one batch of data.batch_size={self.batch_size}; "
+                f"use more data or data.batch_size={n_train} or less"
             )
         # BatchNorm cannot train on a batch of one sample: drop such a last batch.
         self.drop_single = not self.drop_last and n_train % self.batch_size == 1 and self.n_steps == 1
