@@ -120,7 +120,8 @@ class LocalServer:
         self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self) -> "LocalServer":
+    def start(self, wait: bool = True) -> "LocalServer":
+        """Start the server; with wait, return once it answers (else see `wait_until_up`)."""
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
@@ -135,11 +136,12 @@ class LocalServer:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
-        try:
-            wait_until_up(self.uri, self.proc, log_path=self.log_path)
-        except BaseException:
-            self.stop()
-            raise
+        if wait:
+            try:
+                wait_until_up(self.uri, self.proc, log_path=self.log_path)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:

@@ -112,16 +112,18 @@ class MlflowSweepCallback(Callback):
         from seqlab.server import LocalServer
 
         self.tracker.connect()  # creates the store's tables and the experiment before any job runs
+        # Started, not waited for: it comes up while the launcher starts its workers, and each
+        # job waits for it. The parent run stays on the file: it writes only before the jobs
+        # start and after they end.
         self.server = LocalServer(
             store, str(Path(self.tracker.artifact_root or sweep_dir / "artifacts").resolve()),
             log_path=sweep_dir / "mlflow_server.log",
-        ).start()
+        ).start(wait=False)
         print(f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)", flush=True)
-        self.tracker.tracking_uri, self.tracker.client = self.server.uri, None
         # MLflow prints a "View run at <server>" link per run over http; this server's address
         # is gone after the sweep (make ui shows the runs). The jobs inherit the setting.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        return store
+        return self.server.uri
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import instantiate
@@ -136,7 +138,7 @@ class MlflowSweepCallback(Callback):
         # If the sweep never reaches on_multirun_end (a job's config does not compose, Ctrl-C),
         # the parent run must still not be left RUNNING, nor a server left behind.
         atexit.register(self._end_unfinished)
-        store_uri = self._serve(config, sweep_dir)
+        jobs_uri = self._serve(config, sweep_dir)
         overrides = " ".join(config.hydra.overrides.task)
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         run_id = self.tracker.start(
@@ -148,8 +150,9 @@ class MlflowSweepCallback(Callback):
                 {
                     "sweep_id": self.sweep_id,
                     "parent_run_id": run_id,
-                    "tracking_uri": self.tracker.tracking_uri,
-                    "store_uri": store_uri,  # set when tracking_uri is the sweep's own server over it
+                    # Where the jobs log: the store, or the sweep's own server over it (store_uri).
+                    "tracking_uri": jobs_uri or self.tracker.tracking_uri,
+                    "store_uri": self.tracker.tracking_uri if jobs_uri else None,
                     "experiment_id": self.tracker.experiment_id,
                     # Swept on the command line or by a sweep preset (hydra.sweeper.params).
                     "swept_keys": swept_keys(list(config.hydra.overrides.task))

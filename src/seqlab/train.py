@@ -93,7 +93,12 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         tracker = tracker.silenced()  # rank 0 records the job
         log.setLevel(logging.WARNING)  # and reports it
     sweep = job.sweep_info()
-    tracker.tracking_uri = routed_tracking_uri(sweep, tracker.tracking_uri)
+    routed = routed_tracking_uri(sweep, tracker.tracking_uri)
+    if routed != tracker.tracking_uri:
+        from seqlab.server import wait_until_up
+
+        wait_until_up(routed, timeout_s=120)  # the sweep's own server may still be starting
+        tracker.tracking_uri = routed
     name = tracker.run_name or run_name(
         device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
     )
