@@ -3,12 +3,16 @@ fix, a non-zero exit, no traceback, and no MLflow run left RUNNING."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from conftest import TINY
+from conftest import ROOT, TINY, no_runs
 
-# name -> (how to make the file, the arguments, the message)
 
 
 def _write(tmp_path, name, content):
@@ -46,14 +50,14 @@ CONFIG_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
-def test_a_bad_config_value_is_one_line(run_cli, tmp_path, case):
+def test_a_bad_config_value_is_one_line(run_cli, store, case):
     args, message = CONFIG_CASES[case]
     proc = run_cli(*TINY, *args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-2000:]
     assert message in out
     assert "Traceback" not in out
-    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # refused before any run was opened
+    assert no_runs(store)  # refused before any run was opened
 
 
 def test_an_unknown_config_option_lists_the_valid_ones(run_cli):
@@ -65,34 +69,55 @@ def test_an_unknown_config_option_lists_the_valid_ones(run_cli):
 
 
 # Found when the data is read: the run is opened, then ends FAILED with the line as its reason.
+# The cases run as two multiruns (one per file format), so the CLI starts twice, not seven times;
+# each job prints its line and ends its run FAILED as a single run would.
 DATA_CASES = {
-    "empty csv": ("empty.csv", "", ["data=csv"], "the file is empty"),
-    "not the declared format": ("text.npz", "just some text\n", ["data=npz"], "not a NumPy .npz file"),
+    "empty csv": ("empty.csv", "", "the file is empty"),
+    "non-numeric csv cell": ("cell.csv", _csv_rows(20, bad_line=7), "cell.csv:7: not a number: 'two'"),
+    "fewer samples than a batch": ("few.csv", _csv_rows(20), "20 training samples are fewer than one batch of data.batch_size=64"),
+    "not the declared format": ("text.npz", "just some text\n", "not a NumPy .npz file"),
     "x of the wrong rank": ("rank.npz", {"X": np.zeros((4, 3, 2, 2), np.float32), "y": np.zeros(4, np.float32)},
-                            ["data=npz"], "X must be (N, features) or (N, steps, features), got shape (4, 3, 2, 2)"),
+                            "X must be (N, features) or (N, steps, features), got shape (4, 3, 2, 2)"),
     "mismatched x and y": ("lengths.npz", {"X": np.zeros((10, 3), np.float32), "y": np.zeros(9, np.float32)},
-                           ["data=npz"], "y must be (N,) or (N, responses) with N=10 as in X, got shape (9,)"),
+                           "y must be (N,) or (N, responses) with N=10 as in X, got shape (9,)"),
     "NaN in the inputs": ("nan.npz", {"X": np.r_[np.full((1, 3), np.nan), np.ones((99, 3))].astype(np.float32),
                                       "y": np.ones(100, np.float32)},
-                          ["data=npz"], "1 of 100 samples hold NaN or Inf (the first is sample 0)"),
-    "non-numeric csv cell": ("cell.csv", _csv_rows(20, bad_line=7), ["data=csv"], "cell.csv:7: not a number: 'two'"),
-    "fewer samples than a batch": ("few.csv", _csv_rows(20), ["data=csv", "data.batch_size=64", "data.val_fraction=0"],
-                                   "20 training samples are fewer than one batch of data.batch_size=64"),
+                          "1 of 100 samples hold NaN or Inf (the first is sample 0)"),
 }
+
+
+@pytest.fixture(scope="module")
+def bad_data_sweeps(tmp_path_factory, _empty_store):
+    import mlflow
+
+    root = tmp_path_factory.mktemp("bad_data")
+    (root / "mlruns").mkdir()
+    shutil.copy(_empty_store, root / "mlruns" / "mlflow.db")
+    paths = {case: _write(root, name, content) for case, (name, content, _) in DATA_CASES.items()}
+    output = ""
+    for fmt in ("csv", "npz"):
+        files = ",".join(str(p) for p in paths.values() if p.suffix == f".{fmt}")
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), "-m", f"data={fmt}", f"data.path={files}", "data.batch_size=64",
+             "data.val_fraction=0", "trainer.max_epochs=1", f"paths.root_dir={root}"],
+            cwd=root, capture_output=True, text=True, timeout=300,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        )
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # a sweep with failed jobs
+        output += proc.stdout + proc.stderr
+    return output, paths, mlflow.MlflowClient(f"sqlite:///{root}/mlruns/mlflow.db")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(DATA_CASES))
-def test_bad_data_is_one_line_and_a_failed_run(run_cli, store, tmp_path, case):
-    name, content, args, message = DATA_CASES[case]
-    path = _write(tmp_path, name, content)
-    proc = run_cli("trainer.max_epochs=1", *args, f"data.path={path}")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-2000:]
-    (line,) = [line for line in out.splitlines() if line.startswith("error:")]
-    assert message in line, line
-    assert "Traceback" not in out
-    runs = store.search_runs([store.get_experiment_by_name("seqlab").experiment_id])
+def test_bad_data_is_one_line_and_a_failed_run(bad_data_sweeps, case):
+    output, paths, client = bad_data_sweeps
+    message = DATA_CASES[case][2]
+    lines = [line for line in output.splitlines() if line.startswith("error:") and message in line]
+    assert len(lines) == 1, output[-3000:]
+    assert "Traceback" not in output
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("seqlab").experiment_id])
+            if r.data.params.get("data.path") == str(paths[case])]
     assert [r.info.status for r in runs] == ["FAILED"]
     assert message in runs[0].data.tags["failure_reason"]
 

@@ -122,7 +122,7 @@ RESUMABLE = ["deterministic=true", "trainer.max_epochs=12", "perf.steps_per_call
 
 
 @pytest.mark.slow
-def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, store, run_cli):
+def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, store, run_cli, compose_cfg):
     import os
     import signal
     import subprocess
@@ -161,8 +161,7 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     assert steps == list(range(1, 12 * 103 + 1))  # every step once: none lost, none repeated
     assert len(store.get_metric_history(run_id, "val_rmse")) == 12
 
-    fresh = run_cli(*RESUMABLE, "logger.experiment_name=uninterrupted")
-    assert fresh.returncode == 0
+    train(compose_cfg(*RESUMABLE, "logger.experiment_name=uninterrupted"))  # the same task, in this process
     (other,) = runs_of(store, "uninterrupted")
 
     def final_weights(r):
@@ -214,20 +213,21 @@ def test_a_bad_resume_or_checkpoint_is_one_line(run_cli, args, message):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(run_cli, store, tmp_path):
+def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(run_cli, compose_cfg, store, tmp_path):
     first = run_cli(*TINY, "model.hidden_size=8")
     assert first.returncode == 0
     (run,) = runs_of(store, "seqlab")
-    proc = run_cli(*TINY, "model.hidden_size=8", f"resume={run.info.run_id}")
-    assert proc.returncode == 1 and "that run finished; there is nothing to continue" in proc.stdout
+    with pytest.raises(SeqlabError, match="that run finished; there is nothing to continue"):
+        train(compose_cfg(*TINY, "model.hidden_size=8", f"resume={run.info.run_id}"))
 
     store.set_terminated(run.info.run_id, "KILLED")  # as if it had been interrupted
-    proc = run_cli(*TINY, f"resume={run.info.run_id}")
-    assert proc.returncode == 1
-    assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in proc.stdout
+    with pytest.raises(SeqlabError) as refused:
+        train(compose_cfg(*TINY, f"resume={run.info.run_id}"))
+    assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in str(refused.value)
     assert ("give the run's overrides: data.n_samples=256 trainer.max_epochs=2 model.hidden_size=8 "
-            f"paths.root_dir={tmp_path} resume={run.info.run_id}") in proc.stdout
+            f"paths.root_dir={tmp_path} resume={run.info.run_id}") in str(refused.value)
     assert store.get_run(run.info.run_id).info.status == "KILLED"  # nothing reopened
+    assert len(runs_of(store, "seqlab")) == 1  # nor created
 
     ckpt = next((tmp_path / "logs").glob("runs/*/checkpoints/last.ckpt"))
     proc = run_cli(*TINY, f"ckpt_path={ckpt}")  # hidden_size 24 here
@@ -266,7 +266,7 @@ def _train_against(uri: str, tmp_path, *args: str):
     from conftest import ROOT
 
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=15", f"logger.tracking_uri={uri}", *args,
+        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=8", f"logger.tracking_uri={uri}", *args,
          f"paths.root_dir={tmp_path}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))},
@@ -304,8 +304,8 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path):
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-        assert steps == list(range(1, 15 * 103 + 1))  # nothing lost while the server was away
-        assert len(client.get_metric_history(run_id, "val_rmse")) == 15
+        assert steps == list(range(1, 8 * 103 + 1))  # nothing lost while the server was away
+        assert len(client.get_metric_history(run_id, "val_rmse")) == 8
         assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(run_id, "checkpoints")}
         assert "does not answer: training goes on" in out and "the server is back" in out
     finally:
@@ -329,7 +329,49 @@ def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_stor
     (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
     assert run.info.status == "FINISHED"
     assert run.data.tags["server_run_id"] == server_run_id
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 15 * 103 + 1))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 8 * 103 + 1))
     assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
     assert "checkpoints/last.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
     assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_after", [7, 13], ids=["mid-epoch", "epoch-end"])
+def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, monkeypatch, stop_after):
+    """In-process and deterministic: SIGTERM arrives after step `stop_after`; with 13 steps an
+    epoch in items of 5, training stops at step 10 (mid-epoch) or 13 (the epoch's last item)."""
+    import os
+    import shutil
+    import signal
+
+    import torch
+
+    from seqlab.tracking import StepMetricsRecorder
+
+    args = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
+            "deterministic=true"]  # 410 training samples: 13 steps an epoch
+    record = StepMetricsRecorder.record
+
+    def record_then_signal(self, loss, step, lr):
+        record(self, loss, step, lr)
+        if step == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(StepMetricsRecorder, "record", record_then_signal)
+    with pytest.raises(SystemExit):
+        train(compose_cfg(*args))
+    monkeypatch.setattr(StepMetricsRecorder, "record", record)
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "KILLED"
+    assert run.data.tags["interrupted_at_step"] == ("10" if stop_after == 7 else "13")
+
+    train(compose_cfg(*args, f"resume={run.info.run_id}"))
+    resumed = tmp_path / "resumed.ckpt"
+    shutil.copy(tmp_path / "out" / "checkpoints" / "last.ckpt", resumed)
+    train(compose_cfg(*args, "logger.experiment_name=uninterrupted"))
+
+    a = torch.load(resumed, weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps == list(range(1, 4 * 13 + 1))

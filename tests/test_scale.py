@@ -15,7 +15,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import CONF_DIR, ROOT, TINY, artifact_paths, runs_of
+from conftest import CONF_DIR, TINY, artifact_paths, no_runs, runs_of
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
 from seqlab.job import cpu_count
@@ -61,7 +61,7 @@ def test_the_server_preset_takes_its_address_from_the_environment(compose_cfg, m
 
 
 @pytest.mark.slow
-def test_a_multirun_sent_to_a_real_server(run_cli, tmp_path):
+def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path):
     server_dir = tmp_path / "server"
     with LocalServer(f"sqlite:///{server_dir}/mlflow.db", str(server_dir / "artifacts")) as server:
         proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY,
@@ -82,11 +82,12 @@ def test_a_multirun_sent_to_a_real_server(run_cli, tmp_path):
             assert run.info.artifact_uri.startswith("mlflow-artifacts:")
             assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
         assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
-    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # nothing went to the local store
+    assert no_runs(store)  # nothing went to the local store
 
 
 # -- parallel sweep jobs ------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.fresh_store  # the sweep makes a new store's tables before its jobs race to
 def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_cli, store, tmp_path):
     proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                    "data.batch_size=16,32,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)

@@ -37,6 +37,7 @@ class GracefulStop(pl.Callback):
         self.saved: Optional[Path] = None
         self._trainer: Optional[pl.Trainer] = None
         self._previous: Any = None
+        self._deferred = False  # a stop waiting for the end of the epoch
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
@@ -50,6 +51,19 @@ class GracefulStop(pl.Callback):
         log.warning("stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
         # Lightning's graceful stop: it ends the loop at the next step boundary.
         self._trainer._signal_connector.received_sigterm = True
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # A stop that lands on the epoch's last batch waits for the epoch's end (its validation,
+        # scheduler step and epoch metrics): Lightning resumes an epoch-end checkpoint exactly,
+        # but not one taken between the last batch and the epoch's end.
+        if trainer.received_sigterm and batch_idx + 1 >= trainer.num_training_batches:
+            trainer._signal_connector.received_sigterm = False
+            self._deferred = True
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._deferred:
+            self._deferred = False
+            trainer._signal_connector.received_sigterm = True  # Lightning stops once the epoch is closed
 
     def _restore(self) -> None:
         if self._previous is not None:

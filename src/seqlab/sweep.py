@@ -84,10 +84,10 @@ class MlflowSweepCallback(Callback):
     `serve_local_store`: when a launcher runs jobs at the same time (hydra/launcher=joblib) and
     the runs go to the local SQLite store, the sweep starts an MLflow server on a loopback port
     over that store for its duration and routes every job through it ('auto'; 'never' to write
-    to the file directly). SQLite takes one writer at a time: several training processes writing
-    metrics at once to the file meet "database is locked" under load; one server process
-    serialises their writes and its clients retry. No setting needed: a sweep on a tracking
-    server already has one."""
+    to the file directly). SQLite takes one writer at a time, and MLflow processes that open a
+    store at the same moment race each other's table set-up (of 8 opening a new store at once, 7
+    failed here); one server process owns the file and serialises the writes, and the jobs are
+    plain HTTP clients that retry. A sweep on a tracking server already has one."""
 
     def __init__(self, serve_local_store: str = "auto") -> None:
         if serve_local_store not in ("auto", "never"):
@@ -103,8 +103,8 @@ class MlflowSweepCallback(Callback):
         return {"serve_local_store": self.serve_local_store, "tracker": None, "sweep_id": self.sweep_id, "server": None}
 
     def _serve(self, config: DictConfig, sweep_dir: Path) -> Optional[str]:
-        """Start the loopback server over the local store if this sweep needs one; return the
-        store's URI."""
+        """Start the loopback server over the local store if this sweep needs one; return its
+        address for the jobs (None: they write to the store themselves)."""
         launcher = config.hydra.launcher.get("_target_", "")
         store = self.tracker.tracking_uri
         if self.serve_local_store == "never" or launcher in SEQUENTIAL_LAUNCHERS or not store.startswith("sqlite:"):

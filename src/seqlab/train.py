@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf

@@ -276,6 +276,8 @@ class SeqDataModule(pl.LightningDataModule):
         if not isinstance(batches, TensorBatches) or self.trainer is None:
             return {}
         done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        if done >= len(batches):  # the epoch is over: the next one draws a new order
+            return {"train_order": batches.generator.get_state(), "items_done": 0}
         return {"train_order": batches.state_dict()["generator"], "items_done": done}
 
     def load_state_dict(self, state: dict) -> None:
