@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 import seqlab.schema  # noqa: F401  registers the typed config schema
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
+os.environ["SEQLAB_ENTRY"] = str(Path(__file__).resolve())  # how DDP's other processes start
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

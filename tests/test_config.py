@@ -115,3 +115,14 @@ def test_cli_bad_value_is_one_line_and_exit_1(run_cli):
     out = proc.stdout + proc.stderr
     assert "error: data.batch_size must be a positive integer, got 0" in out
     assert "Traceback" not in out
+
+
+def test_key_check_leaves_configs_from_elsewhere_to_hydra():
+    from seqlab.schema import unknown_key
+
+    groups = {"data", "model"}
+    assert unknown_key(["site=cluster"], groups).startswith("site is not a config key")
+    assert unknown_key(["-cd", "/elsewhere", "site=cluster"], groups) is None
+    assert unknown_key(["--config-name=other", "site=cluster"], groups) is None
+    assert unknown_key(["hydra.searchpath=[file:///x]", "site=cluster"], groups) is None
+    assert unknown_key(["optimizer.betas=[0.9,0.99]", "+data.extra=1", "data.source.n_days=3"], groups) is None

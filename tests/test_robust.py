@@ -157,6 +157,7 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     (run,) = runs_of(store, "seqlab")  # the same run, continued
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert "interrupted_at_step" not in run.data.tags  # its checkpoint is used up
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
     assert steps == list(range(1, 12 * 103 + 1))  # every step once: none lost, none repeated
     assert len(store.get_metric_history(run_id, "val_rmse")) == 12
@@ -220,7 +221,10 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
     with pytest.raises(SeqlabError, match="that run finished; there is nothing to continue"):
         train(compose_cfg(*TINY, "model.hidden_size=8", f"resume={run.info.run_id}"))
 
-    store.set_terminated(run.info.run_id, "KILLED")  # as if it had been interrupted
+    store.set_terminated(run.info.run_id, "KILLED")  # as if it had been killed without a checkpoint
+    with pytest.raises(SeqlabError, match="the run's last stop saved no checkpoint"):
+        train(compose_cfg(*TINY, "model.hidden_size=8", f"resume={run.info.run_id}"))
+    store.set_tag(run.info.run_id, "interrupted_at_step", "4")  # as if stopped with one
     with pytest.raises(SeqlabError) as refused:
         train(compose_cfg(*TINY, f"resume={run.info.run_id}"))
     assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in str(refused.value)

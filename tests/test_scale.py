@@ -226,3 +226,50 @@ def test_a_server_on_postgresql(postgres, run_cli, tmp_path):
         assert run.info.status == "FINISHED"
         assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
         assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
+
+
+def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from seqlab.sweep import MlflowSweepCallback
+
+    callback = MlflowSweepCallback()
+    callback.tracker = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    for target in ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",  # one job at a time
+                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"):  # other hosts
+        config = OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+        assert callback._serve(config, tmp_path) is None and callback.server is None
+
+
+def test_ranks_other_than_the_first_process_are_never_zero(monkeypatch):
+    from seqlab.job import process_rank
+
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "NODE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert process_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert process_rank() == 1
+    monkeypatch.setenv("NODE_RANK", "1")  # the second machine of a multi-node job
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert process_rank() != 0
+    monkeypatch.setenv("RANK", "0")  # a global rank wins
+    assert process_rank() == 0
+
+
+def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_shares():
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+
+    from seqlab.data import SeqDataModule, synthetic_daily_load
+
+    dm = SeqDataModule(lambda n_samples, seed: synthetic_daily_load(n_samples, seed), n_samples=200, batch_size=16)
+    dm.setup()
+    dm.configure_batching("dataloader", on_device=False, batches_per_item=1)
+    dm.trainer = SimpleNamespace(global_rank=1, world_size=2)
+    assert isinstance(dm.train_dataloader(), DataLoader)  # Lightning swaps in its DistributedSampler
+    dm.batch_size = 128  # 160 training samples: 80 a process
+    with pytest.raises(SeqlabError, match="give each of the 2 processes 80, fewer than one batch of data.batch_size=128"):
+        dm.train_dataloader()

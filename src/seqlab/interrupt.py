@@ -21,6 +21,7 @@ from seqlab import SeqlabError
 log = logging.getLogger("seqlab")
 
 CHECKPOINT = "interrupted.ckpt"
+STOPPED_AT = "interrupted_at_step"  # the run's tag while its checkpoint is the one to resume from
 # Keys that may differ between an interrupted run and its resumption: where things go, not what
 # is trained.
 _MAY_DIFFER = ("paths.", "logger.", "resume", "ckpt_path", "notes", "trainer.max_time")
@@ -29,10 +30,14 @@ _MAY_DIFFER = ("paths.", "logger.", "resume", "ckpt_path", "notes", "trainer.max
 class GracefulStop(pl.Callback):
     """SIGTERM: Lightning stops at the end of the running step (SIGTERMException). Ctrl-C is made
     to do the same; a second Ctrl-C stops at once, without a checkpoint. The checkpoint is saved
-    when Lightning reports the stop, at that step boundary."""
+    when Lightning reports the stop, at that step boundary.
 
-    def __init__(self, path: Path) -> None:
+    Single-process training only (`enabled`): under DDP each process decides on its own signal
+    and a checkpoint needs them all at one barrier, so there Lightning's own handling stays."""
+
+    def __init__(self, path: Path, enabled: bool = True) -> None:
         self.path = path
+        self.enabled = enabled
         self.signal: Optional[str] = None  # SIGINT | SIGTERM, once one arrived
         self.saved: Optional[Path] = None
         self._trainer: Optional[pl.Trainer] = None
@@ -41,7 +46,7 @@ class GracefulStop(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
-        if threading.current_thread() is threading.main_thread():
+        if self.enabled and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -56,7 +61,7 @@ class GracefulStop(pl.Callback):
         # A stop that lands on the epoch's last batch waits for the epoch's end (its validation,
         # scheduler step and epoch metrics): Lightning resumes an epoch-end checkpoint exactly,
         # but not one taken between the last batch and the epoch's end.
-        if trainer.received_sigterm and batch_idx + 1 >= trainer.num_training_batches:
+        if self.enabled and trainer.received_sigterm and batch_idx + 1 >= trainer.num_training_batches:
             trainer._signal_connector.received_sigterm = False
             self._deferred = True
 
@@ -72,7 +77,7 @@ class GracefulStop(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()
-        if isinstance(exception, SIGTERMException):
+        if self.enabled and isinstance(exception, SIGTERMException):
             self.signal = self.signal or "SIGTERM"
             trainer.save_checkpoint(self.path)
             self.saved = self.path
@@ -114,6 +119,11 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: no such run in this tracking store") from None
     if run.info.status == "FINISHED":
         raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
+    if STOPPED_AT not in run.data.tags:  # set with the checkpoint, cleared when the run continues
+        raise SeqlabError(
+            f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, a crash or kill -9); "
+            "start it again, or give ckpt_path=FILE"
+        )
     differ = [
         f"{key}={value} (the run had {run.data.params[key]})"
         for key, value in params.items()

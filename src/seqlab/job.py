@@ -29,11 +29,17 @@ def cpu_count() -> int:
 
 def process_rank() -> int:
     """Which process of a multi-process (DDP) job this is: 0 for the one that started the job.
-    The variables Lightning's launchers, torchrun and SLURM set, in Lightning's order."""
+    The variables Lightning's launchers, torchrun and SLURM set, in Lightning's order; on a
+    node other than the first (NODE_RANK > 0, without a global RANK), never 0."""
+    rank = 0
     for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
         if key in os.environ:
-            return int(os.environ[key])
-    return 0
+            rank = int(os.environ[key])
+            break
+    node = int(os.environ.get("NODE_RANK") or 0)
+    if node > 0 and "RANK" not in os.environ:
+        return node * 100_000 + rank
+    return rank
 
 
 @dataclass

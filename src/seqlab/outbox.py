@@ -69,9 +69,10 @@ class Outbox:
                     with self.cond:
                         self.cond.wait(self.retry_s)
                     continue
-                self.refused.append(" ".join(str(error).split())[:300])
+                self.refused.append(" ".join(str(error).split())[:300])  # then dropped: it would fail again
             with self.cond:
-                self.queue.popleft()
+                if self.queue:  # close() may have emptied it meanwhile
+                    self.queue.popleft()
                 self.cond.notify_all()
             if self.down_since is not None:
                 log.warning("tracking  the server is back after %.0f s: the waiting metrics were sent",

@@ -191,10 +191,14 @@ def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
     """The first `key=value` on the command line whose key the schema does not have, as one line
     with the nearest keys; None if all are known. Hydra would refuse it too, in a multi-line message
     without suggestions. Keys under untyped nodes (optimizer.*, data.source.*, trainer.extra.*),
-    `+`/`~` overrides and hydra.* are left to Hydra; `groups` are the config groups in conf/."""
+    `+`/`~` overrides and hydra.* are left to Hydra, and so is every key when the command line
+    names another config or config folder; `groups` are the config groups in conf/."""
     import dataclasses
     import difflib
 
+    other_sources = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "hydra.searchpath")
+    if any(arg.split("=", 1)[0] in other_sources or arg.startswith("+hydra.searchpath") for arg in overrides):
+        return None  # configs from elsewhere may add groups and keys: Hydra checks them
     for override in overrides:
         key = override.partition("=")[0]
         if "=" not in override or override.startswith(("-", "+", "~")) or "/" in key or "@" in key:

@@ -76,6 +76,17 @@ def command(
     ]
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before it starts: end when the process that started it ends,
+    however that ends (Linux; elsewhere the stop() calls and atexit do it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def wait_until_up(
     uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None
 ) -> None:
@@ -96,7 +107,7 @@ def wait_until_up(
             detail = last_line()
             raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}")
         if time.monotonic() > deadline:
-            raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s")
+            raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}")
         time.sleep(0.3)
 
 
@@ -131,6 +142,7 @@ class LocalServer:
                 # Its own process group, so that its workers stop with it; MLflow's background
                 # job runner is not needed for tracking.
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
                 env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             )
         finally:

@@ -9,6 +9,8 @@ import csv
 import io
 import json
 import os
+import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -75,7 +77,19 @@ def swept_keys(overrides: list[str]) -> list[str]:
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
-SEQUENTIAL_LAUNCHERS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",)
+# Launchers that run jobs side by side on this machine: they get the loopback server. (The
+# basic launcher runs one job at a time; a cluster's jobs run on other hosts, which a loopback
+# server cannot serve: they need a tracking server they reach, see README "Scaling out".)
+LOCAL_PARALLEL_LAUNCHERS = (
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    global interrupted
+    interrupted = True
+    raise SystemExit(128 + signum)
 
 
 class MlflowSweepCallback(Callback):
@@ -95,19 +109,20 @@ class MlflowSweepCallback(Callback):
         self.serve_local_store = serve_local_store
         self.tracker = None
         self.sweep_id = None
+        self.sweep_dir: Optional[Path] = None
         self.server = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Parallel launchers send the callbacks to their workers, which use none of this state
         # (and a server process handle does not pickle).
-        return {"serve_local_store": self.serve_local_store, "tracker": None, "sweep_id": self.sweep_id, "server": None}
+        return {**self.__dict__, "tracker": None, "server": None}
 
     def _serve(self, config: DictConfig, sweep_dir: Path) -> Optional[str]:
         """Start the loopback server over the local store if this sweep needs one; return its
         address for the jobs (None: they write to the store themselves)."""
         launcher = config.hydra.launcher.get("_target_", "")
         store = self.tracker.tracking_uri
-        if self.serve_local_store == "never" or launcher in SEQUENTIAL_LAUNCHERS or not store.startswith("sqlite:"):
+        if self.serve_local_store == "never" or launcher not in LOCAL_PARALLEL_LAUNCHERS or not store.startswith("sqlite:"):
             return None
         from seqlab.server import LocalServer
 
@@ -120,6 +135,11 @@ class MlflowSweepCallback(Callback):
             log_path=sweep_dir / "mlflow_server.log",
         ).start(wait=False)
         print(f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)", flush=True)
+        # This process only waits for the workers: a SIGTERM or SIGHUP (scancel, a closed
+        # terminal) ends it through SystemExit, so that atexit ends the parent run and the server.
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, _exit_on_signal)
         # MLflow prints a "View run at <server>" link per run over http; this server's address
         # is gone after the sweep (make ui shows the runs). The jobs inherit the setting.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -131,6 +151,7 @@ class MlflowSweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
+        self.sweep_dir = sweep_dir
         self.tracker = instantiate(config.logger)
         if "submitit" in config.hydra.launcher.get("_target_", "") and not self.tracker.tracking_uri.startswith("http"):
             print("note: cluster jobs share one store through a tracking server: "
@@ -165,7 +186,9 @@ class MlflowSweepCallback(Callback):
     def _end_unfinished(self) -> None:
         try:
             if self.tracker is not None and self.tracker.run_id:
-                status = "KILLED" if interrupted else "FAILED"
+                # A job interrupted in a launcher's worker says so in its result file.
+                killed = interrupted or any(r.status == "KILLED" for r in collect(self.sweep_dir, self.sweep_id))
+                status = "KILLED" if killed else "FAILED"
                 self.tracker.end(status, "the sweep stopped before its summary: see the console")
                 self.tracker.run_id = None
         finally:

@@ -211,7 +211,12 @@ class MlflowTracker:
             if not outbox.drain(self.outage_wait_s):
                 raise ConnectionError("the tracking server did not come back")
             for path, artifact_path in self.unsent_artifacts:
-                self._upload(self.client, path, artifact_path)
+                try:
+                    self._upload(self.client, path, artifact_path)
+                except Exception as error:  # noqa: BLE001 - the run's status matters more
+                    if transient(error):
+                        raise
+                    log.warning("tracking  %s was not stored: %s", path.name, " ".join(str(error).split())[:200])
             self.unsent_artifacts = []
             self.client.set_terminated(self.run_id, status)
         except Exception as error:  # noqa: BLE001

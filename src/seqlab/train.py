@@ -97,7 +97,8 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     if routed != tracker.tracking_uri:
         from seqlab.server import wait_until_up
 
-        wait_until_up(routed, timeout_s=120)  # the sweep's own server may still be starting
+        # The sweep's own server may still be starting.
+        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log")
         tracker.tracking_uri = routed
     name = tracker.run_name or run_name(
         device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
@@ -116,12 +117,16 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     if cfg.resume:
         from seqlab.interrupt import prepare_resume
 
-        dst = job.output_dir / "resume"
         if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
-            start_from = prepare_resume(tracker.connect(), cfg.resume, params, dst)
+            start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
             name = tracker.client.get_run(cfg.resume).info.run_name
-        else:  # rank 0 fetched it before starting this process
-            start_from = dst / "checkpoints" / "interrupted.ckpt"
+        else:  # each process fetches its own copy (under SLURM they start together, maybe on other hosts)
+            import mlflow
+
+            from seqlab.interrupt import CHECKPOINT
+
+            start_from = Path(mlflow.MlflowClient(tracker.tracking_uri).download_artifacts(
+                cfg.resume, f"checkpoints/{CHECKPOINT}", str(job.output_dir / "resume" / f"rank{job.rank}")))
 
     with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
         result.run_id, result.run_name = tracker.run_id, name
@@ -129,6 +134,10 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         try:
             if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
                 tracker.log_params(params)
+            elif job.rank == 0:
+                from seqlab.interrupt import STOPPED_AT
+
+                tracker.client.delete_tag(tracker.run_id, STOPPED_AT)  # this checkpoint is being used up
             _save_config(cfg, job.output_dir / "config.yaml")
             tracker.log_artifact(job.output_dir / "config.yaml")
             if device_error is not None:
@@ -155,7 +164,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from seqlab.interrupt import CHECKPOINT, GracefulStop, check_checkpoint, resume_command
+    from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
     from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
@@ -176,9 +185,11 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     # Under DDP: the epoch metrics are torchmetrics states, which synchronise across processes
     # themselves, and every process validates on the whole validation set.
     warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting")
-    # The data module saves and restores the position in the epoch's order (data.module), which
-    # Lightning does not see on the loader itself.
-    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
+    if cfg.perf.loader == "tensor":
+        # The data module saves and restores the position in the epoch's order (data.module),
+        # which Lightning does not see on the loader itself. (A DataLoader's is not saved: there
+        # the warning stands.)
+        warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
     if job.concurrent_jobs > 1:
@@ -238,7 +249,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     if start_from is not None:
         check_checkpoint(start_from, module, f"resume={cfg.resume}" if cfg.resume else f"ckpt_path={cfg.ckpt_path}")
         log.info("resume    from %s", start_from)
-    stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT)
+    stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not multi_process(cfg.trainer))
     timer = EpochTimer(tracker)
     callbacks = [timer, recorder, stop]
     to_target = None
@@ -296,7 +307,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     except BaseException:
         if stop.saved is not None and job.rank == 0:
             tracker.log_artifact(stop.saved, "checkpoints")
-            tracker.set_tags({"interrupted_at_step": trainer.global_step})
+            tracker.set_tags({STOPPED_AT: trainer.global_step})
             log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",
                       stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved,
                       resume_command(job.overrides, tracker.run_id))
@@ -384,16 +395,22 @@ def _start_ranks_as_this_job(job: Job) -> None:
             "multi-process training (trainer.devices > 1 or trainer.strategy=ddp) starts through the CLI: "
             "python train.py trainer.devices=N trainer.strategy=ddp ..."
         )
-    entry = Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py"
-    cwd = HydraConfig.get().runtime.cwd
+    hc = HydraConfig.get()
+    entry = os.environ.get("SEQLAB_ENTRY") or str(Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py")
+    # The same config: its name, where it was found, and any added search path.
+    config = ["--config-name", hc.job.config_name]
+    for source in hc.runtime.config_sources:
+        if source.schema == "file" and source.provider in ("main", "command-line"):
+            config += ["--config-path" if source.provider == "main" else "--config-dir", source.path]
+    config += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
 
     def command(local_rank: int) -> tuple[list[str], str]:
         return [
-            sys.executable, str(entry), *job.overrides,
+            sys.executable, entry, *config, *job.overrides,
             f'hydra.run.dir="{job.output_dir}"',
             f"hydra.job.name=train_ddp_process_{local_rank}",
             "hydra.output_subdir=null",  # rank 0 wrote .hydra/
-        ], cwd
+        ], hc.runtime.cwd
 
     subprocess_script._hydra_subprocess_cmd = command
 

@@ -247,16 +247,24 @@ class SeqDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> Iterable[Batch]:
         x, y, lengths = _tensors(self.train)
         drop_last = self.drop_last or self.drop_single
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        if world_size > 1 and len(x) // world_size < self.batch_size:
+            raise SeqlabError(
+                f"data: {len(x)} training samples give each of the {world_size} processes {len(x) // world_size}, "
+                f"fewer than one batch of data.batch_size={self.batch_size} (a batch is per process)"
+            )
         if self.loader == "dataloader":
             # What people write first: per-sample indexing and collation, a copy to the device
             # each step. Kept for comparison (perf=naive).
             tensors = (x, y) if lengths is None else (x, y, lengths)
             generator = torch.Generator().manual_seed(self.seed)
-            return _Marked(DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
-                                      drop_last=drop_last, generator=generator))
+            loader = DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
+                                drop_last=drop_last, generator=generator)
+            # Under DDP, Lightning swaps in a DistributedSampler, which it can do only on a DataLoader
+            # it sees: no profiling wrapper there.
+            return loader if world_size > 1 else _Marked(loader)
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
-        # Under DDP each process trains on its share (Lightning shards a DataLoader itself).
-        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        # Under DDP each process trains on its share.
         if world_size > 1 and not self.drop_last:
             drop_last = (len(x) // world_size) % self.batch_size == 1 and self.n_steps == 1
         self._train_batches = TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
@@ -273,8 +281,8 @@ class SeqDataModule(pl.LightningDataModule):
         the start of the current epoch and how many of its items are done, so that a resumed run
         trains on exactly the samples the interrupted one had left."""
         batches = getattr(self, "_train_batches", None)
-        if not isinstance(batches, TensorBatches) or self.trainer is None:
-            return {}
+        if self.loader != "tensor" or not isinstance(batches, TensorBatches) or self.trainer is None:
+            return {}  # a DataLoader's order is not saved: Lightning warns on a mid-epoch resume
         done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
         if done >= len(batches):  # the epoch is over: the next one draws a new order
             return {"train_order": batches.generator.get_state(), "items_done": 0}
