@@ -136,12 +136,16 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
             f"give the run's overrides: {overrides or '(none)'} resume={run_id}"
         )
     try:
-        local = client.download_artifacts(run_id, f"checkpoints/{CHECKPOINT}", str(dst))
+        return fetch_checkpoint(client, run_id, dst)
     except (MlflowException, OSError):
         raise SeqlabError(
             f"resume={run_id}: the run has no checkpoints/{CHECKPOINT} (one is saved when Ctrl-C or SIGTERM stops training)"
         ) from None
-    return Path(local)
+
+
+def fetch_checkpoint(client: Any, run_id: str, dst: Path) -> Path:
+    """The run's interrupt checkpoint, downloaded into `dst`."""
+    return Path(client.download_artifacts(run_id, f"checkpoints/{CHECKPOINT}", str(dst)))
 
 
 def resume_command(overrides: list[str], run_id: str) -> str:

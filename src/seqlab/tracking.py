@@ -28,6 +28,7 @@ from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities import rank_zero_only
 
 from seqlab import SeqlabError, one_line
+from seqlab.outbox import Outbox, transient
 
 log = logging.getLogger("seqlab")
 
@@ -161,8 +162,6 @@ class MlflowTracker:
 
     def _open_outbox(self) -> None:
         if self.is_server and self.outbox is None:
-            from seqlab.outbox import Outbox
-
             run_id = self.run_id
             self.outbox = Outbox(lambda item: self.client.log_batch(run_id, synchronous=True, **item), self.tracking_uri)
 
@@ -199,8 +198,6 @@ class MlflowTracker:
     def _end_on_server(self, status: str, reason: Optional[str]) -> None:
         """Wait (up to outage_wait_s) for the server to take every write, then close the run
         there; if it does not, copy the whole run to the local fallback store."""
-        from seqlab.outbox import transient
-
         if reason:
             self.set_tags({"failure_reason": reason})
         outbox, self.outbox = self.outbox, None
@@ -212,7 +209,7 @@ class MlflowTracker:
                 raise ConnectionError("the tracking server did not come back")
             for path, artifact_path in self.unsent_artifacts:
                 try:
-                    self._upload(self.client, path, artifact_path)
+                    self._upload(path, artifact_path)
                 except Exception as error:  # noqa: BLE001 - the run's status matters more
                     if transient(error):
                         raise
@@ -237,12 +234,10 @@ class MlflowTracker:
         tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
         local.start(self.logged["name"] or "run", tags)
         local.log_params(self.logged["params"])
-        metrics = self.logged["metrics"]
-        for i in range(0, len(metrics), MAX_BATCH):
-            local.client.log_batch(local.run_id, metrics=metrics[i : i + MAX_BATCH])
+        local._send(self.logged["metrics"])
         for path, artifact_path in self.logged["artifacts"]:
-            self._upload(local.client, path, artifact_path, local.run_id)
-        local.client.set_terminated(local.run_id, status)
+            local.log_artifact(path, artifact_path)
+        local.end(status)
         log.warning(
             "tracking  the server at %s did not come back within %.0f s: the whole run (its params, tags, every "
             "metric and artifact) is in the local store %s as run %s (make ui shows it); on the server, run %s "
@@ -327,27 +322,24 @@ class MlflowTracker:
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         path = Path(path)
         if self.outbox is None:
-            self._upload(self.client, path, artifact_path)
+            self._upload(path, artifact_path)
             return
         self.logged["artifacts"].append((path, artifact_path))
-        from seqlab.outbox import transient
-
         if self.outbox.down_since is not None:  # known to be away: do not wait for it here
             self.unsent_artifacts.append((path, artifact_path))
             return
         try:
-            self._upload(self.client, path, artifact_path)
+            self._upload(path, artifact_path)
         except Exception as error:  # noqa: BLE001
             if not transient(error):
                 raise
             self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
 
-    def _upload(self, client: mlflow.MlflowClient, path: Path, artifact_path: Optional[str], run_id: Optional[str] = None) -> None:
-        run_id = run_id or self.run_id
+    def _upload(self, path: Path, artifact_path: Optional[str]) -> None:
         if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path)
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
         elif path.is_file():
-            client.log_artifact(run_id, str(path), artifact_path)
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def last(self, name: str) -> Optional[float]:
         points = self.history.get(name)

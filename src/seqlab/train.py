@@ -123,10 +123,10 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         else:  # each process fetches its own copy (under SLURM they start together, maybe on other hosts)
             import mlflow
 
-            from seqlab.interrupt import CHECKPOINT
+            from seqlab.interrupt import fetch_checkpoint
 
-            start_from = Path(mlflow.MlflowClient(tracker.tracking_uri).download_artifacts(
-                cfg.resume, f"checkpoints/{CHECKPOINT}", str(job.output_dir / "resume" / f"rank{job.rank}")))
+            client = mlflow.MlflowClient(tracker.tracking_uri)
+            start_from = fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}")
 
     with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
         result.run_id, result.run_name = tracker.run_id, name

@@ -194,9 +194,14 @@ class SeqDataModule(pl.LightningDataModule):
                 f"use more data or data.batch_size={n_train} or less"
             )
         # BatchNorm cannot train on a batch of one sample: drop such a last batch.
-        self.drop_single = not self.drop_last and n_train % self.batch_size == 1 and self.n_steps == 1
+        self.drop_single = self._last_batch_single(n_train)
         if self.drop_single:
             log.info("data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped")
+
+    def _last_batch_single(self, n: int) -> bool:
+        """Whether n samples per epoch leave a last batch of one (BatchNorm needs 2; a sequence
+        batch normalises over its steps too, so only one-step data is affected)."""
+        return not self.drop_last and n % self.batch_size == 1 and self.n_steps == 1
 
     def _finite(self, data: SeqData, what: str) -> SeqData:
         """Samples whose inputs or targets hold NaN or Inf would make the loss NaN: refused, or
@@ -265,8 +270,8 @@ class SeqDataModule(pl.LightningDataModule):
             return loader if world_size > 1 else _Marked(loader)
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
         # Under DDP each process trains on its share.
-        if world_size > 1 and not self.drop_last:
-            drop_last = (len(x) // world_size) % self.batch_size == 1 and self.n_steps == 1
+        if world_size > 1:
+            drop_last = self.drop_last or self._last_batch_single(len(x) // world_size)
         self._train_batches = TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
                                             device=device, batches_per_item=self.batches_per_item,
                                             rank=rank, world_size=world_size)
