@@ -449,11 +449,39 @@ class Diverged(SeqlabError):
     """The loss became NaN or Inf."""
 
 
+class StepLog:
+    """Every optimizer step's loss, number, learning rate and time, until the recorder sends them.
+    The loss stays a reference to a device tensor (no copy, no synchronisation); a tensor
+    learning rate (CUDA graphs) too: it changes only when the scheduler steps, after the
+    epoch's last flush."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.steps: list[int] = []
+        self.lrs: list[Any] = []
+        self.times: list[int] = []
+
+    def add(self, loss: torch.Tensor, step: int, lr: Any) -> None:
+        self.losses.append(loss)
+        self.steps.append(step)
+        self.lrs.append(lr)
+        self.times.append(int(time.time() * 1000))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def take(self) -> tuple[list[torch.Tensor], list[int], list[Any], list[int]]:
+        taken = self.losses, self.steps, self.lrs, self.times
+        self.losses, self.steps, self.lrs, self.times = [], [], [], []
+        return taken
+
+
 class StepMetricsRecorder(pl.Callback):
     """Records train_loss, train_rmse and lr for every optimizer step without a per-step host
-    synchronisation: the module hands each step's loss tensor to `record`, which keeps it on the
-    device; the losses are read back together and sent to MLflow once every `every_n_steps`
-    steps and at the end of each epoch."""
+    synchronisation: the training loop adds each step to `steps` (a StepLog); between Lightning
+    calls, once `every_n_steps` are waiting, and at the end of each epoch, their losses are read
+    back together and sent to MLflow in one batch. The per-step train_rmse is a function of the
+    loss (`loss_to_mse`), so it costs the step nothing."""
 
     def __init__(
         self,
@@ -464,25 +492,13 @@ class StepMetricsRecorder(pl.Callback):
         self.tracker = tracker
         self.every_n_steps = every_n_steps
         self.loss_to_mse = loss_to_mse
-        self.losses: list[torch.Tensor] = []  # still on the device
-        self.steps: list[int] = []
-        self.lrs: list[Any] = []
-        self.times: list[int] = []
-
-    def record(self, loss: torch.Tensor, step: int, lr: Any) -> None:
-        self.losses.append(loss)  # a reference to a device tensor: no copy, no synchronisation
-        self.tracker.step = step
-        self.steps.append(step)
-        # A tensor learning rate (CUDA graphs) is kept by reference: it changes only when the
-        # scheduler steps, after the epoch's last flush.
-        self.lrs.append(lr)
-        self.times.append(int(time.time() * 1000))
-        if len(self.steps) == self.every_n_steps:
-            self.flush()
+        self.steps = StepLog()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if batch_idx + 1 >= trainer.num_training_batches:
-            self.flush()  # inside the epoch's timing, before the scheduler steps
+        # Epoch-level metrics are logged at the last step trained (Lightning's own logging step lags by one at epoch end).
+        self.tracker.step = trainer.global_step
+        if len(self.steps) >= self.every_n_steps or batch_idx + 1 >= trainer.num_training_batches:
+            self.flush()  # the epoch's last inside the epoch's timing, before the scheduler steps
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()
@@ -497,7 +513,8 @@ class StepMetricsRecorder(pl.Callback):
     def flush(self) -> None:
         if not self.steps:
             return
-        losses = torch.stack(self.losses)
+        losses, steps, lrs, times = self.steps.take()
+        losses = torch.stack(losses)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # DDP: each process trained on its own share of the batch; the step's loss is their
             # mean. Every process flushes at the same steps, so this collective lines up.
@@ -505,13 +522,12 @@ class StepMetricsRecorder(pl.Callback):
             losses = losses / torch.distributed.get_world_size()
         losses = losses.tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
-        diverged = next(((step, v) for step, v in zip(self.steps, losses) if not math.isfinite(v)), None)
-        if self.lrs and isinstance(self.lrs[0], torch.Tensor):
-            lrs = torch.stack(self.lrs).tolist()  # read back together with the losses
+        diverged = next(((step, v) for step, v in zip(steps, losses) if not math.isfinite(v)), None)
+        if isinstance(lrs[0], torch.Tensor):
+            lrs = torch.stack(lrs).tolist()  # read back together with the losses
         else:
-            lrs = [float(lr) for lr in self.lrs]
-        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, self.steps, self.times)
-        self.losses, self.steps, self.lrs, self.times = [], [], [], []
+            lrs = [float(lr) for lr in lrs]
+        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, steps, times)
         if diverged is not None:
             # Read back every flush (logger.flush_every_n_steps), so a divergence stops the run
             # within that many steps without a per-step check.
