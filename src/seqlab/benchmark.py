@@ -236,7 +236,7 @@ def to_json(rows: list[Row], settings: dict) -> str:
 def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]) -> str:
     from seqlab.tracking import MlflowTracker
 
-    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True)
+    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline")
     with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):
         tracker.log_params({k: str(v) for k, v in settings.items()})
         tracker.log_metrics(

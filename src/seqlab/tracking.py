@@ -69,6 +69,7 @@ class MlflowTracker:
         system_metrics_interval_s: float = 2.0,
         outage_wait_s: float = 60.0,
         fallback_uri: Optional[str] = None,
+        step_writer: str = "process",
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -98,6 +99,10 @@ class MlflowTracker:
         self.outbox = None
         self.logged: dict[str, Any] = {"params": {}, "tags": {}, "metrics": [], "artifacts": [], "name": None}
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
+        # Per-step series into a local store: "process" (seqlab.step_writer, off the training
+        # process) or "inline" (MLflow's own background logging, in this process).
+        self.step_writer = step_writer
+        self.writer = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
@@ -164,6 +169,21 @@ class MlflowTracker:
         if self.is_server and self.outbox is None:
             run_id = self.run_id
             self.outbox = Outbox(lambda item: self.client.log_batch(run_id, synchronous=True, **item), self.tracking_uri)
+        elif not self.is_server and self.step_writer == "process" and self.writer is None:
+            from seqlab.step_writer import StepWriter
+
+            # Started with the run: its start-up (importing MLflow) overlaps the job's.
+            self.writer = StepWriter(self.tracking_uri, self.run_id)
+
+    def _close_writer(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        left, why = writer.close()
+        if left:
+            log.warning("tracking  the step writer stopped (%s): its last %d metric values are written from here",
+                        why, len(left))
+            self._send([Metric(k, v, ts, step) for k, v, ts, step in left], keep_history=False)
 
     def start_system_metrics(self) -> None:
         """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
@@ -189,6 +209,7 @@ class MlflowTracker:
             self._end_on_server(status, reason)
             return
         try:
+            self._close_writer()
             self.flush()
         finally:
             if reason:
@@ -229,7 +250,7 @@ class MlflowTracker:
         if not self.fallback_uri:
             raise SeqlabError(f"the tracking server at {self.tracking_uri} did not come back, and "
                               "logger.fallback_uri is not set: this run's last metrics were not stored")
-        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root)
+        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline")
         tags = {**self.logged["tags"], "server_uri": self.tracking_uri, "server_run_id": self.run_id}
         tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
         local.start(self.logged["name"] or "run", tags)
@@ -289,7 +310,14 @@ class MlflowTracker:
         self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
-        """Many steps of some metrics in as few calls as MLflow allows."""
+        """Many steps of some metrics in as few calls as MLflow allows (through the step writer
+        where there is one)."""
+        if self.writer is not None:
+            rows = [(name, float(v), ts, step) for name, values in series.items() for v, step, ts in zip(values, steps, timestamps)]
+            for name, values in series.items():
+                self.history[name].extend(zip(steps, map(float, values)))
+            self.writer.send(rows)
+            return
         self._send(
             [
                 Metric(name, float(v), ts, step)
@@ -298,9 +326,10 @@ class MlflowTracker:
             ]
         )
 
-    def _send(self, metrics: list[Metric]) -> None:
-        for m in metrics:
-            self.history[m.key].append((m.step, m.value))
+    def _send(self, metrics: list[Metric], keep_history: bool = True) -> None:
+        if keep_history:
+            for m in metrics:
+                self.history[m.key].append((m.step, m.value))
         if self.outbox is not None:
             self.logged["metrics"].extend(metrics)
             for i in range(0, len(metrics), MAX_BATCH):
@@ -378,7 +407,7 @@ class SilentTracker(MlflowTracker):
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         pass
 
-    def _send(self, metrics: list[Metric]) -> None:
+    def _send(self, metrics: list[Metric], keep_history: bool = True) -> None:
         for m in metrics:
             self.history[m.key].append((m.step, m.value))
 
