@@ -91,9 +91,8 @@ def _overrides(shape: str, device: str, batch_size: int, smoke: bool, root: Path
     ], batches, epochs
 
 
-def plain_loop(cfg, device: str) -> list[float]:
-    """The loop people write by hand: tensors on the device, a new permutation each epoch, the
-    same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
+def _setup(cfg, device: str):
+    """What both hand-written loops start from: the config's data and model on the device, its loss."""
     from hydra.utils import instantiate
 
     from seqlab.module import LOSS_FUNCTIONS
@@ -103,8 +102,16 @@ def plain_loop(cfg, device: str) -> list[float]:
     data = instantiate(cfg.data.source)(n_samples=cfg.data.n_samples, seed=cfg.data.seed)
     x, y = torch.from_numpy(data.x).to(dev), torch.from_numpy(data.y).to(dev)
     model = instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]).to(dev)
+    return dev, x, y, model, LOSS_FUNCTIONS[cfg.module.loss]
+
+
+def plain_loop(cfg, device: str) -> list[float]:
+    """The loop people write by hand: tensors on the device, a new permutation each epoch, the
+    same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
+    from hydra.utils import instantiate
+
+    dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = instantiate(cfg.optimizer)(params=model.parameters())
-    loss_fn = LOSS_FUNCTIONS[cfg.module.loss]
     bs = cfg.data.batch_size
     rates = []
     for _ in range(cfg.trainer.max_epochs):
@@ -126,26 +133,21 @@ def bare_loop(cfg, device: str) -> list[float]:
     """The limit: the same math as the default (perf=fast) with nothing around it. The exact
     one-step shortcut forward where the data has one step, the optimizer fused, gradients kept as
     zeroed tensors (as the default keeps them, so unused parameters still get their update), the
-    data on the device, an on-device permutation each epoch. Returns it/s per epoch."""
+    data on the device, an on-device permutation each epoch into a reused buffer. Returns it/s
+    per epoch."""
     from hydra.utils import instantiate
 
-    from seqlab.module import LOSS_FUNCTIONS
     from seqlab.perf import optimizer_factory
 
-    torch.manual_seed(cfg.seed)
-    dev = torch.device("cuda" if device == "gpu" else device)
-    data = instantiate(cfg.data.source)(n_samples=cfg.data.n_samples, seed=cfg.data.seed)
-    x, y = torch.from_numpy(data.x).to(dev), torch.from_numpy(data.y).to(dev)
-    model = instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]).to(dev)
+    dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
     grads = []
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
         grads.append(p.grad)
     forward = (lambda xb: model.forward_one_step(xb[:, 0])) if x.shape[1] == 1 else model
-    loss_fn = LOSS_FUNCTIONS[cfg.module.loss]
     bs = cfg.data.batch_size
-    xs, ys = torch.empty_like(x), torch.empty_like(y)  # each epoch's shuffled copy, reused
+    xs, ys = torch.empty_like(x), torch.empty_like(y)
     rates = []
     for _ in range(cfg.trainer.max_epochs):
         synchronize(dev)

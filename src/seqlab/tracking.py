@@ -330,6 +330,9 @@ class MlflowTracker:
         if keep_history:
             for m in metrics:
                 self.history[m.key].append((m.step, m.value))
+        if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
+            self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
+            return
         if self.outbox is not None:
             self.logged["metrics"].extend(metrics)
             for i in range(0, len(metrics), MAX_BATCH):
