@@ -84,7 +84,7 @@ def test_single_runs_still_give_a_verdict_and_say_they_are_single():
     rows = _runs("cpu", 32, [30000], ttt=[0.6]) + _runs("cpu", 128, [60000], ttt=[0.9])
     text = verdict(rows, 0.15)
     assert "One run per configuration (n = 1): no intervals and no tests" in text
-    assert "Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.6 s, n = 1); not tested against (n = 1): cpu, batch 128" in text
+    assert "Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.6 s, n = 1); not tested against cpu, batch 128, perf=fast (n = 1)." in text
     assert [g.n for g in group_runs(rows)] == [1, 1]
 
 

@@ -38,13 +38,14 @@ def test_verdict_table_and_failed_runs_shown():
             _row("gpu", 256, 90000, ttt=3.0), _row("gpu", 1024, None, status="FAILED", reached=None),
             _row("cpu", 1024, 70000, reached=False)]
     text = verdict(rows, 0.15)
-    assert "GPU beats CPU from batch 256 (perf=fast)." in text
-    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.50 s of training)." in text
+    assert text.startswith("One run per configuration (n = 1): no intervals and no tests")
+    assert "GPU beats CPU from batch 256 (perf=fast; single runs: no test)." in text
+    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.5 s, n = 1); not tested against the other 3 (n = 1)." in text
     assert "Highest throughput: gpu, batch 256" in text
-    assert "1 run(s) did not finish: gpu-bs1024: FAILED." in text
+    assert "Repeats: 5 of 6 runs finished (gpu-bs1024: FAILED); 1 missed RMSE 0.15 (cpu, batch 1024, perf=fast: 1 of 1)." in text
     assert fastest_to_target(rows).batch_size == 256
     out = table(rows)
-    assert "not reached" in out and "FAILED" in out and len(out.splitlines()) == 7
+    assert "0/1" in out and "FAILED" in out and len(out.splitlines()) == 1 + 6 + 1
 
 
 def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(compose_cfg, store):

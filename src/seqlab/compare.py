@@ -176,7 +176,7 @@ class Group:
 
     @property
     def n_reached(self) -> int:
-        return sum(r.target_reached is True for r in self.finished)
+        return sum(r.target_reached is True or r.time_to_target_s is not None for r in self.finished)
 
     @property
     def n_missed(self) -> int:
@@ -258,7 +258,8 @@ class Crossover:
         if self.batch is None:
             return f"GPU never overtakes CPU{label} at the batch sizes run{tied}."
         if not self.tested:
-            return f"GPU beats CPU from batch {self.batch}{label} (single runs: no test, no interval)."
+            label = f" (perf={self.perf}; single runs: no test)" if self.perf else " (single runs: no test)"
+            return f"GPU beats CPU from batch {self.batch}{label}."
         where = (f"between batch {self.after} and {self.batch}" if self.after is not None
                  else f"at batch {self.batch} or below")
         return (f"GPU beats CPU from batch {self.batch}{label}, significantly at every batch size from there"
@@ -317,7 +318,8 @@ def _best_text(groups: list[Group], metric: str, unit: str, spec: str) -> Option
     elif len([x for x in groups if x.stat(metric).n]) > 1 and not untested:
         text += "; significantly ahead of every other configuration"
     if untested:
-        text += "; not tested against (n = 1): " + "; ".join(by_label[k].label for k in untested)
+        others = f"the other {len(untested)}" if len(untested) > 2 else "; ".join(by_label[k].label for k in untested)
+        text += f"; not tested against {others} (n = 1)"
     return g, text
 
 
