@@ -344,7 +344,7 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
         for perf in perfs or [None]:
             parts.append(crossover_detail(groups, perf).text())
     else:
-        parts.append(f"only {', '.join(sorted(devices)) or 'no'} runs finished: no CPU/GPU crossover to report.")
+        parts.append(f"Only {', '.join(sorted(devices)) or 'no'} runs finished: no CPU/GPU crossover to report.")
 
     target_text = f"RMSE {target:g}" if target else "the target RMSE"
     always = [g for g in finished if g.n_reached == g.n]
@@ -368,7 +368,9 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     count = f"Repeats: {len(runs) - len(failed)} of {len(runs)} runs finished"
     if failed:
         count += " (" + "; ".join(f"{r.name}: {r.status}" for r in failed) + ")"
-    if missed:
+    if missed and not any(g.n_reached for g in groups):
+        count += f"; none reached {target_text}"
+    elif missed:
         count += f"; {sum(g.n_missed for g in missed)} missed {target_text} (" + "; ".join(
             f"{g.label}: {g.n_missed} of {g.n}" for g in missed) + ")"
     elif any(g.n_reached for g in groups):

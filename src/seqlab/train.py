@@ -79,6 +79,15 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
     validate(cfg)  # before anything heavy is imported or any data is loaded
+    if cfg.resume:
+        from seqlab.sweep import check_single_run_resume, continue_job
+
+        if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
+            done = continue_job(cfg, job)
+            if done is not None:
+                return done
+        else:
+            check_single_run_resume(cfg.resume)
 
     from hydra.utils import instantiate
 
