@@ -110,6 +110,7 @@ def summary_rows(results: list[JobResult], plan: Optional[dict[str, Any]] = None
             "status": _status(r, plan),
             "it/s": fmt(r.it_per_s, ",.0f"),
             "val_rmse": fmt(r.val_rmse, ".4g"),
+            "best": fmt(r.best_val_rmse, ".4g"),  # the lowest val_rmse of the run
             "run": r.run_name or "-",
         }
         for r in results
@@ -342,8 +343,9 @@ class MlflowSweepCallback(Callback):
                 self.tracker.end(status, "the sweep stopped before its summary: see the console")
                 self.tracker.run_id = None
                 kept = [o for o in self.overrides if not o.lstrip("+~").startswith("resume=")]
-                print(f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
-                      + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"]), file=sys.stderr, flush=True)
+                if killed:  # a sweep that failed to start (a config that does not compose) has nothing to continue
+                    print(f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
+                          + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"]), file=sys.stderr, flush=True)
         finally:
             self._stop_server()
 
