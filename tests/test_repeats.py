@@ -128,3 +128,18 @@ def test_resume_names_a_run_in_a_single_run_and_a_sweep_in_a_multirun(run_cli, s
     run_id = run_cli("-m", "data.batch_size=32,64", *TINY, "resume=0123456789abcdef0123456789abcdef")
     assert run_id.returncode == 1 and "names a run; a sweep continues with resume=latest" in run_id.stderr
     assert not [r for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"]
+
+
+def test_a_job_run_again_counts_once_by_its_newest_run(store):
+    from seqlab.compare import find_runs
+
+    exp = store.create_experiment("rerun")
+    store.create_run(exp, tags={"sweep_id": "s1", "sweep_role": "parent"}, run_name="sweep-s1", start_time=1)
+    for name, status, start, overrides in [("failed", "FAILED", 2, "seed=0 data.batch_size=32"),
+                                           ("rerun", "FINISHED", 5, "seed=0 data.batch_size=32 resume=latest"),
+                                           ("other", "FINISHED", 3, "seed=1 data.batch_size=32")]:
+        run = store.create_run(exp, tags={"sweep_id": "s1", "hydra_overrides": overrides}, run_name=name, start_time=start)
+        store.set_terminated(run.info.run_id, status)
+    runs, parent = find_runs(store, "rerun", "latest")
+    assert parent.info.run_name == "sweep-s1"
+    assert sorted(r.info.run_name for r in runs) == ["other", "rerun"]
