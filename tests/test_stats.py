@@ -61,7 +61,9 @@ def test_verdict_ranks_only_significant_differences_and_says_tied_otherwise():
     fastest = text[text.index("Fastest to RMSE 0.15"):text.index("Lowest val RMSE")]
     assert fastest.startswith("Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.6 ± 0.0497 s, n = 3)")
     assert "tied within noise (n = 3) with: cpu, batch 128, perf=fast" in fastest
-    assert "batch 1024" not in fastest and "batch 4096" not in fastest  # slower; and missed the target
+    assert "batch 1024" not in fastest  # significantly slower
+    # one lucky repeat out of three does not rank a configuration by its time
+    assert fastest.endswith("; not ranked, having missed it in some repeats: cpu, batch 4096, perf=fast (reached in 1 of 3). ")
     assert ("Highest throughput: cpu, batch 4096, perf=fast (92,667 ± 6,252 samples/s, n = 3); "
             "tied within noise (n = 3) with: cpu, batch 1024, perf=fast (91,000 ± 2,484 samples/s, n = 3).") in text
     assert "Repeats: 12 of 12 runs finished; 2 missed RMSE 0.15 (cpu, batch 4096, perf=fast: 2 of 3)." in text

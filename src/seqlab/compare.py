@@ -352,7 +352,12 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     if always or sometimes:
         best = _best_text(always or sometimes, "time_to_target_s", " s", ".3g")
         caveat = "" if always else " (no configuration reached it in every repeat; among those that reached it)"
-        parts.append(f"Fastest to {target_text}{caveat}: {best[1]}.")
+        # A configuration that missed the target in some repeats is not ranked by the times of
+        # the repeats that were lucky; it is named, with its count.
+        partly = [g for g in sometimes if g not in always] if always else []
+        unranked = ("; not ranked, having missed it in some repeats: "
+                    + "; ".join(f"{g.label} (reached in {g.n_reached} of {g.n})" for g in partly)) if partly else ""
+        parts.append(f"Fastest to {target_text}{caveat}: {best[1]}{unranked}.")
     elif any(g.n_missed for g in finished):
         parts.append(f"No run reached {target_text}.")
     best = _best_text(finished, "best_val_rmse", "", ".4f")

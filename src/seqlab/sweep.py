@@ -64,6 +64,9 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         raise SeqlabError(f"resume={cfg.resume}: continuing a sweep needs the sweep callback (hydra.callbacks.mlflow_sweep)")
     entry = plan.get(job_key(job.overrides))
     cfg.resume = None
+    # From here on the job's overrides say what it does: a DDP job starts its other processes as
+    # single runs with them (train._start_ranks_as_this_job), where resume= must name the run.
+    job.overrides = [o for o in job.overrides if not o.lstrip("+~").startswith("resume=")]
     if entry is None:
         return None  # the sweep had not got to this job
     if entry["status"] == "FINISHED":
@@ -77,6 +80,7 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         return result
     if entry["status"] == "KILLED" and entry["resumable"]:
         cfg.resume = entry["run_id"]
+        job.overrides.append(f"resume={cfg.resume}")
         log.info("resume    job %s continues its KILLED run %s (%s) from its checkpoint", job.num, entry["run_name"], entry["run_id"])
     else:
         log.info("rerun     job %s: its run %s ended %s%s; it runs again", job.num, entry["run_id"], entry["status"],
