@@ -408,7 +408,8 @@ def _cells(g: Group, with_extra: bool) -> list[str]:
 
 
 NOTE = ("n: finished repeats (runs that differ only in seed); a ± b: mean and half-width of the 95% "
-        "Student-t interval of the mean (n = 1: the single value, no interval)")
+        "Student-t interval of the mean (n = 1: the single value, no interval); time to target: over the "
+        "repeats that reached it")
 
 
 def table(rows: list[RunRow], rank_by: str = "config") -> str:
