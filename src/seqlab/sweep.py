@@ -289,6 +289,8 @@ class MlflowSweepCallback(Callback):
                 f"resume={value} names a run; a sweep continues with resume=latest or resume=<sweep id> "
                 "(printed at the sweep's end); a single run with: python train.py <its overrides> resume=RUN_ID"
             )
+        if not re.match(r"^[\w.:-]+$", value):  # it goes into a search filter
+            raise SeqlabError(f"resume={value}: not a sweep id (latest, or the id printed at a sweep's end)")
         query = "tags.sweep_role = 'parent'" + ("" if value == "latest" else f" and tags.sweep_id = '{value}'")
         parents = client.search_runs([self.tracker.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
         if not parents:
