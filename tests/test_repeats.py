@@ -143,3 +143,15 @@ def test_a_job_run_again_counts_once_by_its_newest_run(store):
     runs, parent = find_runs(store, "rerun", "latest")
     assert parent.info.run_name == "sweep-s1"
     assert sorted(r.info.run_name for r in runs) == ["other", "rerun"]
+
+
+def test_a_sweep_still_running_is_told_from_one_that_died():
+    import socket
+
+    from seqlab.sweep import _alive
+
+    here = socket.gethostname()
+    assert _alive({"sweep_host": here, "sweep_pid": str(os.getppid())})  # a live process
+    assert not _alive({"sweep_host": here, "sweep_pid": "4194304"})  # above Linux's highest pid: gone
+    assert not _alive({"sweep_host": "elsewhere", "sweep_pid": str(os.getppid())})
+    assert not _alive({})  # a sweep from before these tags

@@ -53,6 +53,28 @@ def check_single_run_resume(value: str) -> None:
         )
 
 
+def _process_tags() -> dict[str, str]:
+    """Which process runs the sweep: a resume can tell a sweep that died without ending its parent
+    run (kill -9, a lost machine) from one that is still running."""
+    import socket
+
+    return {"sweep_host": socket.gethostname(), "sweep_pid": str(os.getpid())}
+
+
+def _alive(tags: dict[str, str]) -> bool:
+    import socket
+
+    if tags.get("sweep_host") != socket.gethostname() or not tags.get("sweep_pid", "").isdigit():
+        return False  # another machine's process cannot be checked from here: taken as gone
+    try:
+        os.kill(int(tags["sweep_pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return int(tags["sweep_pid"]) != os.getpid()
+
+
 def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
     """What this job of a resumed sweep does, from the plan the sweep callback wrote in
     sweep.json: a job that FINISHED before is skipped (its result is returned, pointing at its
@@ -250,12 +272,13 @@ class MlflowSweepCallback(Callback):
                 f"sweep-{self.sweep_id}",
                 # sweep_overrides: the command line as a list, for a later resume=... to compare with
                 {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": " ".join(overrides),
-                 "sweep_overrides": json.dumps(overrides)},
+                 "sweep_overrides": json.dumps(overrides), **_process_tags()},
             )
         else:
             parent = resumed["parent"]
             self.resume_plan = resumed["plan"]
-            run_id = self.tracker.start(parent.info.run_name, {"sweep_resumes": int(parent.data.tags.get("sweep_resumes", 0)) + 1},
+            run_id = self.tracker.start(parent.info.run_name, {"sweep_resumes": int(parent.data.tags.get("sweep_resumes", 0)) + 1,
+                                                               **_process_tags()},
                                         resume_run_id=parent.info.run_id)
         (sweep_dir / SWEEP_FILE).write_text(
             json.dumps(
@@ -298,6 +321,9 @@ class MlflowSweepCallback(Callback):
             raise SeqlabError(f"resume={value}: {what} in experiment {experiment!r} to continue")
         parent = parents[0]
         sweep_id = parent.data.tags["sweep_id"]
+        if parent.info.status == "RUNNING" and _alive(parent.data.tags):
+            raise SeqlabError(f"resume={value}: sweep {sweep_id} is still running (process {parent.data.tags['sweep_pid']} "
+                              "on this host); let it finish or stop it first")
         tag = parent.data.tags.get("sweep_overrides")
         before = json.loads(tag) if tag else parent.data.tags.get("hydra_overrides", "").split()
         now_key, before_key = set(job_key(overrides).split()), set(job_key(before).split())
