@@ -1,6 +1,10 @@
 """Compare MLflow runs side by side: a table, plots and a verdict (logic in src/seqlab/compare.py).
+Runs that differ only in `seed` are repeats of one configuration: the table gives n, mean and
+95% interval per configuration, and the verdict ranks configurations only where Welch's t-test
+at 5% tells them apart ("tied within noise" otherwise).
 
     python scripts/compare.py --experiment device-batch --sweep latest
+    python scripts/compare.py --experiment device-batch --sweep latest --rank-by best_val_rmse
     python scripts/compare.py --experiment seqlab --filter "params.data.batch_size = '64'"
 """
 
@@ -24,22 +28,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=f"sqlite:///{root}/mlruns/mlflow.db")
     parser.add_argument("--out", type=Path, default=root / "logs" / "compare")
     parser.add_argument("--no-log", action="store_true", help="do not store the results on the sweep's parent run")
+    parser.add_argument("--rank-by", default="config", choices=("config", "it_per_s", "samples_per_s", "time_to_target_s",
+                                                                  "val_rmse", "best_val_rmse"),
+                        help="order of the table: by configuration, or best first by a metric's mean "
+                             "(val_rmse: the final value; best_val_rmse: the lowest a run reached)")
     args = parser.parse_args(argv)
 
     import mlflow
 
-    from seqlab.compare import compare, table
+    from seqlab.compare import compare, runs_table, table
 
     client = mlflow.MlflowClient(args.tracking_uri)
     try:
-        report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log)
+        report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log,
+                         args.rank_by)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if not report.rows:
         print("error: no runs matched", file=sys.stderr)
         return 1
-    print(table(report.rows))
+    print(table(report.rows, args.rank_by))
+    print(f"\n{runs_table(report.rows)}")
     print(f"\n{report.verdict}\n\nwrote {', '.join(p.name for p in report.files)} in {args.out}")
     return 0
 

@@ -104,7 +104,7 @@ def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert "hydra" in imported  # the check sees imports at all
-    assert not imported & {"torch", "pytorch_lightning", "lightning", "mlflow", "torchmetrics"}
+    assert not imported & {"torch", "pytorch_lightning", "lightning", "mlflow", "torchmetrics", "scipy", "matplotlib"}
     if args == ["--cfg", "job"]:
         assert "batch_size: 64" in proc.stdout
 

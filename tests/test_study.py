@@ -38,13 +38,14 @@ def test_verdict_table_and_failed_runs_shown():
             _row("gpu", 256, 90000, ttt=3.0), _row("gpu", 1024, None, status="FAILED", reached=None),
             _row("cpu", 1024, 70000, reached=False)]
     text = verdict(rows, 0.15)
-    assert "GPU beats CPU from batch 256 (perf=fast)." in text
-    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.50 s of training)." in text
+    assert text.startswith("One run per configuration (n = 1): no intervals and no tests")
+    assert "GPU beats CPU from batch 256 (perf=fast; single runs: no test)." in text
+    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.5 s, n = 1); not tested against the other 3 (n = 1)." in text
     assert "Highest throughput: gpu, batch 256" in text
-    assert "1 run(s) did not finish: gpu-bs1024: FAILED." in text
+    assert "Repeats: 5 of 6 runs finished (gpu-bs1024: FAILED); 1 missed RMSE 0.15 (cpu, batch 1024, perf=fast: 1 of 1)." in text
     assert fastest_to_target(rows).batch_size == 256
     out = table(rows)
-    assert "not reached" in out and "FAILED" in out and len(out.splitlines()) == 7
+    assert "0/1" in out and "FAILED" in out and len(out.splitlines()) == 1 + 6 + 1
 
 
 def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(compose_cfg, store):
@@ -72,18 +73,19 @@ def test_a_target_never_reached_is_said(compose_cfg, store):
 
 
 def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
-    proc = run_cli("-m", "sweep=device_batch", "data.batch_size=32,128", "data.n_samples=1024",
+    proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "data.n_samples=1024",
                    "trainer.max_time=00:00:00:02", "metrics.target_rmse=0.3", "logger.system_metrics=false")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "4 jobs, 0 failed" in proc.stdout
-    assert "verdict: only cpu runs finished: no CPU/GPU crossover to report." in proc.stdout
+    assert "Only cpu runs finished: no CPU/GPU crossover to report." in proc.stdout
     runs = runs_of(store, "device-batch")
     parent = next(r for r in runs if r.data.tags.get("sweep_role") == "parent")
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted((c.data.params["perf.name"], c.data.params["data.batch_size"]) for c in children) == [
         ("fast", "128"), ("fast", "32"), ("naive", "128"), ("naive", "32")]
-    assert {c.info.run_name for c in children} == {"cpu-bs32-perf=naive", "cpu-bs32-perf=fast",
-                                                   "cpu-bs128-perf=naive", "cpu-bs128-perf=fast"}
+    # the preset sweeps the seed (given once here): names say it, as every swept key
+    assert {c.info.run_name for c in children} == {"cpu-bs32-seed=0-perf=naive", "cpu-bs32-seed=0-perf=fast",
+                                                   "cpu-bs128-seed=0-perf=naive", "cpu-bs128-seed=0-perf=fast"}
     files = artifact_paths(store, parent.info.run_id)
     expected = {"comparison/comparison.csv", "comparison/comparison.md", "comparison/verdict.txt",
                 "comparison/throughput_vs_batch.png", "comparison/time_to_target_vs_batch.png",
@@ -92,7 +94,7 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))
     for name in ("throughput_vs_batch.png", "time_to_target_vs_batch.png", "val_rmse_curves.png"):
         assert imread(f"{local}/{name}").shape[0] > 100
-    assert parent.data.tags["verdict"].startswith("only cpu runs finished")
+    assert parent.data.tags["verdict"].startswith("One run per configuration (n = 1): no intervals and no tests")
 
     # and on demand, from the script
     again = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), "--experiment", "device-batch",
@@ -100,6 +102,7 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
                             "--out", str(tmp_path / "cmp"), "--no-log"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("FINISHED") == 4 and "perf" in again.stdout.splitlines()[0]
+    assert "n: finished repeats" in again.stdout
 
 
 def test_compare_shows_failed_runs_and_rejects_unknown_experiments(compose_cfg, store, tmp_path):
@@ -112,6 +115,6 @@ def test_compare_shows_failed_runs_and_rejects_unknown_experiments(compose_cfg, 
     report = compare(store, "seqlab", tmp_path / "out", log_to_parent=False)
     statuses = sorted(r.status for r in report.rows)
     assert statuses == (["FINISHED"] if torch.cuda.is_available() else ["FAILED", "FINISHED"])
-    assert (tmp_path / "out" / "comparison.csv").read_text().count("\n") == len(report.rows) + 1
+    assert (tmp_path / "out" / "comparison_runs.csv").read_text().count("\n") == len(report.rows) + 1
     with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
         compare(store, "nope", tmp_path / "out")

@@ -110,6 +110,7 @@ class JobResult:
     samples_per_s: Optional[float] = None
     val_rmse: Optional[float] = None
     val_rmse_baseline: Optional[float] = None
+    best_val_rmse: Optional[float] = None  # the lowest val_rmse of the run (val_rmse is the final one)
     target_rmse: Optional[float] = None
     time_to_target_s: Optional[float] = None  # None with a target: never reached
     reason: Optional[str] = None
@@ -121,3 +122,11 @@ class JobResult:
     @classmethod
     def read(cls, path: Path) -> "JobResult":
         return cls(**json.loads(path.read_text()))
+
+
+def job_key(overrides: list[str] | str) -> str:
+    """What identifies a sweep's job across a resumption: its overrides, in any order, without
+    `resume=` (which the resumed sweep adds to every job). Taken from the job's override list or
+    from a run's `hydra_overrides` tag (the same list joined by spaces)."""
+    text = overrides if isinstance(overrides, str) else " ".join(overrides)
+    return " ".join(sorted(o for o in text.split() if not o.lstrip("+~").startswith("resume=")))

@@ -163,7 +163,9 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     notes: str = ""
-    resume: Optional[str] = None  # an MLflow run id: continue that interrupted run from its checkpoint
+    # A single run: an MLflow run id, continue that interrupted run from its checkpoint. A
+    # multirun (-m): `latest` or a sweep id, continue that sweep (seqlab.sweep).
+    resume: Optional[str] = None
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
 
 

@@ -80,6 +80,15 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
     validate(cfg)  # before anything heavy is imported or any data is loaded
+    if cfg.resume:
+        from seqlab.sweep import check_single_run_resume, continue_job
+
+        if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
+            done = continue_job(cfg, job)
+            if done is not None:
+                return done
+        else:
+            check_single_run_resume(cfg.resume)
 
     from hydra.utils import instantiate
 
@@ -165,6 +174,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
+    from seqlab.best import BestValRmse
     from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
@@ -251,7 +261,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         log.info("resume    from %s", start_from)
     stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not multi_process(cfg.trainer))
     timer = EpochTimer(tracker)
-    callbacks = [timer, recorder, stop]
+    best = BestValRmse(tracker)  # best_val_rmse and its step/epoch (a comparison can rank by it)
+    callbacks = [timer, recorder, stop, best]
     to_target = None
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
@@ -344,6 +355,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     result.samples_per_s = summary.get("samples_per_s_median")
     result.val_rmse = summary.get("final_val_rmse", tracker.last("val_rmse"))
     result.val_rmse_baseline = baseline
+    result.best_val_rmse = best.value
     if to_target is not None:
         result.target_rmse = cfg.metrics.target_rmse
         result.time_to_target_s = to_target.reached["time_to_target_s"] if to_target.reached else None

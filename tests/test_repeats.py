@@ -1,0 +1,157 @@
+"""Repeated trials and sweeps that resume, through the real CLI: a sweep with 3 seeds per
+configuration ends with a parent whose comparison has n = 3 and intervals; a sweep stopped by
+SIGTERM in its third job continues with resume=latest into the same runs; every run records its
+best val_rmse and when it was reached."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TINY, artifact_paths, runs_of
+from seqlab.train import train
+
+
+def test_every_run_records_its_best_val_rmse_and_when(compose_cfg, store):
+    train(compose_cfg("data.n_samples=512", "trainer.max_epochs=4"))
+    (run,) = runs_of(store, "seqlab")
+    history = store.get_metric_history(run.info.run_id, "val_rmse")
+    best = min(history, key=lambda m: m.value)
+    m = run.data.metrics
+    assert m["best_val_rmse"] == pytest.approx(best.value)
+    assert m["best_val_rmse_step"] == best.step
+    assert m["best_val_rmse_epoch"] == [h.step for h in history].index(best.step) + 1  # validation once an epoch
+
+
+@pytest.mark.slow
+def test_a_sweep_with_three_seeds_compares_n_3_with_intervals(run_cli, store, tmp_path):
+    proc = run_cli("-m", "seed=0,1,2", "data.batch_size=32,64", *TINY, "logger.system_metrics=false")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "6 jobs, 0 failed" in proc.stdout
+    # the seed varies slowest: configurations interleave
+    order = [line.split(" : ", 1)[1].split()[:2] for line in proc.stdout.splitlines() if "[HYDRA] \t#" in line]
+    assert order == [["seed=0", "data.batch_size=32"], ["seed=0", "data.batch_size=64"], ["seed=1", "data.batch_size=32"],
+                     ["seed=1", "data.batch_size=64"], ["seed=2", "data.batch_size=32"], ["seed=2", "data.batch_size=64"]]
+    runs = runs_of(store, "seqlab")
+    (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 6 and all("best_val_rmse" in c.data.metrics for c in children)
+    assert {"comparison/comparison.csv", "comparison/comparison_runs.csv", "comparison/verdict.txt",
+            "comparison/throughput_vs_batch.png", "comparison/val_rmse_curves.png"} <= artifact_paths(store, parent.info.run_id)
+    local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))
+    with open(f"{local}/comparison.csv") as f:
+        groups = list(csv.DictReader(f))
+    assert [(g["batch_size"], g["n"], g["seeds"]) for g in groups] == [("32", "3", "0 1 2"), ("64", "3", "0 1 2")]
+    for g in groups:
+        for metric in ("samples_per_s", "best_val_rmse", "val_rmse"):
+            lo, mean, hi = (float(g[f"{metric}_{k}"]) for k in ("ci95_lo", "mean", "ci95_hi"))
+            assert lo < mean < hi, (metric, g)
+    verdict = parent.data.tags["verdict"]
+    assert verdict.startswith("n = 3 repeats per configuration (seeds 0, 1, 2)") and "Welch's t-test at 5%" in verdict
+    assert "±" in proc.stdout[proc.stdout.index("verdict:"):]
+
+
+def _wait_for(path, text, timeout=180):
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert text in path.read_text(), path.read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_in_its_third_job_resumes_where_it_stopped(run_cli, store, tmp_path):
+    # Four jobs; the third trains long enough to be stopped mid-run, the fourth never starts.
+    sweep = ["-m", "trainer.max_epochs=2,3,300,4", "data.n_samples=256", "logger.system_metrics=false"]
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *sweep, f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        )
+        _wait_for(err, "epoch 3/300")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-2000:]
+    runs = runs_of(store, "seqlab")
+    (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
+    sweep_id = parent.data.tags["sweep_id"]
+    assert parent.info.status == "KILLED"
+    assert f"resume={sweep_id}" in err.read_text()  # the command that continues the sweep
+    jobs = {r.data.tags["job_num"]: r for r in runs if "job_num" in r.data.tags}
+    assert sorted(jobs) == ["0", "1", "2"] and jobs["2"].info.status == "KILLED"
+    killed_id = jobs["2"].info.run_id
+
+    # Other overrides than the sweep's: one line, nothing changes.
+    refused = run_cli("-m", "trainer.max_epochs=2,3", "data.n_samples=256", "logger.system_metrics=false", "resume=latest")
+    assert refused.returncode == 1
+    (line,) = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert line.startswith(f"error: resume=latest: these overrides differ from sweep {sweep_id}'s: trainer.max_epochs=2,3 "
+                           "(not in the sweep), trainer.max_epochs=2,3,300,4 (missing)")
+    assert len(runs_of(store, "seqlab")) == len(runs)
+
+    resumed = run_cli(*sweep, "resume=latest")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"sweep {sweep_id} (resumed): 4 jobs, 0 failed" in resumed.stdout
+    assert resumed.stdout.count("FINISHED (done before: skipped)") == 2 and "FINISHED (continued)" in resumed.stdout
+
+    runs = runs_of(store, "seqlab")
+    assert len([r for r in runs if r.data.tags.get("sweep_role") == "parent"]) == 1  # the same parent, reopened
+    parent = store.get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep_resumes"] == "1"
+    children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
+    assert sorted(r.data.params["trainer.max_epochs"] for r in children) == ["2", "3", "300", "4"]  # no duplicates
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id and r.data.tags["sweep_id"] == sweep_id for r in children)
+    third = next(r for r in children if r.data.params["trainer.max_epochs"] == "300")
+    assert third.info.run_id == killed_id  # continued into its own run
+    steps = [m.step for m in store.get_metric_history(killed_id, "train_loss")]
+    assert steps == list(range(1, 300 * 4 + 1))  # 205 training samples, batch 64: 4 steps an epoch, each once
+    assert "Repeats: 4 of 4 runs finished" in parent.data.tags["verdict"]
+
+
+@pytest.mark.slow
+def test_resume_names_a_run_in_a_single_run_and_a_sweep_in_a_multirun(run_cli, store):
+    single = run_cli(*TINY, "resume=latest")
+    assert single.returncode == 1
+    (line,) = (single.stdout + single.stderr).strip().splitlines()
+    assert line.startswith("error: resume=latest: a single run continues an MLflow run (resume=RUN_ID, 32 hex digits)")
+    nothing = run_cli("-m", "data.batch_size=32,64", *TINY, "resume=latest")
+    assert nothing.returncode == 1
+    assert "error: resume=latest: no sweep in experiment 'seqlab' to continue" in nothing.stderr
+    run_id = run_cli("-m", "data.batch_size=32,64", *TINY, "resume=0123456789abcdef0123456789abcdef")
+    assert run_id.returncode == 1 and "names a run; a sweep continues with resume=latest" in run_id.stderr
+    assert not [r for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"]
+
+
+def test_a_job_run_again_counts_once_by_its_newest_run(store):
+    from seqlab.compare import find_runs
+
+    exp = store.create_experiment("rerun")
+    store.create_run(exp, tags={"sweep_id": "s1", "sweep_role": "parent"}, run_name="sweep-s1", start_time=1)
+    for name, status, start, overrides in [("failed", "FAILED", 2, "seed=0 data.batch_size=32"),
+                                           ("rerun", "FINISHED", 5, "seed=0 data.batch_size=32 resume=latest"),
+                                           ("other", "FINISHED", 3, "seed=1 data.batch_size=32")]:
+        run = store.create_run(exp, tags={"sweep_id": "s1", "hydra_overrides": overrides}, run_name=name, start_time=start)
+        store.set_terminated(run.info.run_id, status)
+    runs, parent = find_runs(store, "rerun", "latest")
+    assert parent.info.run_name == "sweep-s1"
+    assert sorted(r.info.run_name for r in runs) == ["other", "rerun"]
+
+
+def test_a_sweep_still_running_is_told_from_one_that_died():
+    import socket
+
+    from seqlab.sweep import _alive
+
+    here = socket.gethostname()
+    assert _alive({"sweep_host": here, "sweep_pid": str(os.getppid())})  # a live process
+    assert not _alive({"sweep_host": here, "sweep_pid": "4194304"})  # above Linux's highest pid: gone
+    assert not _alive({"sweep_host": "elsewhere", "sweep_pid": str(os.getppid())})
+    assert not _alive({})  # a sweep from before these tags

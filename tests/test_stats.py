@@ -1,0 +1,121 @@
+"""Statistics of repeated runs on made-up numbers with known answers: intervals, Welch's verdicts,
+ties within noise, single runs, and the comparison's verdict built on them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from seqlab.compare import RunRow, crossover_detail, fastest_to_target, group_runs, table, to_csv, verdict
+from seqlab.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best
+
+
+def test_mean_sd_and_the_student_t_interval():
+    s = summarize([1.0, 2.0, 3.0, None, float("nan")])  # missing values are not measurements
+    assert s.n == 3 and s.mean == 2.0 and s.sd == 1.0
+    # t(0.975, 2) = 4.302653; half-width = t * sd / sqrt(n)
+    assert s.half_width == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert s.lo == pytest.approx(2 - 2.484138, rel=1e-5) and s.hi == pytest.approx(2 + 2.484138, rel=1e-5)
+    assert s.text(".3g", " s") == "2 ± 2.48 s"
+
+
+def test_a_single_run_has_no_interval_and_no_test():
+    one = summarize([5.0])
+    assert one.n == 1 and one.mean == 5.0 and one.sd is None and one.lo is None and one.hi is None
+    assert one.text(".3g") == "5"
+    assert compare_means(one, summarize([1.0, 1.1, 0.9])) == UNTESTED
+    assert summarize([]).text() == "-"
+
+
+def test_welch_tells_a_clear_difference_from_noise():
+    fast, slow = summarize([1.00, 1.02, 0.98]), summarize([2.00, 2.05, 1.95])
+    assert compare_means(fast, slow) == LESS and compare_means(slow, fast) == GREATER
+    # the same means, but a spread larger than the difference: a tie
+    noisy_a, noisy_b = summarize([0.6, 1.4, 1.0]), summarize([0.8, 1.6, 1.2])
+    assert compare_means(noisy_a, noisy_b) == TIED
+    best, tied, untested = tied_with_best({"a": noisy_a, "b": noisy_b, "c": slow, "d": summarize([0.1])}, True)
+    assert best == "d" and tied == [] and set(untested) == {"a", "b", "c"}
+    best, tied, untested = tied_with_best({"a": noisy_a, "b": noisy_b, "c": slow}, lower_is_better=True)
+    assert (best, tied, untested) == ("a", ["b"], [])
+
+
+def _runs(device, batch, samples, ttt=None, perf="fast", status="FINISHED", reached=True, best=0.1):
+    """One RunRow per repeat (seeds 0..n-1); ttt: one time to target per repeat (None: missed)."""
+    rows = []
+    for seed, s in enumerate(samples):
+        t = ttt[seed] if ttt else None
+        rows.append(RunRow(f"id-{device}-{batch}-{perf}-{seed}", f"{device}-bs{batch}-seed={seed}", status, device,
+                           batch, perf, s and s / batch, s, t, (t is not None) if ttt else None, 0.1, best_val_rmse=best,
+                           seed=seed))
+    return rows
+
+
+def test_verdict_ranks_only_significant_differences_and_says_tied_otherwise():
+    rows = (_runs("cpu", 32, [30000, 31000, 29000], ttt=[0.60, 0.62, 0.58], best=0.08)
+            + _runs("cpu", 128, [60000, 61000, 59000], ttt=[0.50, 0.80, 0.65], best=0.09)  # within noise of bs32
+            + _runs("cpu", 1024, [90000, 92000, 91000], ttt=[3.0, 3.2, 3.1], best=0.2)  # clearly slower
+            + _runs("cpu", 4096, [95000, 90000, 93000], ttt=[None, None, 5.0], best=0.5))  # missed twice
+    text = verdict(rows, 0.15)
+    assert "n = 3 repeats per configuration (seeds 0, 1, 2)" in text and "Welch's t-test at 5%" in text
+    fastest = text[text.index("Fastest to RMSE 0.15"):text.index("Lowest val RMSE")]
+    assert fastest.startswith("Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.6 ± 0.0497 s, n = 3)")
+    assert "tied within noise (n = 3) with: cpu, batch 128, perf=fast" in fastest
+    assert "batch 1024" not in fastest  # significantly slower
+    # one lucky repeat out of three does not rank a configuration by its time
+    assert fastest.endswith("; not ranked, having missed it in some repeats: cpu, batch 4096, perf=fast (reached in 1 of 3). ")
+    assert ("Highest throughput: cpu, batch 4096, perf=fast (92,667 ± 6,252 samples/s, n = 3); "
+            "tied within noise (n = 3) with: cpu, batch 1024, perf=fast (91,000 ± 2,484 samples/s, n = 3).") in text
+    assert "Repeats: 12 of 12 runs finished; 2 missed RMSE 0.15 (cpu, batch 4096, perf=fast: 2 of 3)." in text
+    assert fastest_to_target(rows).batch_size == 32
+    out = table(rows)
+    assert len(out.splitlines()) == 1 + 4 + 1 and "1/3" in out and "3/3" in out and "±" in out
+    csv_rows = to_csv(rows).splitlines()
+    assert len(csv_rows) == 5 and "samples_per_s_ci95_lo" in csv_rows[0]
+
+
+def test_a_clear_winner_is_said_to_be_ahead():
+    rows = _runs("cpu", 32, [30000, 30500, 29500], ttt=[0.5, 0.52, 0.48]) + _runs(
+        "cpu", 256, [60000, 61000, 59000], ttt=[2.0, 2.1, 1.9])
+    text = verdict(rows, 0.15)
+    assert "Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.5 ± 0.0497 s, n = 3); significantly ahead" in text
+    assert "tied within noise" not in text.split("Fastest")[1].split("Lowest")[0]
+
+
+def test_single_runs_still_give_a_verdict_and_say_they_are_single():
+    rows = _runs("cpu", 32, [30000], ttt=[0.6]) + _runs("cpu", 128, [60000], ttt=[0.9])
+    text = verdict(rows, 0.15)
+    assert "One run per configuration (n = 1): no intervals and no tests" in text
+    assert "Fastest to RMSE 0.15: cpu, batch 32, perf=fast (0.6 s, n = 1); not tested against cpu, batch 128, perf=fast (n = 1)." in text
+    assert [g.n for g in group_runs(rows)] == [1, 1]
+
+
+def test_failed_repeats_are_counted_and_left_out_of_the_statistics():
+    rows = _runs("cpu", 32, [30000, 31000, 29000], ttt=[0.6, 0.6, 0.6]) + _runs("cpu", 32, [None], status="FAILED")
+    rows[-1].run_id, rows[-1].seed, rows[-1].name = "failed", 3, "cpu-bs32-seed=3"
+    (g,) = group_runs(rows)
+    assert g.n == 3 and g.n_failed == 1 and g.stat("samples_per_s").n == 3
+    assert "Repeats: 3 of 4 runs finished (cpu-bs32-seed=3: FAILED)" in verdict(rows, 0.15)
+
+
+def test_the_crossover_is_stated_with_its_uncertainty():
+    cpu = {64: [400, 410, 390], 256: [900, 950, 850], 1024: [1000, 1010, 990], 4096: [1000, 1010, 990]}
+    gpu = {64: [300, 310, 290], 256: [880, 1100, 700], 1024: [2000, 2100, 1900], 4096: [8000, 8100, 7900]}
+    rows = [r for b, v in cpu.items() for r in _runs("cpu", b, v)] + [r for b, v in gpu.items() for r in _runs("gpu", b, v)]
+    c = crossover_detail(group_runs(rows), "fast")
+    assert (c.batch, c.after, c.tied, c.tested) == (1024, 64, [256], True)
+    assert c.text() == ("GPU beats CPU from batch 1024 (perf=fast), significantly at every batch size from there; "
+                        "tied within noise at batch 256: the crossover lies between batch 64 and 1024.")
+    assert c.text() in verdict(rows)
+
+
+def test_runs_differing_only_in_seed_are_one_configuration():
+    def row(seed, lr):
+        r = _runs("cpu", 64, [1000])[0]
+        r.run_id, r.seed = f"{seed}-{lr}", seed
+        r.params = {"seed": str(seed), "data.seed": str(seed), "optimizer.lr": lr, "data.batch_size": "64",
+                    "paths.output_dir": f"/tmp/{seed}{lr}", "logger.run_name": "x"}
+        return r
+
+    groups = group_runs([row(0, "0.01"), row(1, "0.01"), row(2, "0.01"), row(0, "0.1"), row(1, "0.1")])
+    assert [(g.extra, g.n) for g in groups] == [("optimizer.lr=0.01", 3), ("optimizer.lr=0.1", 2)]
