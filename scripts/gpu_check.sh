@@ -2,8 +2,9 @@
 # Every GPU check in one go, for a machine with an NVIDIA GPU (about 8 minutes at most):
 #   1. the GPU tests (pytest -m gpu): CUDA-graph capture, no host synchronisation in the loop;
 #   2. the benchmark with cpu and gpu rows: the seed shape at batch 64, 512 and 4096, every loop
-#      (plain, bare, naive, default), so the default is held to its bare loop on both devices;
-#   3. a short device x batch study (sweep=device_batch at batch 64, 512, 4096, a few seconds a job).
+#      but naive (plain, bare, default), so the default is held to its bare loop on both devices;
+#   3. a short device x batch study (sweep=device_batch: cpu and gpu at batch 64, 512, 4096, the default
+#      loop, 2 seeds, 5 s a job: 12 jobs).
 # Everything it writes goes under OUT_DIR (machine.txt, pytest_gpu.txt, benchmark.{txt,json},
 # sweep.txt, and the sweep's MLflow store under OUT_DIR/root/mlruns).
 #
@@ -37,9 +38,9 @@ if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   echo "no CUDA GPU visible to $py: nothing to check"; exit 2
 fi
 
-step pytest_gpu 150 "$py" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra"
-step benchmark 240 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --batch-sizes 64,512,4096 \
+step pytest_gpu 120 "$py" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra"
+step benchmark 210 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --loops plain,bare,default --batch-sizes 64,512,4096 \
   --repeats 2 --out "$out/benchmark.json"
-step sweep 120 "$py" train.py -m sweep=device_batch data.batch_size=64,512,4096 \
+step sweep 140 "$py" train.py -m sweep=device_batch seed=0,1 data.batch_size=64,512,4096 perf=fast \
   "trainer.max_time=00:00:00:05" paths.root_dir="$out/root"
 exit $status

@@ -407,3 +407,12 @@ def test_the_fused_loop_stops_at_max_steps_inside_an_item():
     n, _ = loop.run(torch.randn(20, 1, 8), torch.randn(20, 1), None, first_step=7, max_steps=3)
     assert n == 3 and log.steps == [7, 8, 9]
     assert loop.take_epoch()[0].shape == (12, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script runs every check")
+def test_gpu_check_says_in_one_line_that_there_is_no_gpu(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout.strip().splitlines()[-1].startswith("no CUDA GPU visible to ")
+    assert "torch" in (tmp_path / "out" / "machine.txt").read_text()  # what it found is kept
