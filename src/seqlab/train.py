@@ -107,6 +107,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     tags = _run_tags(cfg, job, device)
     if job.multirun:
         tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
+        from seqlab.trial import trial_tags
+
+        tags.update(trial_tags())  # a search's trial: its study, number and state
     result = JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides,
                        accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size)
     job.result = result
@@ -256,6 +259,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
         callbacks.append(to_target)
+    from seqlab.best import BestValRmse
+    from seqlab.trial import trial_callbacks
+
+    callbacks += [BestValRmse(tracker), *trial_callbacks(tracker, result)]
     if perf.profile_steps:
         from seqlab.profiling import ProfileSteps
 
