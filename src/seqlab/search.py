@@ -102,6 +102,22 @@ def parse_space(params: Mapping[str, Any]) -> dict[str, optuna.distributions.Bas
     return space
 
 
+def flatten_space(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{optimizer: {lr: {type: ...}}} and {optimizer.lr: {type: ...}} alike -> {'optimizer.lr': {...}}.
+    Nested keys let the command line change one field (hydra.sweeper.params.optimizer.lr.high=0.1);
+    an entry set to null is left out of the search."""
+    flat: dict[str, Any] = {}
+    for key, spec in params.items():
+        name = f"{prefix}{key}"
+        if spec is None:
+            continue
+        if isinstance(spec, Mapping) and "type" not in spec and spec:
+            flat.update(flatten_space(spec, f"{name}."))
+        else:
+            flat[name] = spec
+    return flat
+
+
 def override_value(value: Any) -> str:
     """A value as Hydra's override grammar reads it back unchanged."""
     if value is None:
@@ -180,7 +196,7 @@ class Search:
         self.storage_url = storage
         self.sampler_spec = OmegaConf.to_container(sampler, resolve=True)
         self.pruner_spec = OmegaConf.to_container(pruner, resolve=True)
-        self.params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+        self.params = flatten_space(OmegaConf.to_container(params, resolve=True) if params is not None else {})
         self.sweep_dir = Path(self.config.hydra.sweep.dir)
         self.job_idx = 0
         self.in_flight: list[optuna.trial.Trial] = []
@@ -233,27 +249,28 @@ class Search:
         return parsed.is_sweep_override()
 
     def _compose_extremes(self, space: Mapping[str, Any]) -> None:
-        """Every trial's config must compose and pass the schema's checks: try the ends of each
-        range and every choice (in as few configs as there are choices), as the jobs would."""
+        """Every trial's config must compose and pass the schema's checks: each key is tried at
+        both ends of its range and at every choice, the rest as the command gives them, as a job
+        would compose it, so that a bad value is named before anything trains."""
         from seqlab.schema import validate
 
-        columns: dict[str, list[Any]] = {}
         for key, d in space.items():
             if isinstance(d, optuna.distributions.CategoricalDistribution):
-                columns[key] = list(d.choices)
+                values = [("a choice", c) for c in d.choices]
             else:
-                columns[key] = [d.low, d.high]
-        for i in range(max(len(v) for v in columns.values())):
-            chosen = {key: values[i % len(values)] for key, values in columns.items()}
-            overrides = [*self.arguments, *overrides_for(chosen)]
-            try:
-                cfg = self.sweeper.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-                validate(cfg)
-            except SeqlabError as error:
-                raise SearchError(f"hydra.sweeper.params: with {' '.join(overrides_for(chosen))}: {one_line(error)}") from None
-            except Exception as error:  # Hydra's composition and OmegaConf's type errors
-                message = one_line(error).split(" full_key:")[0]
-                raise SearchError(f"hydra.sweeper.params: with {' '.join(overrides_for(chosen))}: {message}") from None
+                values = [("low", d.low), ("high", d.high)]
+            for what, value in values:
+                override = overrides_for({key: value})[0]
+                try:
+                    cfg = self.sweeper.hydra_context.config_loader.load_sweep_config(self.config, [*self.arguments, override])
+                    validate(cfg)
+                except SeqlabError as error:
+                    message = one_line(error)
+                except Exception as error:  # Hydra's composition and OmegaConf's type errors
+                    message = one_line(error).split(" full_key:")[0]
+                else:
+                    continue
+                raise SearchError(f"hydra.sweeper.params.{key}: {override} ({what}) does not make a valid config: {message}")
 
     # -- the study ---------------------------------------------------------------------------
     def _name(self) -> str:
