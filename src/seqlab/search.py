@@ -43,7 +43,7 @@ VERDICT_FILE = "search_verdict.txt"  # printed by the sweep callback after its s
 # Trial user attributes.
 STARTING = "starting_config"  # the config's own values
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C or SIGTERM: run again with the same values
-RETRIED = "retried_as"
+RETRY_OF = "retry_of"  # on the trial that runs an interrupted one's values again
 
 
 class SearchError(SeqlabError):
@@ -326,12 +326,13 @@ class Search:
         states = optuna.trial.TrialState
         for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
             # Left running by a search that was killed outright (kill -9): nothing trains it now.
-            study.tell(t.number, state=states.FAIL)
             study._storage.set_trial_user_attr(t._trial_id, INTERRUPTED, True)
-        for t in study.get_trials(deepcopy=False, states=(states.FAIL,)):
-            if t.user_attrs.get(INTERRUPTED) and RETRIED not in t.user_attrs and set(t.params) == set(space):
-                study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, STARTING: t.user_attrs.get(STARTING, False)})
-                study._storage.set_trial_user_attr(t._trial_id, RETRIED, True)
+            study.tell(t.number, state=states.FAIL)
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+        for t in trials:
+            if t.state == states.FAIL and t.user_attrs.get(INTERRUPTED) and t.number not in retried and set(t.params) == set(space):
+                study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)})
         start, outside = {}, []
         for key, distribution in space.items():
             value = self._starting_value(key)

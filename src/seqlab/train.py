@@ -458,7 +458,7 @@ def main(cfg: DictConfig) -> Optional[float]:
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
             # with status 0, which would read as success.
-            sigterm = type(error).__name__ == "SIGTERMException"
+            sigterm = type(error).__name__ == "SIGTERMException" or (isinstance(error, SystemExit) and error.code == 143)
             raise SystemExit(143 if sigterm else 130) from None
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)
