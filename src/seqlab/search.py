@@ -159,11 +159,9 @@ def make_pruner(spec: Mapping[str, Any]) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def storage_for(url: Optional[str]) -> Optional[optuna.storages.BaseStorage]:
+def storage_for(url: str) -> optuna.storages.BaseStorage:
     """The study database. SQLite takes one writer at a time: jobs side by side wait for the
     lock (up to a minute) instead of failing at once."""
-    if not url:
-        return None
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
@@ -213,6 +211,9 @@ class Search:
             raise SearchError(f"hydra.sweeper.sampler.name must be one of {', '.join(SAMPLERS)}; got {self.sampler_spec.get('name')!r}")
         if self.pruner_spec.get("name") not in PRUNERS:
             raise SearchError(f"hydra.sweeper.pruner.name must be one of {', '.join(PRUNERS)}; got {self.pruner_spec.get('name')!r}")
+        if not self.storage_url:
+            raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
+                              "paths.optuna_storage, an SQLite file next to the MLflow store)")
         swept = [a for a in self.arguments if self._is_sweep(a)]
         if swept:
             raise SearchError(f"{swept[0]}: a search takes its ranges from hydra.sweeper.params, not from "
@@ -300,18 +301,14 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = storage_for(self.storage_url)
         name = self._name()
-        existing = 0
-        if storage is not None:
-            found = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == name]
-            existing = found[0].n_trials if found else 0
+        found = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == name]
+        existing = found[0].n_trials if found else 0
         seed = self.sampler_spec.get("seed")
         # A resumed study draws on from where it stopped, not the same values again.
         seed = None if seed is None else int(seed) + existing
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True,
                                     sampler=make_sampler(self.sampler_spec, seed, batch > 1),
                                     pruner=make_pruner(self.pruner_spec))
-        if storage is None:
-            log.warning("search    hydra.sweeper.storage is null: the study is kept in memory and cannot be resumed")
         study.set_user_attr("seqlab_pruner", self.pruner_spec)  # each job builds the pruner from these
         study.set_user_attr("seqlab_objective", self.objective)
         return study
@@ -373,7 +370,7 @@ class Search:
         self._prepare(study, space)
         done = len(self._finished(study))
         tracking = self._tracking()
-        print(f"search    study '{study.study_name}' in {self.storage_url or 'memory'}: {done} of {self.n_trials} trials "
+        print(f"search    study '{study.study_name}' in {self.storage_url}: {done} of {self.n_trials} trials "
               f"finished{', continuing' if done else ''}; objective {self.objective} (minimised), sampler "
               f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
               + (f", {batch} trials at a time" if batch > 1 else ""), flush=True)
@@ -395,7 +392,9 @@ class Search:
                 returns.append(batch_returns)
                 for t, ret in zip(trials, batch_returns):
                     outcome = self._tell(study, t, ret, tracking)
-                    print(f"trial {outcome.number:<3} {outcome.state:<8} {self.objective} "
+                    # A pruned trial's value is its last reported val_rmse, not the objective.
+                    measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
+                    print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
                           f"{'-' if outcome.value is None else f'{outcome.value:.4g}'}  run {outcome.run_name or '-'}"
                           + (f"  ({outcome.note})" if outcome.note else ""), flush=True)
                 self.in_flight = []
@@ -414,7 +413,7 @@ class Search:
         return returns
 
     def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
-        env = {ENV_STORAGE: self.storage_url or "", ENV_STUDY: study.study_name, ENV_TRIAL: trial.number}
+        env = {ENV_STORAGE: self.storage_url, ENV_STUDY: study.study_name, ENV_TRIAL: trial.number}
         return [
             *self.arguments,
             *overrides_for(trial.params),

@@ -60,7 +60,7 @@ def report(search: Search, study: optuna.Study, space: Mapping[str, Any], tracki
             f"{counts[states.FAIL]} failed trial(s); this run took {_duration(time.monotonic() - search.started)}")
     lines = [head]
     files: list[Path] = []
-    tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": search.storage_url or "memory"}
+    tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": search.storage_url}
     if not counts[states.COMPLETE]:
         lines.append(f"no trial completed: no best config ({search.objective} was never recorded)")
     else:
