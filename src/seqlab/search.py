@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import signal
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -27,8 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 from seqlab import SeqlabError, one_line
 from seqlab.job import SWEEP_FILE, JobResult
 from seqlab.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_AT
-
-log = logging.getLogger("seqlab")
 
 OBJECTIVES = ("best_val_rmse", "final_val_rmse")
 SAMPLERS = ("tpe", "random")
@@ -229,7 +225,7 @@ class Search:
                                       "and option names as choices")
                 continue
             if OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False) is _MISSING:
-                parent, _, last = key.rpartition(".")
+                parent = key.rpartition(".")[0]
                 raise SearchError(f"hydra.sweeper.params.{key}: {key} is not a config key"
                                   + (f" ({parent} has: {', '.join(self._keys(parent))})" if parent and self._keys(parent) else ""))
         self._compose_extremes(space)
@@ -460,6 +456,9 @@ class Search:
         """The trials that were training when the search stopped are not counted as finished:
         they fail, marked for a run again with the same values when the command is repeated, and
         their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
+        from seqlab import sweep
+
+        sweep.interrupted = True  # the parent run ends KILLED, as a stopped sweep's does
         states = optuna.trial.TrialState
         for trial in self.in_flight:
             try:

@@ -13,7 +13,6 @@ from typing import Any, Mapping, Optional
 import optuna
 
 from seqlab import one_line
-from seqlab.job import fmt
 from seqlab.search import SEARCH_DIR, STARTING, VERDICT_FILE, Search, overrides_for
 
 PLOTS = {
