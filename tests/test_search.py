@@ -227,3 +227,23 @@ def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
     assert space["optimizer.lr"].log and space["model.hidden_size"].step == 8
     assert overrides_for({"optimizer.lr": 1e-05, "optimizer": "adam", "notes": "a b", "x": None}) == [
         "optimizer.lr=1e-05", "optimizer=adam", "notes='a b'", "x=null"]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"type": "float", "low": 1.0, "high": 1.0}, "empty range: low=1.0 must be below high=1.0"),
+        ({"type": "float", "low": -1.0, "high": 1.0, "log": True}, "a log range must stay above 0, got low=-1.0"),
+        ({"type": "lognormal", "low": 1, "high": 2}, "unknown distribution 'lognormal'"),
+        ({"type": "categorical", "choices": []}, "categorical needs a non-empty list of choices"),
+        ({"type": "int", "low": 1, "high": 8, "lo": 2}, "int takes high, log, low, step; not lo"),
+        ({"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1}, "log: true and step cannot be combined"),
+        ("0.1", "give {type: float|int|categorical, ...} or a list of choices"),
+    ],
+)
+def test_each_kind_of_bad_entry_is_named(spec, message):
+    from seqlab.search import SearchError, parse_space
+
+    with pytest.raises(SearchError, match="^hydra.sweeper.params.model.dropout: ") as error:
+        parse_space({"model.dropout": spec})
+    assert message in str(error.value)

@@ -398,6 +398,10 @@ class Search:
                     raise SystemExit(128 + self.stop_signal)
                 done = len(self._finished(study))
         except BaseException as error:
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                from seqlab import sweep
+
+                sweep.interrupted = True  # the parent run ends KILLED, as a stopped sweep's does
             self._interrupted(study, tracking)
             if isinstance(error, KeyboardInterrupt):
                 raise SystemExit(130) from None
@@ -456,9 +460,6 @@ class Search:
         """The trials that were training when the search stopped are not counted as finished:
         they fail, marked for a run again with the same values when the command is repeated, and
         their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
-        from seqlab import sweep
-
-        sweep.interrupted = True  # the parent run ends KILLED, as a stopped sweep's does
         states = optuna.trial.TrialState
         for trial in self.in_flight:
             try:
