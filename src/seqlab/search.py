@@ -40,6 +40,7 @@ VERDICT_FILE = "search_verdict.txt"  # printed by the sweep callback after its s
 STARTING = "starting_config"  # the config's own values
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C or SIGTERM: run again with the same values
 RETRY_OF = "retry_of"  # on the trial that runs an interrupted one's values again
+_MISSING = object()  # OmegaConf.select's answer for a key the config does not have
 
 
 class SearchError(SeqlabError):
@@ -409,7 +410,9 @@ class Search:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        self._report(study, space, tracking)
+        from seqlab.search_report import report
+
+        report(self, study, tracking)
         return returns
 
     def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
@@ -474,16 +477,6 @@ class Search:
             except Exception as error:  # noqa: BLE001 - the stop goes on
                 print(f"trial {trial.number:<3} could not be marked interrupted: {one_line(error)}", flush=True)
         self.in_flight = []
-
-    # -- the result ----------------------------------------------------------------------------
-    def _report(self, study: optuna.Study, space: Mapping[str, Any], tracking: Optional["_Tracking"]) -> None:
-        from seqlab.search_report import report
-
-        report(self, study, space, tracking)
-
-
-_MISSING = object()
-
 
 def _job_result(ret: Any) -> Optional[JobResult]:
     """The job's own result file (seqlab_job.json), if it got as far as writing one."""

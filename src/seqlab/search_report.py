@@ -8,7 +8,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import optuna
 
@@ -49,7 +49,7 @@ def plots(study: optuna.Study, out: Path) -> tuple[list[Path], list[str]]:
     return made, skipped
 
 
-def report(search: Search, study: optuna.Study, space: Mapping[str, Any], tracking: Optional[Any]) -> None:
+def report(search: Search, study: optuna.Study, tracking: Optional[Any]) -> None:
     states = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(t.state == s for t in trials) for s in (states.COMPLETE, states.PRUNED, states.FAIL)}
