@@ -367,8 +367,9 @@ class Search:
         self._prepare(study, space)
         done = len(self._finished(study))
         tracking = self._tracking()
-        print(f"search    study '{study.study_name}' in {self.storage_url}: {done} of {self.n_trials} trials "
-              f"finished{', continuing' if done else ''}; objective {self.objective} (minimised), sampler "
+        progress = (f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}" if done < self.n_trials else
+                    f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)")
+        print(f"search    study '{study.study_name}' in {self.storage_url}: {progress}; objective {self.objective} (minimised), sampler "
               f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
               + (f", {batch} trials at a time" if batch > 1 else ""), flush=True)
         self._sigterm_handler = self._on_sigterm
