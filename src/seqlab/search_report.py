@@ -72,10 +72,13 @@ def report(search: Search, study: optuna.Study, tracking: Optional[Any]) -> None
         config = _best_config(search, best, run_id, tracking, out / "best_config.yaml")
         if config:
             files.append(config)
-        start = next((t for t in trials if t.state == states.COMPLETE and t.user_attrs.get(STARTING)), None)
+        starts = [t for t in trials if t.user_attrs.get(STARTING)]
+        start = next((t for t in starts if t.state == states.COMPLETE), None)
         line = f"best: trial {best.number}" + (f" (run trial-{best.number})" if run_id else "") + f", {search.objective} {best.value:.4g}"
-        if start is None:
-            line += "; the starting config did not complete, so there is nothing to compare it with"
+        if not starts:
+            line += "; the starting config is not among the trials (it lies outside the search space): no comparison"
+        elif start is None:
+            line += f"; the starting config's trial ({starts[-1].number}) did not complete: no comparison"
         elif start.number == best.number:
             line += f": the starting config itself; no trial beat it"
         else:
