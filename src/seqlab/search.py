@@ -334,7 +334,10 @@ class Search:
                 inside = distribution._contains(distribution.to_internal_repr(value))
             except (ValueError, TypeError):
                 inside = False
-            (start.__setitem__(key, value) if inside else outside.append(f"{key}={override_value(value)}"))
+            if inside:
+                start[key] = value
+            else:
+                outside.append(f"{key}={override_value(value)}")
         if outside:
             print(f"search    the starting config's {', '.join(outside)} lies outside the search space: trial 0 samples "
                   "that part, and the verdict makes no comparison with the starting config", flush=True)
