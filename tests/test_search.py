@@ -187,6 +187,7 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
     again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "3 of 4 trials finished, continuing" in again.stdout
+    assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout
     study = _study(tmp_path)
     assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["FAIL", "COMPLETE"]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import optuna
 
 from seqlab import one_line
-from seqlab.search import SEARCH_DIR, STARTING, VERDICT_FILE, Search, overrides_for
+from seqlab.search import INTERRUPTED, SEARCH_DIR, STARTING, VERDICT_FILE, Search, overrides_for
 
 PLOTS = {
     "optimization_history.png": "plot_optimization_history",
@@ -53,10 +53,13 @@ def report(search: Search, study: optuna.Study, tracking: Optional[Any]) -> None
     states = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(t.state == s for t in trials) for s in (states.COMPLETE, states.PRUNED, states.FAIL)}
+    interrupted = sum(t.state == states.FAIL and bool(t.user_attrs.get(INTERRUPTED)) for t in trials)
     out = search.sweep_dir / SEARCH_DIR
     out.mkdir(parents=True, exist_ok=True)
     head = (f"search: study '{study.study_name}': {counts[states.COMPLETE]} complete, {counts[states.PRUNED]} pruned, "
-            f"{counts[states.FAIL]} failed trial(s); this run took {_duration(time.monotonic() - search.started)}")
+            f"{counts[states.FAIL] - interrupted} failed"
+            + (f", {interrupted} interrupted (not counted)" if interrupted else "")
+            + f" trial(s); this run took {_duration(time.monotonic() - search.started)}")
     lines = [head]
     files: list[Path] = []
     tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": search.storage_url}
@@ -80,7 +83,7 @@ def report(search: Search, study: optuna.Study, tracking: Optional[Any]) -> None
         elif start is None:
             line += f"; the starting config's trial ({starts[-1].number}) did not complete: no comparison"
         elif start.number == best.number:
-            line += f": the starting config itself; no trial beat it"
+            line += ": the starting config itself; no trial beat it"
         else:
             gain = start.value - best.value
             line += (f", {gain:.4g} lower than the starting config's {start.value:.4g} (trial {start.number}), "
