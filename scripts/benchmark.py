@@ -1,7 +1,9 @@
-"""Throughput side by side: a plain PyTorch loop, perf=naive and the default, on every device
-present, for the seed shape (1 step x 1440 features) and the 1440 x 1 shape.
+"""Throughput side by side: a plain PyTorch loop, a bare loop of the default's own math (the limit),
+perf=naive and the default, on every device present, for the seed shape (1 step x 1440 features)
+and the 1440 x 1 shape, at one or more batch sizes.
 
     python scripts/benchmark.py                      # the full table (a few minutes on 2 cores)
+    python scripts/benchmark.py --shapes seed --batch-sizes 64,512,4096 --loops bare,default
     python scripts/benchmark.py --smoke --out b.json # seconds: checks that it all runs
     python scripts/benchmark.py --mlflow             # also stored as a run in experiment seqlab-benchmark
 """
@@ -20,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", help="comma-separated: cpu,gpu (default: every device present)")
     parser.add_argument("--shapes", default="seed,profile", help="comma-separated: seed,profile")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-sizes", default="64", help="comma-separated, e.g. 64,512,4096")
+    parser.add_argument("--loops", default=",".join(("plain", "bare", "naive", "default")),
+                        help="comma-separated among plain,bare,naive,default (ratios need plain and bare)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny runs, one repeat: checks it runs, measures nothing")
     parser.add_argument("--out", type=Path, help="write the table as JSON here")
@@ -33,17 +37,26 @@ def main(argv: list[str] | None = None) -> int:
 
     devices = args.devices.split(",") if args.devices else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
     shapes = args.shapes.split(",")
-    unknown = [s for s in shapes if s not in benchmark.SHAPES]
-    if unknown or args.batch_size < 1 or args.repeats < 1:
-        print(f"error: shapes must be among {', '.join(benchmark.SHAPES)}; batch size and repeats positive", file=sys.stderr)
+    loops = tuple(args.loops.split(","))
+    try:
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    except ValueError:
+        batch_sizes = ()
+    if [s for s in shapes if s not in benchmark.SHAPES] or [l for l in loops if l not in benchmark.LOOPS]:
+        print(f"error: --shapes must be among {','.join(benchmark.SHAPES)}, --loops among {','.join(benchmark.LOOPS)}",
+              file=sys.stderr)
+        return 2
+    if not batch_sizes or min(batch_sizes) < 1 or args.repeats < 1:
+        print("error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive", file=sys.stderr)
         return 2
     if "gpu" in devices and not torch.cuda.is_available():
         print("error: --devices gpu asked for a CUDA GPU, but none is present", file=sys.stderr)
         return 2
     repeats = 1 if args.smoke else args.repeats
-    settings = {"batch_size": args.batch_size, "repeats": repeats, "smoke": args.smoke, "shapes": args.shapes}
+    settings = {"batch_sizes": args.batch_sizes, "repeats": repeats, "smoke": args.smoke, "shapes": args.shapes,
+                "loops": ",".join(loops)}
     print(f"machine: {benchmark.machine()}")
-    rows = benchmark.run(devices, shapes, args.batch_size, repeats, args.smoke)
+    rows = benchmark.run(devices, shapes, batch_sizes, repeats, args.smoke, loops=loops)
     print("\n" + benchmark.table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,3 +40,15 @@ def test_pytorch_init_is_pytorchs_default():
     bound = 1 / math.sqrt(24)
     assert model.lstm.weight_hh_l0.abs().max().item() <= bound
     assert torch.count_nonzero(model.lstm.bias_hh_l0) > 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch build has no oneDNN")
+def test_the_lstm_over_many_steps_runs_in_onednns_kernel_on_a_cpu():
+    """The 1440-step shape is bound by the LSTM: its steps must run inside oneDNN's fused LSTM
+    (one call for the whole sequence, forward and backward), not step by step in PyTorch."""
+    model = CNNLSTM(1)
+    x = torch.randn(4, 50, 1)
+    with torch.profiler.profile() as prof:
+        model(x).sum().backward()
+    names = {e.key for e in prof.key_averages()}
+    assert {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"} <= names

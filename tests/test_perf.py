@@ -123,9 +123,9 @@ def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partia
 def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatch):
     """Every way a tensor's value reaches the host is counted while the fused loop runs;
     per-step metrics are read back only when flushed, outside the loop here."""
-    from seqlab.module import SeqRegressor
+    from seqlab.loop import FusedLoop
 
-    inside = {"loop": False, "reads": []}
+    inside = {"loop": False, "reads": [], "calls": 0}
     for name in ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu"):
         original = getattr(torch.Tensor, name)
 
@@ -135,18 +135,20 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    fused = SeqRegressor._fused_steps
+    run = FusedLoop.run
 
-    def watched(self, batch, batch_idx):
+    def watched(self, *args, **kwargs):
         inside["loop"] = True
+        inside["calls"] += 1
         try:
-            return fused(self, batch, batch_idx)
+            return run(self, *args, **kwargs)
         finally:
             inside["loop"] = False
 
-    monkeypatch.setattr(SeqRegressor, "_fused_steps", watched)
-    result = train(compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "logger.flush_every_n_steps=1000"))
+    monkeypatch.setattr(FusedLoop, "run", watched)
+    result = train(compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "perf.steps_per_call=3"))
     assert result.status == "FINISHED"
+    assert inside["calls"] == 6  # 9 steps an epoch in items of 3: the watch did watch the loop
     assert inside["reads"] == []
 
 
@@ -203,20 +205,20 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
     """The module's graph path (static buffers, step counting for Lightning, recording) with
     replays standing in for CUDA: the same losses, the same step count as the eager path."""
     from seqlab.cudagraph import GraphedStep
-    from seqlab.module import SeqRegressor
+    from seqlab.loop import FusedLoop
 
     overrides = ("data.n_samples=700", "trainer.max_epochs=2", "scheduler=none")
     train(compose_cfg(*overrides, "logger.experiment_name=eager"))
-    start = SeqRegressor.on_train_start
+    graphs = []
 
-    def with_graph(self):
-        start(self)
-        raw = self.optimizers().optimizer
-        self.graphed = GraphedStep(lambda x, y, l: self._step(x, y, l, raw.step), self.batch_size,
-                                   capture=_eager_capture, warm_up=lambda s, i: s(*i))
+    def cpu_graph(self, cuda_graph):
+        graphs.append(GraphedStep(lambda x, y, l: self.step(x, y, l, self.shortcut), self.batch_size,
+                                  capture=_eager_capture, warm_up=lambda s, i: s(*i)))
+        return graphs[-1]
 
-    monkeypatch.setattr(SeqRegressor, "on_train_start", with_graph)
+    monkeypatch.setattr(FusedLoop, "_graphed_step", cpu_graph)
     train(compose_cfg(*overrides, "logger.experiment_name=graphed"))
+    assert len(graphs) == 1 and graphs[0].graph is not None  # captured, and replayed from then on
     (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
     history = lambda run: store.get_metric_history(run.info.run_id, "train_loss")  # noqa: E731
     assert [m.step for m in history(graphed)] == [m.step for m in history(eager)] == list(range(1, 19))
@@ -251,21 +253,21 @@ def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, 
 def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
     """Synchronising calls raise inside the fused loop, from its second call on (the first
     warms up and captures), with per-step metrics flushed outside it."""
-    from seqlab.module import SeqRegressor
+    from seqlab.loop import FusedLoop
 
-    fused, calls = SeqRegressor._fused_steps, []
+    run, calls = FusedLoop.run, []
 
-    def strict(self, batch, batch_idx):
-        calls.append(batch_idx)
+    def strict(self, *args, **kwargs):
+        calls.append(len(calls))
         if len(calls) == 1:
-            return fused(self, batch, batch_idx)
+            return run(self, *args, **kwargs)
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return fused(self, batch, batch_idx)
+            return run(self, *args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    monkeypatch.setattr(SeqRegressor, "_fused_steps", strict)
+    monkeypatch.setattr(FusedLoop, "run", strict)
     result = train(compose_cfg("data.n_samples=8000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
                                "data.val_fraction=0", "logger.flush_every_n_steps=1000", "perf.steps_per_call=25"))
     assert result.status == "FINISHED" and len(calls) >= 3
@@ -277,17 +279,34 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--smoke", "--batch-sizes", "32,64", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "SEQLAB_ROOT": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert {(r["shape"], r["loop"]) for r in rows} == {(s, l) for s in ("seed", "profile") for l in ("plain", "naive", "default")}
+    loops = ("plain", "bare", "naive", "default")
+    assert sorted((r["shape"], r["batch_size"], r["loop"]) for r in rows) == sorted(
+        (s, b, l) for s in ("seed", "profile") for b in (32, 64) for l in loops
+    )
     assert all(r["it_per_s"] > 0 and r["steps_per_epoch"] > 0 and len(r["runs"]) == 1 for r in rows)
+    assert all(r["samples_per_s"] == pytest.approx(r["it_per_s"] * r["batch_size"]) for r in rows)
     assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
+    assert all(r["ratio_to_bare"] == 1.0 for r in rows if r["loop"] == "bare")
+    for r in rows:  # each ratio is that row's rate over its own shape and batch's bare rate
+        bare = next(b for b in rows if (b["shape"], b["batch_size"], b["loop"]) == (r["shape"], r["batch_size"], "bare"))
+        assert r["ratio_to_bare"] == pytest.approx(r["it_per_s"] / bare["it_per_s"])
     assert data["machine"]["cpu"]
-    assert "vs plain" in proc.stdout
+    assert "vs plain" in proc.stdout and "vs bare" in proc.stdout
+
+
+def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--batch-sizes", "64,x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive"
+    ]
 
 
 # -- profiling -----------------------------------------------------------------------------------
@@ -324,3 +343,67 @@ def test_steps_per_call_keeps_validation_on_its_iteration(wanted, batches, inter
     from seqlab.perf import steps_per_call
 
     assert steps_per_call(wanted, batches, interval) == expected
+
+
+# -- the loop itself, against a bare loop of the same math ---------------------------------------
+
+
+@pytest.mark.parametrize("matlab", [False, True], ids=["defaults", "matlab-settings"])
+def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
+    """FusedLoop built directly (no Lightning), against the benchmark's `bare` math written out:
+    zeroed gradients, the one-step shortcut, fused Adam, (L2 and threshold), clipping. The same
+    losses and the same weights after 12 steps in items of 4."""
+    from seqlab.gradients import GradientTreatment
+    from seqlab.loop import FusedLoop
+    from seqlab.model import CNNLSTM
+    from seqlab.tracking import StepLog
+
+    torch.manual_seed(0)
+    x, y = torch.randn(12 * 16, 1, 40), torch.randn(12 * 16, 1)
+    models = [CNNLSTM(40, init="matlab" if matlab else "pytorch", dropout=0.0) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    params = [[p for p in m.parameters() if p.requires_grad] for m in models]
+    optimizers = [torch.optim.Adam(p, lr=1e-2, fused=True) for p in params]
+    treatments = [GradientTreatment(m, 1e-4 if matlab else 0.0, 0.05 if matlab else None) for m in models]
+
+    log = StepLog()
+    loop = FusedLoop(models[0], optimizers[0], half_mse, log, batch_size=16, gradients=treatments[0], clip_val=0.5)
+    steps = 0
+    for item in range(3):
+        xi, yi = x[item * 64 : (item + 1) * 64], y[item * 64 : (item + 1) * 64]
+        n, _ = loop.run(xi, yi, None, first_step=steps + 1)
+        steps += n
+    assert steps == 12 and log.steps == list(range(1, 13))
+    looped = [float(v) for v in log.losses]
+
+    model, optimizer, treat = models[1], optimizers[1], treatments[1]
+    for p in params[1]:
+        p.grad = torch.zeros_like(p)
+    bare = []
+    for i in range(12):
+        torch._foreach_zero_([p.grad for p in params[1]])
+        loss = half_mse(model.forward_one_step(x[i * 16 : (i + 1) * 16, 0]), y[i * 16 : (i + 1) * 16])
+        loss.backward()
+        if treat.active:
+            treat()
+        torch.nn.utils.clip_grad_norm_(params[1], 0.5)
+        optimizer.step()
+        bare.append(loss.item())
+    assert looped == pytest.approx(bare, rel=1e-5, abs=1e-7)
+    for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    preds, targets = loop.take_epoch()
+    assert preds.shape == targets.shape == (12 * 16, 1) and torch.equal(targets, y)
+
+
+def test_the_fused_loop_stops_at_max_steps_inside_an_item():
+    from seqlab.loop import FusedLoop
+    from seqlab.model import CNNLSTM
+    from seqlab.tracking import StepLog
+
+    model = CNNLSTM(8)
+    log = StepLog()
+    loop = FusedLoop(model, torch.optim.Adam(model.parameters()), half_mse, log, batch_size=4)
+    n, _ = loop.run(torch.randn(20, 1, 8), torch.randn(20, 1), None, first_step=7, max_steps=3)
+    assert n == 3 and log.steps == [7, 8, 9]
+    assert loop.take_epoch()[0].shape == (12, 1)

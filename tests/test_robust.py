@@ -350,21 +350,21 @@ def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, m
 
     import torch
 
-    from seqlab.tracking import StepMetricsRecorder
+    from seqlab.tracking import StepLog
 
     args = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
             "deterministic=true"]  # 410 training samples: 13 steps an epoch
-    record = StepMetricsRecorder.record
+    add = StepLog.add
 
-    def record_then_signal(self, loss, step, lr):
-        record(self, loss, step, lr)
+    def add_then_signal(self, loss, step, lr):
+        add(self, loss, step, lr)
         if step == stop_after:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(StepMetricsRecorder, "record", record_then_signal)
+    monkeypatch.setattr(StepLog, "add", add_then_signal)
     with pytest.raises(SystemExit):
         train(compose_cfg(*args))
-    monkeypatch.setattr(StepMetricsRecorder, "record", record)
+    monkeypatch.setattr(StepLog, "add", add)
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
     assert run.data.tags["interrupted_at_step"] == ("10" if stop_after == 7 else "13")

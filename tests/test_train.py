@@ -148,8 +148,9 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     train(compose_cfg(*TINY))
     (run,) = runs_of(store, "seqlab")
     times = [m.value for m in store.get_metric_history(run.info.run_id, "epoch_time_s")]
-    assert len(times) == 2 and max(times) < 0.4
-    assert run.data.metrics["train_wall_s"] > 1.0  # the validations did run, outside the timing
+    # Two validations of one batch each slept 1.0 s in all: inside the wall time, outside the epochs'.
+    assert len(times) == 2
+    assert sum(times) < run.data.metrics["train_wall_s"] - 1.0
 
 
 def test_tiny_data_edge_cases_train(compose_cfg, store):

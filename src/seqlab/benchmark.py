@@ -1,13 +1,16 @@
 """Side-by-side throughput of the same model on the same data for the same steps, in one process:
-(a) a plain hand-written PyTorch loop, (b) perf=naive, (c) the default (perf=fast), with MLflow
-tracking on for (b) and (c). Runs alternate (a, b, c, a, b, c, ...) so that a noisy machine
-slows all of them alike; each figure is the median over repeats of the median epoch, the first
-epoch (warm-up) left out, the device synchronised before every clock read."""
+(a) `plain`: the loop people write by hand; (b) `bare`: the default's own math (exact one-step
+shortcuts, fused optimizer, data on the device) as a bare Python loop, no Lightning, no tracking:
+the limit the default is held to; (c) `naive`: perf=naive; (d) `default` (perf=fast), with MLflow
+tracking on for (c) and (d). Runs alternate (a, b, c, d, a, b, ...) so that a noisy machine slows
+all of them alike; each figure is the median over repeats of the median epoch, the first epoch
+(warm-up) left out, the device synchronised before every clock read."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -31,7 +34,7 @@ SHAPES = {
     "profile": (["data=daily_profile"], 8, 4),  # 1440 steps x 1 feature: LSTM-bound
 }
 SMOKE_SHAPES = {"seed": (["data=synthetic"], 4, 2), "profile": (["data=daily_profile"], 2, 2)}
-LOOPS = ("plain", "naive", "default")
+LOOPS = ("plain", "bare", "naive", "default")
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Row:
     it_per_s: float
     samples_per_s: float
     ratio_to_plain: float = 0.0
+    ratio_to_bare: float = 0.0
     runs: list[float] = field(default_factory=list)  # it/s of each repeat
 
 
@@ -87,9 +91,8 @@ def _overrides(shape: str, device: str, batch_size: int, smoke: bool, root: Path
     ], batches, epochs
 
 
-def plain_loop(cfg, device: str) -> list[float]:
-    """The loop people write by hand: tensors on the device, a new permutation each epoch, the
-    same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
+def _setup(cfg, device: str):
+    """What both hand-written loops start from: the config's data and model on the device, its loss."""
     from hydra.utils import instantiate
 
     from seqlab.module import LOSS_FUNCTIONS
@@ -99,8 +102,16 @@ def plain_loop(cfg, device: str) -> list[float]:
     data = instantiate(cfg.data.source)(n_samples=cfg.data.n_samples, seed=cfg.data.seed)
     x, y = torch.from_numpy(data.x).to(dev), torch.from_numpy(data.y).to(dev)
     model = instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]).to(dev)
+    return dev, x, y, model, LOSS_FUNCTIONS[cfg.module.loss]
+
+
+def plain_loop(cfg, device: str) -> list[float]:
+    """The loop people write by hand: tensors on the device, a new permutation each epoch, the
+    same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
+    from hydra.utils import instantiate
+
+    dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = instantiate(cfg.optimizer)(params=model.parameters())
-    loss_fn = LOSS_FUNCTIONS[cfg.module.loss]
     bs = cfg.data.batch_size
     rates = []
     for _ in range(cfg.trainer.max_epochs):
@@ -111,6 +122,42 @@ def plain_loop(cfg, device: str) -> list[float]:
         for i in range(len(x) // bs):
             optimizer.zero_grad()
             loss = loss_fn(model(xs[i * bs : (i + 1) * bs]), ys[i * bs : (i + 1) * bs])
+            loss.backward()
+            optimizer.step()
+        synchronize(dev)
+        rates.append((len(x) // bs) / (time.perf_counter() - start))
+    return rates
+
+
+def bare_loop(cfg, device: str) -> list[float]:
+    """The limit: the same math as the default (perf=fast) with nothing around it. The exact
+    one-step shortcut forward where the data has one step, the optimizer fused, gradients kept as
+    zeroed tensors (as the default keeps them, so unused parameters still get their update), the
+    data on the device, an on-device permutation each epoch into a reused buffer. Returns it/s
+    per epoch."""
+    from hydra.utils import instantiate
+
+    from seqlab.perf import optimizer_factory
+
+    dev, x, y, model, loss_fn = _setup(cfg, device)
+    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
+    grads = []
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    forward = (lambda xb: model.forward_one_step(xb[:, 0])) if x.shape[1] == 1 else model
+    bs = cfg.data.batch_size
+    xs, ys = torch.empty_like(x), torch.empty_like(y)
+    rates = []
+    for _ in range(cfg.trainer.max_epochs):
+        synchronize(dev)
+        start = time.perf_counter()
+        order = torch.randperm(len(x), device=dev)
+        torch.index_select(x, 0, order, out=xs)
+        torch.index_select(y, 0, order, out=ys)
+        for i in range(len(x) // bs):
+            torch._foreach_zero_(grads)
+            loss = loss_fn(forward(xs[i * bs : (i + 1) * bs]), ys[i * bs : (i + 1) * bs])
             loss.backward()
             optimizer.step()
         synchronize(dev)
@@ -133,6 +180,9 @@ def framework_loop(cfg) -> list[float]:
     return [m.value for m in client.get_metric_history(run.info.run_id, "it_per_s")]
 
 
+_BARE_LOOPS = {"plain": plain_loop, "bare": bare_loop}
+
+
 def _epoch_median(rates: list[float]) -> float:
     return statistics.median(rates[1:] if len(rates) > 1 else rates)
 
@@ -140,42 +190,43 @@ def _epoch_median(rates: list[float]) -> float:
 def run(
     devices: list[str],
     shapes: list[str],
-    batch_size: int = 64,
+    batch_sizes: tuple[int, ...] = (64,),
     repeats: int = 3,
     smoke: bool = False,
     progress=print,
+    loops: tuple[str, ...] = LOOPS,
 ) -> list[Row]:
     logging.getLogger("seqlab").setLevel(logging.WARNING)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="seqlab-bench-") as tmp:
         root = Path(tmp)
-        for device in devices:
-            for shape in shapes:
-                overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
-                configs = {
-                    "plain": _compose(overrides),
-                    "naive": _compose([*overrides, "perf=naive"]),
-                    "default": _compose(overrides),
-                }
-                runs: dict[str, list[float]] = {loop: [] for loop in LOOPS}
-                for repeat in range(repeats):
-                    for loop in LOOPS:
-                        cfg = configs[loop]
-                        rates = plain_loop(cfg, device) if loop == "plain" else framework_loop(cfg)
-                        runs[loop].append(_epoch_median(rates))
-                        progress(f"  {device:4} {shape:8} {loop:8} repeat {repeat + 1}/{repeats}: {runs[loop][-1]:,.1f} it/s")
-                plain = statistics.median(runs["plain"])
-                for loop in LOOPS:
-                    it = statistics.median(runs[loop])
-                    rows.append(Row(device, shape, loop, batch_size, batches, it, it * batch_size, it / plain, runs[loop]))
+        for device, shape, batch_size in itertools.product(devices, shapes, batch_sizes):
+            overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
+            configs = {loop: _compose([*overrides, "perf=naive"] if loop == "naive" else overrides) for loop in loops}
+            bare_math = [loop for loop in loops if loop in ("plain", "bare")]
+            runs: dict[str, list[float]] = {loop: [] for loop in loops}
+            for repeat in range(repeats):
+                for loop in loops:
+                    cfg = configs[loop]
+                    rates = _BARE_LOOPS[loop](cfg, device) if loop in bare_math else framework_loop(cfg)
+                    runs[loop].append(_epoch_median(rates))
+                    progress(f"  {device:4} {shape:8} bs{batch_size:<5} {loop:8} repeat {repeat + 1}/{repeats}: "
+                             f"{runs[loop][-1]:,.1f} it/s")
+            medians = {loop: statistics.median(values) for loop, values in runs.items()}
+            for loop in loops:
+                it = medians[loop]
+                rows.append(Row(device, shape, loop, batch_size, batches, it, it * batch_size,
+                                it / medians["plain"] if "plain" in medians else float("nan"),
+                                it / medians["bare"] if "bare" in medians else float("nan"), runs[loop]))
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'device':6} {'shape':8} {'loop':8} {'it/s':>9} {'samples/s':>11} {'vs plain':>8}"]
+    lines = [f"{'device':6} {'shape':8} {'batch':>5} {'loop':8} {'it/s':>9} {'samples/s':>11} {'vs plain':>8} {'vs bare':>8}"]
     for r in rows:
         lines.append(
-            f"{r.device:6} {r.shape:8} {r.loop:8} {r.it_per_s:9,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x"
+            f"{r.device:6} {r.shape:8} {r.batch_size:5} {r.loop:8} {r.it_per_s:9,.1f} {r.samples_per_s:11,.0f} "
+            f"{r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
         )
     return "\n".join(lines)
 
@@ -187,12 +238,13 @@ def to_json(rows: list[Row], settings: dict) -> str:
 def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]) -> str:
     from seqlab.tracking import MlflowTracker
 
-    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True)
+    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline")
     with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):
         tracker.log_params({k: str(v) for k, v in settings.items()})
         tracker.log_metrics(
-            {f"{r.device}.{r.shape}.{r.loop}.it_per_s": r.it_per_s for r in rows}
-            | {f"{r.device}.{r.shape}.{r.loop}.ratio_to_plain": r.ratio_to_plain for r in rows},
+            {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.it_per_s": r.it_per_s for r in rows}
+            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.ratio_to_plain": r.ratio_to_plain for r in rows}
+            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.ratio_to_bare": r.ratio_to_bare for r in rows},
             step=0,
         )
         with tempfile.TemporaryDirectory() as tmp:

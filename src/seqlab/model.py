@@ -35,8 +35,6 @@ class CNNLSTM(nn.Module):
         self.lstm = nn.LSTM(filters, hidden_size, batch_first=True)
         self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(hidden_size, n_outputs)
-        # Exact shortcuts for one-step inputs (perf.exact_shortcuts): see forward_one_step.
-        self.shortcuts = False
         if init not in INITS:
             raise SeqlabError(f"model.init must be one of {', '.join(INITS)}; got {init!r}")
         if init == "matlab":
@@ -44,8 +42,6 @@ class CNNLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (batch, steps, features); lengths: real steps of right-padded sequences, if any."""
-        if self.shortcuts and x.shape[1] == 1 and self.lstm.num_layers == 1:
-            return self.forward_one_step(x[:, 0])
         h = self.conv(x.transpose(1, 2))  # (B, filters, steps)
         h = self.relu(self.bn(h))
         out, _ = self.lstm(h.transpose(1, 2))  # (B, steps, hidden)
@@ -58,7 +54,8 @@ class CNNLSTM(nn.Module):
         return self.fc(self.drop(last))
 
     def forward_one_step(self, x: torch.Tensor) -> torch.Tensor:
-        """The same function for a single step, in fewer and larger operations:
+        """The same function for a single step, in fewer and larger operations (the training
+        loop takes it for one-step data, perf.exact_shortcuts; seqlab.loop):
         - with one step and 'same' padding, every convolution tap but one only ever multiplies
           the zero padding, so the convolution is a linear map through that one tap;
         - an LSTM step from a zero state has no recurrent term and no forget-gate term:

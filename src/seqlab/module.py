@@ -1,7 +1,8 @@
 """The LightningModule: the loss, torchmetrics on train and validation, optimizer and scheduler
 built from their config groups, and MATLAB's gradient treatment (coupled L2, gradient threshold)
-where the module config asks for it. Nothing here reads a value back to the host during a
-training step: metrics accumulate on the device and are computed once per epoch."""
+where the module config asks for it. The default training loop itself lives in seqlab.loop.
+Nothing here reads a value back to the host during a training step: metrics accumulate on the
+device and are computed once per epoch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
 from seqlab.gradients import GradientTreatment
+from seqlab.loop import FusedLoop
 from seqlab.profiling import phase
 
 log = logging.getLogger("seqlab")
@@ -55,13 +57,25 @@ def _compute(metrics: MetricCollection) -> dict[str, torch.Tensor]:
     return out
 
 
+def count_optimizer_steps(optimizer: Any, n: int) -> None:
+    """The fused loop stepped the raw optimizer n times: Lightning's step counters (global_step,
+    max_steps, step-based checkpoints and validation) advance as its optimizer wrapper would
+    have advanced them. Lightning's private hooks: pytorch-lightning is pinned (<2.7)."""
+    for _ in range(n):
+        optimizer._on_before_step()
+        optimizer._on_after_step()
+
+
 def _unpack(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     x, y, *rest = batch
     return x, y, (rest[0] if rest else None)
 
 
 class SeqRegressor(pl.LightningModule):
-    """Built from conf/module/ (a partial) with the model, optimizer and scheduler."""
+    """Built from conf/module/ (a partial) with the model, optimizer and scheduler, and how it
+    trains: with `loop` (a partial of seqlab.loop.FusedLoop, perf=fast) each training_step runs
+    the K mini-batches of its item in that loop; without (perf=naive, and DDP), Lightning's
+    automatic optimisation runs one step a call."""
 
     def __init__(
         self,
@@ -73,24 +87,18 @@ class SeqRegressor(pl.LightningModule):
         gradient_threshold: Optional[float] = None,
         gradient_threshold_method: str = "l2norm",
         bn_statistics: str = "moving",
-        steps_per_call: int = 1,
-        batch_size: Optional[int] = None,
+        step_log: Optional[Any] = None,
+        loop: Optional[Callable[..., FusedLoop]] = None,
         loss_on_progress_bar: bool = False,
-        cuda_graph: str = "off",
     ) -> None:
         super().__init__()
-        # steps_per_call > 1: the fused loop (perf=fast). Each training_step gets K mini-batches
-        # in one tensor and runs K optimizer steps itself, so Lightning's per-batch work is paid
-        # once per K steps. steps_per_call == 1: Lightning's automatic optimisation, one step a call.
-        self.automatic_optimization = steps_per_call == 1
-        self.batch_size = batch_size
+        self.automatic_optimization = loop is None
+        self.loop_factory = loop
+        self.loop: Optional[FusedLoop] = None  # built when training starts: it needs the optimizer
+        # Every step's loss, number and learning rate, kept until tracking sends them (seqlab.tracking).
+        self.step_log = step_log
         self.loss_on_progress_bar = loss_on_progress_bar
-        # Receives (loss, step, lr) after each optimizer step; set by the task (tracking).
-        self.step_sink: Optional[Callable[[torch.Tensor, int, Any], None]] = None
         self.samples_trained = 0  # samples the optimizer steps have used (for throughput)
-        self.clip_val: Optional[float] = None  # trainer.gradient_clip_val, applied by the fused loop
-        self.cuda_graph = str(cuda_graph).lower()  # auto | on | off (YAML may give a bool)
-        self.graphed = None
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -98,21 +106,41 @@ class SeqRegressor(pl.LightningModule):
         self.loss_fn = LOSS_FUNCTIONS[loss]
         self.gradients = GradientTreatment(model, l2_regularization, gradient_threshold, gradient_threshold_method)
         self.bn_statistics = bn_statistics
-        # Per-step train_loss/train_rmse are recorded by tracking.StepMetricsRecorder from the
-        # step's loss; these are the epoch-level train metrics over every sample of the epoch.
+        # Per-step train_loss/train_rmse come from the step log; these are the epoch-level train
+        # metrics over every sample of the epoch.
         self.train_metrics = _metrics("train_", "_epoch")
         self.val_metrics = _metrics("val_")
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.model(x, lengths)
 
-    def _lr(self, optimizer: torch.optim.Optimizer) -> Any:
-        return optimizer.param_groups[0]["lr"]
+    def on_train_start(self) -> None:
+        if self.loop_factory is None:
+            return
+        from pytorch_lightning.strategies import SingleDeviceStrategy
+
+        optimizer = self.optimizers()
+        # In full precision on one device, Lightning's optimizer wrapper and manual_backward add
+        # only hooks this project does not use: the loop calls the raw optimizer and a plain
+        # backward, and the module counts its steps. A precision plugin that scales the loss must
+        # see both: then the loop goes through Lightning.
+        plain = str(self.trainer.precision) in ("32-true", "64-true") and isinstance(
+            self.trainer.strategy, SingleDeviceStrategy
+        )
+        through_lightning = {} if plain else {"optimizer_step": optimizer.step, "backward": self.manual_backward}
+        self.loop = self.loop_factory(
+            model=self.model,
+            optimizer=optimizer.optimizer,
+            loss_fn=self.loss_fn,
+            step_log=self.step_log,
+            gradients=self.gradients,
+            **through_lightning,
+        )
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        if not self.automatic_optimization:
-            return self._fused_steps(batch, batch_idx)
         x, y, lengths = _unpack(batch)
+        if self.loop is not None:
+            return self._loop_step(x, y, lengths, batch_idx)
         self.samples_trained += len(x)
         with phase("forward"):
             pred = self.model(x, lengths)
@@ -120,39 +148,29 @@ class SeqRegressor(pl.LightningModule):
         self.train_metrics.update(pred.detach(), y)
         if self.loss_on_progress_bar:  # perf=naive: what a first Lightning module does
             self.log("loss", loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
-        if self.step_sink is not None:
+        if self.step_log is not None:
             # Called before Lightning's optimizer step: this step is global_step + 1.
             with phase("logging"):
-                self.step_sink(loss.detach(), self.global_step + 1, self._lr(self.trainer.optimizers[0]))
+                self.step_log.add(loss.detach(), self.global_step + 1, self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
-    def on_train_start(self) -> None:
-        if self.automatic_optimization:
-            return
-        # In full precision on one device, Lightning's manual_backward adds only hooks this
-        # project does not use; a plain backward() is the same computation.
-        from pytorch_lightning.strategies import SingleDeviceStrategy
+    def _loop_step(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        max_steps = self.trainer.max_steps
+        n, loss = self.loop.run(x, y, lengths, self.global_step + 1,
+                                max_steps - self.global_step if max_steps > 0 else None)
+        if not self.loop.counts_steps:
+            count_optimizer_steps(self.optimizers(), n)
+        self.samples_trained += min(len(x), n * self.loop.batch_size)  # only an item's last batch can be short
+        if batch_idx + 1 >= self.trainer.num_training_batches:
+            # Folded in at the epoch's last item, so this work counts in the epoch's timing as a
+            # per-step metric update does on the automatic path.
+            self._fold_epoch_predictions()
+        return loss
 
-        self._plain_backward = str(self.trainer.precision) in ("32-true", "64-true") and isinstance(
-            self.trainer.strategy, SingleDeviceStrategy
-        )
-        self._epoch_preds: list[torch.Tensor] = []
-        self._epoch_targets: list[torch.Tensor] = []
-        self.graphed = None
-        asked = self.cuda_graph in ("on", "true")
-        if asked or (self.cuda_graph == "auto" and self.device.type == "cuda"):
-            raw = self.optimizers().optimizer
-            capturable = all(group.get("capturable", False) for group in raw.param_groups)
-            if self.device.type != "cuda" or not self._plain_backward or not capturable:
-                if asked:
-                    log.warning(
-                        "perf      perf.cuda_graph=on needs one CUDA device, full precision and a capturable "
-                        "optimizer (Adam, AdamW): training eagerly"
-                    )
-            else:
-                from seqlab.cudagraph import GraphedStep
-
-                self.graphed = GraphedStep(lambda x, y, lengths: self._step(x, y, lengths, raw.step), self.batch_size)
+    def _fold_epoch_predictions(self) -> None:
+        taken = self.loop.take_epoch() if self.loop is not None else None
+        if taken is not None:
+            self.train_metrics.update(*taken)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Dropout draws from the global generators: a resumed run continues their streams.
@@ -173,60 +191,6 @@ class SeqRegressor(pl.LightningModule):
         if self.automatic_optimization:
             super().on_validation_model_zero_grad()
 
-    def _gradient_buffers(self) -> list[torch.Tensor]:
-        """Every trainable parameter's gradient tensor, created as zeros where missing. They are
-        zeroed in place, never set to None, so a parameter a shortcut leaves unused (the LSTM's
-        recurrent weights for one-step inputs) still gets its zero gradient, its L2 term and its
-        Adam update, as on the full path. Rebuilt each call: Lightning sets gradients to None
-        around validation."""
-        grads = []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        return grads
-
-    def _fused_steps(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        optimizer = self.optimizers()
-        self._gradient_buffers()
-        x, y, lengths = _unpack(batch)
-        max_steps = self.trainer.max_steps
-        bs = self.batch_size or len(x)
-        loss = x.new_zeros(())
-        for start in range(0, len(x), bs):
-            if 0 < max_steps <= self.global_step:
-                break
-            xb, yb = x[start : start + bs], y[start : start + bs]
-            lb = None if lengths is None else lengths[start : start + bs]
-            lr = self._lr(optimizer)
-            out = self.graphed(xb, yb, lb) if self.graphed is not None else None
-            if out is None:
-                # Lightning's optimizer wrapper counts the step (global_step, max_steps).
-                loss, pred = self._step(xb, yb, lb, optimizer.step)
-            else:
-                loss, pred = out
-                optimizer._on_before_step()  # the step ran inside the graph: count it as Lightning does
-                optimizer._on_after_step()
-            self.samples_trained += len(xb)
-            # Epoch metrics are computed once, over all of the epoch's predictions: keeping
-            # references here costs nothing per step, unlike a metric update.
-            self._epoch_preds.append(pred.detach())
-            self._epoch_targets.append(yb)
-            if self.step_sink is not None:
-                with phase("logging"):
-                    self.step_sink(loss.detach(), self.global_step, lr)
-        if batch_idx + 1 >= self.trainer.num_training_batches:
-            # Folded in at the epoch's last call, so this work counts in the epoch's timing as a
-            # per-step metric update does on the automatic path.
-            self._fold_epoch_predictions()
-        return loss.detach()
-
-    def _fold_epoch_predictions(self) -> None:
-        if self._epoch_preds:
-            self.train_metrics.update(torch.cat(self._epoch_preds), torch.cat(self._epoch_targets))
-            self._epoch_preds, self._epoch_targets = [], []
-
     # Lightning's automatic optimisation runs these two hooks: marked for the profiler.
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         with phase("backward"):
@@ -240,28 +204,9 @@ class SeqRegressor(pl.LightningModule):
         with phase("host_to_device"):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def _step(self, x, y, lengths, optimizer_step: Callable[[], Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
-        torch._foreach_zero_([p.grad for p in self.model.parameters() if p.grad is not None])
-        with phase("forward"):
-            pred = self.model(x, lengths)
-            loss = self.loss_fn(pred, y)
-        with phase("backward"):
-            if self._plain_backward:
-                loss.backward()
-            else:
-                self.manual_backward(loss)
-        with phase("optimizer"):
-            if self.gradients.active:
-                self.gradients()
-            if self.clip_val:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_val, foreach=True)
-            optimizer_step()
-        return loss, pred
-
     def on_train_epoch_end(self) -> None:
         if not self.automatic_optimization:
-            self._fold_epoch_predictions()  # an epoch that max_steps ended early
+            self._fold_epoch_predictions()  # an epoch that max_steps or a stop ended early
         self.log_dict(_compute(self.train_metrics))
         self.train_metrics.reset()
         if not self.automatic_optimization:

@@ -23,6 +23,7 @@ LOADERS = ("tensor", "dataloader")
 OPTIMIZER_IMPLS = ("fused", "foreach", "default")
 CUDA_GRAPH = ("auto", "on", "off")
 PROGRESS = ("line", "bar")
+STEP_WRITERS = ("process", "inline")
 # One process per device through Lightning: "ddp" (gloo on CPU, NCCL on GPUs). "auto" with
 # devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported: the
 # MLflow run is owned by the process that started the job.
@@ -108,6 +109,7 @@ class LoggerConfig:
     system_metrics_interval_s: float = 2.0
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
+    step_writer: str = "process"  # per-step metrics into a local store: process | inline (seqlab.step_writer)
 
 
 @dataclass
@@ -285,6 +287,8 @@ def validate(cfg: DictConfig) -> None:
         cfg.logger.system_metrics_interval_s > 0,
         f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
     )
+    _require(cfg.logger.step_writer in STEP_WRITERS,
+             f"logger.step_writer must be one of {', '.join(STEP_WRITERS)}; got {cfg.logger.step_writer!r}")
     p = cfg.perf
     for key, choices in (("loader", LOADERS), ("optimizer_impl", OPTIMIZER_IMPLS), ("cuda_graph", CUDA_GRAPH), ("progress", PROGRESS)):
         value = str(p[key]).lower() if key == "cuda_graph" else p[key]  # YAML reads a bare off/on as a bool

@@ -69,6 +69,7 @@ class MlflowTracker:
         system_metrics_interval_s: float = 2.0,
         outage_wait_s: float = 60.0,
         fallback_uri: Optional[str] = None,
+        step_writer: str = "process",
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -98,6 +99,10 @@ class MlflowTracker:
         self.outbox = None
         self.logged: dict[str, Any] = {"params": {}, "tags": {}, "metrics": [], "artifacts": [], "name": None}
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
+        # Per-step series into a local store: "process" (seqlab.step_writer, off the training
+        # process) or "inline" (MLflow's own background logging, in this process).
+        self.step_writer = step_writer
+        self.writer = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
@@ -164,6 +169,21 @@ class MlflowTracker:
         if self.is_server and self.outbox is None:
             run_id = self.run_id
             self.outbox = Outbox(lambda item: self.client.log_batch(run_id, synchronous=True, **item), self.tracking_uri)
+        elif not self.is_server and self.step_writer == "process" and self.writer is None:
+            from seqlab.step_writer import StepWriter
+
+            # Started with the run: its start-up (importing MLflow) overlaps the job's.
+            self.writer = StepWriter(self.tracking_uri, self.run_id)
+
+    def _close_writer(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        left, why = writer.close()
+        if left:
+            log.warning("tracking  the step writer stopped (%s): its last %d metric values are written from here",
+                        why, len(left))
+            self._send([Metric(k, v, ts, step) for k, v, ts, step in left], keep_history=False)
 
     def start_system_metrics(self) -> None:
         """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
@@ -189,6 +209,7 @@ class MlflowTracker:
             self._end_on_server(status, reason)
             return
         try:
+            self._close_writer()
             self.flush()
         finally:
             if reason:
@@ -229,7 +250,7 @@ class MlflowTracker:
         if not self.fallback_uri:
             raise SeqlabError(f"the tracking server at {self.tracking_uri} did not come back, and "
                               "logger.fallback_uri is not set: this run's last metrics were not stored")
-        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root)
+        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline")
         tags = {**self.logged["tags"], "server_uri": self.tracking_uri, "server_run_id": self.run_id}
         tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
         local.start(self.logged["name"] or "run", tags)
@@ -289,7 +310,14 @@ class MlflowTracker:
         self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
-        """Many steps of some metrics in as few calls as MLflow allows."""
+        """Many steps of some metrics in as few calls as MLflow allows (through the step writer
+        where there is one)."""
+        if self.writer is not None:
+            rows = [(name, float(v), ts, step) for name, values in series.items() for v, step, ts in zip(values, steps, timestamps)]
+            for name, values in series.items():
+                self.history[name].extend(zip(steps, map(float, values)))
+            self.writer.send(rows)
+            return
         self._send(
             [
                 Metric(name, float(v), ts, step)
@@ -298,9 +326,13 @@ class MlflowTracker:
             ]
         )
 
-    def _send(self, metrics: list[Metric]) -> None:
-        for m in metrics:
-            self.history[m.key].append((m.step, m.value))
+    def _send(self, metrics: list[Metric], keep_history: bool = True) -> None:
+        if keep_history:
+            for m in metrics:
+                self.history[m.key].append((m.step, m.value))
+        if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
+            self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
+            return
         if self.outbox is not None:
             self.logged["metrics"].extend(metrics)
             for i in range(0, len(metrics), MAX_BATCH):
@@ -378,7 +410,7 @@ class SilentTracker(MlflowTracker):
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         pass
 
-    def _send(self, metrics: list[Metric]) -> None:
+    def _send(self, metrics: list[Metric], keep_history: bool = True) -> None:
         for m in metrics:
             self.history[m.key].append((m.step, m.value))
 
@@ -449,11 +481,39 @@ class Diverged(SeqlabError):
     """The loss became NaN or Inf."""
 
 
+class StepLog:
+    """Every optimizer step's loss, number, learning rate and time, until the recorder sends them.
+    The loss stays a reference to a device tensor (no copy, no synchronisation); a tensor
+    learning rate (CUDA graphs) too: it changes only when the scheduler steps, after the
+    epoch's last flush."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.steps: list[int] = []
+        self.lrs: list[Any] = []
+        self.times: list[int] = []
+
+    def add(self, loss: torch.Tensor, step: int, lr: Any) -> None:
+        self.losses.append(loss)
+        self.steps.append(step)
+        self.lrs.append(lr)
+        self.times.append(int(time.time() * 1000))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def take(self) -> tuple[list[torch.Tensor], list[int], list[Any], list[int]]:
+        taken = self.losses, self.steps, self.lrs, self.times
+        self.losses, self.steps, self.lrs, self.times = [], [], [], []
+        return taken
+
+
 class StepMetricsRecorder(pl.Callback):
     """Records train_loss, train_rmse and lr for every optimizer step without a per-step host
-    synchronisation: the module hands each step's loss tensor to `record`, which keeps it on the
-    device; the losses are read back together and sent to MLflow once every `every_n_steps`
-    steps and at the end of each epoch."""
+    synchronisation: the training loop adds each step to `steps` (a StepLog); between Lightning
+    calls, once `every_n_steps` are waiting, and at the end of each epoch, their losses are read
+    back together and sent to MLflow in one batch. The per-step train_rmse is a function of the
+    loss (`loss_to_mse`), so it costs the step nothing."""
 
     def __init__(
         self,
@@ -464,25 +524,13 @@ class StepMetricsRecorder(pl.Callback):
         self.tracker = tracker
         self.every_n_steps = every_n_steps
         self.loss_to_mse = loss_to_mse
-        self.losses: list[torch.Tensor] = []  # still on the device
-        self.steps: list[int] = []
-        self.lrs: list[Any] = []
-        self.times: list[int] = []
-
-    def record(self, loss: torch.Tensor, step: int, lr: Any) -> None:
-        self.losses.append(loss)  # a reference to a device tensor: no copy, no synchronisation
-        self.tracker.step = step
-        self.steps.append(step)
-        # A tensor learning rate (CUDA graphs) is kept by reference: it changes only when the
-        # scheduler steps, after the epoch's last flush.
-        self.lrs.append(lr)
-        self.times.append(int(time.time() * 1000))
-        if len(self.steps) == self.every_n_steps:
-            self.flush()
+        self.steps = StepLog()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if batch_idx + 1 >= trainer.num_training_batches:
-            self.flush()  # inside the epoch's timing, before the scheduler steps
+        # Epoch-level metrics are logged at the last step trained (Lightning's own logging step lags by one at epoch end).
+        self.tracker.step = trainer.global_step
+        if len(self.steps) >= self.every_n_steps or batch_idx + 1 >= trainer.num_training_batches:
+            self.flush()  # the epoch's last inside the epoch's timing, before the scheduler steps
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()
@@ -497,7 +545,8 @@ class StepMetricsRecorder(pl.Callback):
     def flush(self) -> None:
         if not self.steps:
             return
-        losses = torch.stack(self.losses)
+        losses, steps, lrs, times = self.steps.take()
+        losses = torch.stack(losses)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # DDP: each process trained on its own share of the batch; the step's loss is their
             # mean. Every process flushes at the same steps, so this collective lines up.
@@ -505,13 +554,12 @@ class StepMetricsRecorder(pl.Callback):
             losses = losses / torch.distributed.get_world_size()
         losses = losses.tolist()  # the one synchronisation
         rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
-        diverged = next(((step, v) for step, v in zip(self.steps, losses) if not math.isfinite(v)), None)
-        if self.lrs and isinstance(self.lrs[0], torch.Tensor):
-            lrs = torch.stack(self.lrs).tolist()  # read back together with the losses
+        diverged = next(((step, v) for step, v in zip(steps, losses) if not math.isfinite(v)), None)
+        if isinstance(lrs[0], torch.Tensor):
+            lrs = torch.stack(lrs).tolist()  # read back together with the losses
         else:
-            lrs = [float(lr) for lr in self.lrs]
-        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, self.steps, self.times)
-        self.losses, self.steps, self.lrs, self.times = [], [], [], []
+            lrs = [float(lr) for lr in lrs]
+        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, steps, times)
         if diverged is not None:
             # Read back every flush (logger.flush_every_n_steps), so a divergence stops the run
             # within that many steps without a per-step check.

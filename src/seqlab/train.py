@@ -11,6 +11,7 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -168,6 +169,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
+    from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
     from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
@@ -214,10 +216,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call).
     batches = len(datamodule.train_dataloader())
     val_check_interval = cfg.trainer.val_check_interval if datamodule.has_val() else None
+    fused = perf.steps_per_call > 1 and not multi_process(cfg.trainer)
     k, val_check_interval = (
-        steps_per_call(perf.steps_per_call, batches, val_check_interval)
-        if perf.steps_per_call > 1 and not multi_process(cfg.trainer)
-        else (1, val_check_interval)
+        steps_per_call(perf.steps_per_call, batches, val_check_interval) if fused else (1, val_check_interval)
     )
     if multi_process(cfg.trainer):
         # DDP synchronises gradients in each backward of its wrapped forward: one optimizer
@@ -225,25 +226,27 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         _start_ranks_as_this_job(job)
         log.info("ddp       %s process(es) per node x %d node(s); one step per call; data sharded per process",
                  cfg.trainer.devices, cfg.trainer.num_nodes)
-    # The shortcuts need gradients kept as zero tensors, which the fused loop (k > 1) does.
-    model.shortcuts = perf.exact_shortcuts and k > 1
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
-    graphs = k > 1 and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
-    module = instantiate(cfg.module)(
-        model=model,
-        optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl, capturable=graphs),
-        scheduler=scheduler,
-        steps_per_call=k,
-        batch_size=cfg.data.batch_size,
-        loss_on_progress_bar=perf.progress == "bar",
-        cuda_graph=str(perf.cuda_graph) if k > 1 else "off",
-    )
+    graphs = fused and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
     recorder = StepMetricsRecorder(
         tracker,
         tracker.flush_every_n_steps,
         lambda loss: LOSS_TO_MSE[cfg.module.loss](loss, datamodule.n_outputs),
     )
-    module.step_sink = recorder.record
+    # The default training loop (seqlab.loop), k steps per Lightning call; otherwise (perf=naive,
+    # DDP) Lightning's automatic optimisation, one step per call.
+    loop = None
+    if fused:
+        loop = partial(FusedLoop, batch_size=cfg.data.batch_size, exact_shortcuts=perf.exact_shortcuts,
+                       cuda_graph=str(perf.cuda_graph), clip_val=cfg.trainer.gradient_clip_val)
+    module = instantiate(cfg.module)(
+        model=model,
+        optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl, capturable=graphs),
+        scheduler=scheduler,
+        step_log=recorder.steps,
+        loop=loop,
+        loss_on_progress_bar=perf.progress == "bar",
+    )
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model     %s, %s parameters, init=%s", type(model).__name__, f"{n_params:,}", cfg.model.init)
     log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name, perf.name, k)
@@ -279,8 +282,6 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
                 auto_insert_metric_name=False,
             )
         )
-    if k > 1 and cfg.trainer.gradient_clip_val:
-        module.clip_val = cfg.trainer.gradient_clip_val  # Lightning clips only in automatic optimisation
     trainer = pl.Trainer(
         accelerator=device.accelerator,
         devices=cfg.trainer.devices,
@@ -290,7 +291,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         max_steps=cfg.trainer.max_steps,
         max_time=cfg.trainer.max_time,
         precision=cfg.trainer.precision,
-        gradient_clip_val=cfg.trainer.gradient_clip_val if k == 1 else None,
+        gradient_clip_val=None if fused else cfg.trainer.gradient_clip_val,  # the loop clips itself
         check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if datamodule.has_val() else 1,
         val_check_interval=val_check_interval,
         num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,

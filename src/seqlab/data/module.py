@@ -64,6 +64,16 @@ class TensorBatches:
         # Where the current pass started: with the items done, enough to replay its order.
         self.pass_start_state: Optional[torch.Tensor] = None
         self.resume_at: Optional[tuple[torch.Tensor, int]] = None
+        self.buffers: dict[int, torch.Tensor] = {}  # each epoch's shuffled copy, reused
+
+    def _gathered(self, i: int, tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """tensor[order], written into the same buffer every epoch: a fresh copy of a large data
+        set each epoch costs more in page faults (the allocator returns big blocks to the system)
+        than the copy itself. The previous epoch's batches are all used by then."""
+        buffer = self.buffers.get(i)
+        if buffer is None or buffer.shape[0] != len(order):
+            buffer = self.buffers[i] = tensor.new_empty((len(order), *tensor.shape[1:]))
+        return torch.index_select(tensor, 0, order, out=buffer)
 
     def state_dict(self) -> dict:
         return {"generator": self.pass_start_state if self.pass_start_state is not None else self.generator.get_state()}
@@ -93,7 +103,7 @@ class TensorBatches:
                 order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
                 if self.world_size > 1:
                     order = order[self.rank :: self.world_size][: len(order) // self.world_size]
-                tensors = tuple(t[order] for t in tensors)
+                tensors = tuple(self._gathered(i, t, order) for i, t in enumerate(tensors))
         elif self.world_size > 1:
             share = len(tensors[0]) // self.world_size
             tensors = tuple(t[self.rank * share : (self.rank + 1) * share] for t in tensors)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, for a machine with an NVIDIA GPU (about 8 minutes at most):
+#   1. the GPU tests (pytest -m gpu): CUDA-graph capture, no host synchronisation in the loop;
+#   2. the benchmark with cpu and gpu rows: the seed shape at batch 64, 512 and 4096, every loop
+#      (plain, bare, naive, default), so the default is held to its bare loop on both devices;
+#   3. a short device x batch study (sweep=device_batch at batch 64, 512, 4096, a few seconds a job).
+# Everything it writes goes under OUT_DIR (machine.txt, pytest_gpu.txt, benchmark.{txt,json},
+# sweep.txt, and the sweep's MLflow store under OUT_DIR/root/mlruns).
+#
+#   scripts/gpu_check.sh OUT_DIR
+#
+# Python: $PYTHON if set, else .venv/bin/python if it exists, else python3 (a machine whose own
+# PyTorch has CUDA: the project's sources are used from src/ without installing them).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+cd "$(dirname "$0")/.."
+mkdir -p "$out/root"
+out=$(cd "$out" && pwd)
+py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SEQLAB_ROOT="$out/root"
+status=0
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to OUT_DIR/NAME.txt
+  local name=$1 limit=$2; shift 2
+  echo "== $name (at most ${limit} s)"
+  timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+  local rc=$?
+  tail -n 25 "$out/$name.txt"
+  echo "== $name: exit $rc"
+  [ $rc -eq 0 ] || status=1
+}
+
+{ date -u; nvidia-smi 2>&1; "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'; } > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "no CUDA GPU visible to $py: nothing to check"; exit 2
+fi
+
+step pytest_gpu 150 "$py" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra"
+step benchmark 240 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --batch-sizes 64,512,4096 \
+  --repeats 2 --out "$out/benchmark.json"
+step sweep 120 "$py" train.py -m sweep=device_batch data.batch_size=64,512,4096 \
+  "trainer.max_time=00:00:00:05" paths.root_dir="$out/root"
+exit $status
