@@ -149,5 +149,9 @@ def fetch_checkpoint(client: Any, run_id: str, dst: Path) -> Path:
 
 
 def resume_command(overrides: list[str], run_id: str) -> str:
+    from seqlab.trial import current
+
+    if current() is not None:  # a search's trial is not resumed on its own: the search runs its values again
+        return "the search's own command again (python train.py -m hparams_search=...): it runs this trial's values anew"
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
     return " ".join(["python train.py", *kept, f"resume={run_id}"])

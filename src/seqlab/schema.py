@@ -143,6 +143,7 @@ class PathsConfig:
     mlruns_dir: str = MISSING
     tracking_uri: str = MISSING
     artifact_root: str = MISSING
+    optuna_storage: str = MISSING
     output_dir: str = MISSING
 
 

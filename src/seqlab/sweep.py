@@ -410,6 +410,9 @@ class MlflowSweepCallback(Callback):
         print(f"\n{header}\n{table}\noutputs in {sweep_dir}", flush=True)
         if self.tracker is not None and self.tracker.run_id:
             self._compare(sweep_dir)
+            search = sweep_dir / "search_verdict.txt"  # hparams_search: written by seqlab.search
+            if search.is_file():
+                print(f"\n{search.read_text().rstrip()}", flush=True)
             (sweep_dir / "sweep_summary.txt").write_text(f"{header}\n{table}\n")
             (sweep_dir / "sweep_summary.csv").write_text(summary_csv(results, self.resume_plan))
             self.tracker.log_artifact(sweep_dir / "sweep_summary.txt")

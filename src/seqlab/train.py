@@ -117,6 +117,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     tags = _run_tags(cfg, job, device)
     if job.multirun:
         tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
+        from seqlab.trial import trial_tags
+
+        tags.update(trial_tags())  # a search's trial: its study, number and state
     result = JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides,
                        accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size)
     job.result = result
@@ -267,6 +270,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
         callbacks.append(to_target)
+    from seqlab.trial import trial_callbacks
+
+    callbacks += trial_callbacks(tracker, result)  # a search's trial: report each epoch, prune
     if perf.profile_steps:
         from seqlab.profiling import ProfileSteps
 
@@ -461,7 +467,7 @@ def main(cfg: DictConfig) -> Optional[float]:
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
             # with status 0, which would read as success.
-            sigterm = type(error).__name__ == "SIGTERMException"
+            sigterm = type(error).__name__ == "SIGTERMException" or (isinstance(error, SystemExit) and error.code == 143)
             raise SystemExit(143 if sigterm else 130) from None
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)

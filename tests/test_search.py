@@ -1,0 +1,269 @@
+"""hparams_search=optuna through the real CLI: every trial a child run of the sweep's parent, the
+best config and Optuna's plots on the parent, pruning, a stopped search continued by the same
+command, and bad search-space entries refused in one line before anything trains."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, artifact_paths, runs_of
+
+TINY = ["data.n_samples=256", "trainer.max_epochs=2", "logger.system_metrics=false"]
+
+
+def _study(tmp_path: Path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/mlruns/optuna.db"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def _parent_and_trials(store):
+    runs = runs_of(store, "seqlab")
+    parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
+    trials = [r for r in runs if "optuna_trial" in r.data.tags]
+    return parents, sorted(trials, key=lambda r: int(r.data.tags["optuna_trial"]))
+
+
+def _preset(tmp_path: Path, sweeper: dict) -> list[str]:
+    """A search preset of the test's own, beside the project's configs."""
+    folder = tmp_path / "conf" / "hparams_search"
+    folder.mkdir(parents=True, exist_ok=True)
+    body = OmegaConf.create({"defaults": [{"override /hydra/sweeper": "seqlab_optuna"}],
+                             "hydra": {"sweeper": {"storage": "${paths.optuna_storage}", **sweeper}}})
+    (folder / "test.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(body))
+    return ["--config-dir", str(tmp_path / "conf"), "hparams_search=test"]
+
+
+@pytest.mark.slow
+def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots(run_cli, store, tmp_path):
+    proc = run_cli("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.pruner.name=none", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Traceback" not in out
+
+    (parent,), trials = _parent_and_trials(store)
+    assert [t.data.tags["optuna_trial"] for t in trials] == [str(n) for n in range(6)]
+    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    assert all(t.info.status == "FINISHED" and t.data.tags["trial_state"] == "COMPLETE" for t in trials)
+    assert [t.info.run_name for t in trials] == [f"trial-{n}" for n in range(6)]
+    # trial 0 is the config's own values
+    first = trials[0].data.params
+    assert (first["optimizer.lr"], first["data.batch_size"], first["model.hidden_size"], first["model.dropout"]) == (
+        "0.001", "64", "24", "0.1")
+
+    # every run records its best validation RMSE and when it was reached
+    for t in trials:
+        history = store.get_metric_history(t.info.run_id, "val_rmse")
+        best = min(history, key=lambda m: m.value)
+        assert t.data.metrics["best_val_rmse"] == pytest.approx(best.value)
+        assert t.data.metrics["best_val_rmse_step"] == best.step
+
+    scores = {int(t.data.tags["optuna_trial"]): t.data.metrics["best_val_rmse"] for t in trials}
+    best_trial = min(scores, key=scores.get)
+    assert parent.data.tags["best_trial"] == str(best_trial)
+    assert parent.data.metrics["best_objective"] == pytest.approx(min(scores.values()))
+    assert _study(tmp_path).best_trial.number == best_trial
+
+    files = artifact_paths(store, parent.info.run_id)
+    assert {"search/best_config.yaml", "search/best_overrides.txt", "search/trials.csv", "search/optimization_history.png",
+            "search/param_importances.png", "search/parallel_coordinate.png"} <= files
+    local = Path(store.download_artifacts(parent.info.run_id, "search", str(tmp_path / "dl")))
+    from matplotlib.image import imread
+
+    for name in ("optimization_history.png", "param_importances.png", "parallel_coordinate.png"):
+        assert imread(local / name).shape[0] > 100
+    best_config = OmegaConf.load(local / "best_config.yaml")
+    best_run = trials[best_trial]
+    assert str(best_config.optimizer.lr) == best_run.data.params["optimizer.lr"]
+    assert str(best_config.model.hidden_size) == best_run.data.params["model.hidden_size"]
+    line = parent.data.tags["best_overrides"]
+    assert f"model.hidden_size={best_run.data.params['model.hidden_size']}" in line.split()
+
+    # the verdict names the best trial and compares it with the starting config
+    verdict = out[out.index("search: study"):]
+    assert f"best: trial {best_trial} (run trial-{best_trial}), best_val_rmse {scores[best_trial]:.4g}" in verdict
+    if best_trial == 0:
+        assert "the starting config itself" in verdict
+    else:
+        assert f"lower than the starting config's {scores[0]:.4g} (trial 0)" in verdict
+    assert "python train.py" in verdict
+
+
+@pytest.mark.slow
+def test_trials_run_side_by_side_with_the_joblib_launcher(run_cli, store, tmp_path):
+    proc = run_cli("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
+                   "hydra.launcher.n_jobs=2", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "2 trials at a time" in out and "parallel jobs log through http://127.0.0.1:" in out
+    (parent,), trials = _parent_and_trials(store)
+    assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1", "2"]
+    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    assert {t.data.tags["trial_state"] for t in trials} <= {"COMPLETE", "PRUNED"}
+    from seqlab.job import cpu_count
+
+    share = str(max(1, cpu_count() // 2))  # each job takes its share of the cores
+    assert all(t.data.tags["torch_threads"] == share for t in trials)
+    assert [t.state.name for t in _study(tmp_path).trials] == [t.data.tags["trial_state"] for t in trials]
+    assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
+
+
+@pytest.mark.slow
+def test_an_aggressive_pruner_stops_a_hopeless_trial_at_its_first_epoch(run_cli, store, tmp_path):
+    # Trial 0 trains at the config's learning rate (0.01); a trial at 1e-7 barely moves from its
+    # initial weights, so after one epoch it is worse than trial 0 was, and the median pruner
+    # (after one finished trial, no warm-up) stops it there. Trials at 0.01 again equal trial 0
+    # (same seed, same data) and are not pruned.
+    preset = _preset(tmp_path, {
+        "n_trials": 5,
+        "sampler": {"name": "random", "seed": 3},
+        "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+        "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
+    })
+    proc = run_cli("-m", *preset, "optimizer.lr=0.01", "data.n_samples=512", "trainer.max_epochs=3",
+                   "logger.system_metrics=false")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Traceback" not in out
+
+    _, trials = _parent_and_trials(store)
+    pruned = [t for t in trials if t.data.tags["trial_state"] == "PRUNED"]
+    assert pruned, [(t.data.params["optimizer.lr"], t.data.tags["trial_state"]) for t in trials]
+    for t in pruned:
+        assert t.data.params["optimizer.lr"] == "1e-07"
+        assert t.info.status == "FINISHED"  # stopped on purpose, and its records are whole
+        assert t.data.metrics["pruned_at_epoch"] == 1 and t.data.tags["pruned_at_epoch"] == "1"
+        assert len(store.get_metric_history(t.info.run_id, "val_rmse")) == 1  # no epoch after the pruned one
+        assert f"trial {t.data.tags['optuna_trial']} pruned at epoch 1" in out
+    assert all(t.data.tags["trial_state"] == "COMPLETE" for t in trials if t.data.params["optimizer.lr"] == "0.01")
+    states = {t.number: t.state.name for t in _study(tmp_path).trials}
+    assert {int(t.data.tags["optuna_trial"]) for t in pruned} == {n for n, s in states.items() if s == "PRUNED"}
+
+
+@pytest.mark.slow
+def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_path, store):
+    preset = _preset(tmp_path, {
+        "n_trials": 4,
+        "sampler": {"name": "tpe", "seed": 0},
+        "pruner": {"name": "none"},
+        "params": {"optimizer": {"lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}}},
+    })
+    args = [sys.executable, str(ROOT / "train.py"), "-m", *preset, "data.n_samples=512", "trainer.max_epochs=4",
+            "logger.system_metrics=false", f"paths.root_dir={tmp_path}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            # Printed as trial 3's run opens, before it trains: from there until the run is
+            # ended, a SIGTERM ends it KILLED (during training, at a step boundary).
+            if line.startswith("mlflow    run") and "(trial-3)" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    out = "".join(seen) + rest
+    assert proc.returncode == 143, out[-4000:]
+    assert "ended KILLED" in out and "trial 3   INTERRUPTED: not counted; the same command runs it again" in out
+
+    _, trials = _parent_and_trials(store)
+    assert [(t.data.tags["optuna_trial"], t.info.status) for t in trials] == [
+        ("0", "FINISHED"), ("1", "FINISHED"), ("2", "FINISHED"), ("3", "KILLED")]
+    assert trials[3].data.tags["trial_state"] == "FAIL"
+    study = _study(tmp_path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
+
+    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "3 of 4 trials finished, continuing" in again.stdout
+    assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout
+    study = _study(tmp_path)
+    assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["FAIL", "COMPLETE"]
+    assert study.trials[4].params == study.trials[3].params  # the interrupted trial's values, tried again
+    parents, trials = _parent_and_trials(store)
+    assert len(parents) == 2
+    assert [t.info.status for t in trials] == ["FINISHED"] * 3 + ["KILLED", "FINISHED"]
+    assert [t.data.tags["trial_state"] for t in trials] == ["COMPLETE"] * 3 + ["FAIL", "COMPLETE"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("+hydra.sweeper.params.model.hiden_size={type: int, low: 8, high: 16}",
+         "error: hydra.sweeper.params.model.hiden_size: model.hiden_size is not a config key (model has: "),
+        ("hydra.sweeper.params.optimizer.lr.low=0.1",
+         "error: hydra.sweeper.params.optimizer.lr: empty range: low=0.1 must be below high=0.01"),
+        ("hydra.sweeper.params.optimizer.lr.low=0",
+         "error: hydra.sweeper.params.optimizer.lr: a log range must stay above 0, got low=0"),
+        ("hydra.sweeper.params.model.dropout.type=beta",
+         "error: hydra.sweeper.params.model.dropout: unknown distribution 'beta'; use type: float, int or categorical"),
+        ("hydra.sweeper.params.model.dropout.high=1.5",
+         "error: hydra.sweeper.params.model.dropout: model.dropout=1.5 (high) does not make a valid config: "
+         "model.dropout must be in [0, 1), got 1.5"),
+    ],
+    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema"],
+)
+def test_a_bad_search_space_entry_gets_one_line_before_anything_trains(run_cli, store, override, expected):
+    proc = run_cli("-m", "hparams_search=optuna", override, *TINY)
+    assert proc.returncode == 1
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    _, trials = _parent_and_trials(store)
+    assert trials == []
+
+
+def test_hydra_finds_the_sweeper_plugin():
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    assert "SeqlabOptunaSweeper" in [p.__name__ for p in Plugins.instance().discover(Sweeper)]
+    assert "seqlab_optuna.yaml" in ConfigStore.instance().list("hydra/sweeper")
+
+
+def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
+    from seqlab.search import flatten_space, overrides_for, parse_space
+
+    space = parse_space(flatten_space({
+        "optimizer": {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+        "model.hidden_size": {"type": "int", "low": 8, "high": 64, "step": 8},
+        "data": {"batch_size": [32, 64]},
+        "model": {"dropout": None},  # left out
+    }))
+    assert sorted(space) == ["data.batch_size", "model.hidden_size", "optimizer.lr"]
+    assert space["optimizer.lr"].log and space["model.hidden_size"].step == 8
+    assert overrides_for({"optimizer.lr": 1e-05, "optimizer": "adam", "notes": "a b", "x": None}) == [
+        "optimizer.lr=1e-05", "optimizer=adam", "notes='a b'", "x=null"]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"type": "float", "low": 1.0, "high": 1.0}, "empty range: low=1.0 must be below high=1.0"),
+        ({"type": "float", "low": -1.0, "high": 1.0, "log": True}, "a log range must stay above 0, got low=-1.0"),
+        ({"type": "lognormal", "low": 1, "high": 2}, "unknown distribution 'lognormal'"),
+        ({"type": "categorical", "choices": []}, "categorical needs a non-empty list of choices"),
+        ({"type": "int", "low": 1, "high": 8, "lo": 2}, "int takes high, log, low, step; not lo"),
+        ({"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1}, "log: true and step cannot be combined"),
+        ("0.1", "give {type: float|int|categorical, ...} or a list of choices"),
+    ],
+)
+def test_each_kind_of_bad_entry_is_named(spec, message):
+    from seqlab.search import SearchError, parse_space
+
+    with pytest.raises(SearchError, match="^hydra.sweeper.params.model.dropout: ") as error:
+        parse_space({"model.dropout": spec})
+    assert message in str(error.value)
