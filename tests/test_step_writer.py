@@ -4,6 +4,9 @@ when the helper dies mid-run, and the run's status comes after its metrics."""
 from __future__ import annotations
 
 import logging
+import math
+
+import pytest
 
 from seqlab.tracking import MlflowTracker
 
@@ -40,6 +43,27 @@ def test_a_helper_that_dies_loses_nothing(tmp_path, store, caplog):
     assert "the step writer stopped" in caplog.text and "written from here" in caplog.text
     assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 201))
     assert store.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("path", ["sqlite", "client"])
+def test_odd_values_and_the_latest_value_are_stored_as_mlflow_stores_them(tmp_path, store, monkeypatch, path):
+    """NaN, infinities, a value logged twice, steps out of order: the same records through the
+    plain-SQL path as through MLflow's own client."""
+    if path == "client":
+        monkeypatch.setenv("SEQLAB_STEP_WRITER_CLIENT", "1")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    values = [0.5, float("nan"), float("inf"), -float("inf"), 0.25]
+    with tracker.run("r", {}):
+        tracker.log_series({"train_loss": values}, [1, 2, 3, 4, 5], [10, 20, 30, 40, 50])
+        tracker.log_series({"train_loss": [0.25, 0.75]}, [5, 3], [50, 35])  # a repeat, and an older step
+        tracker.log_metrics({"val_rmse": 0.3}, step=5)
+    history = sorted(store.get_metric_history(tracker.run_id, "train_loss"), key=lambda m: (m.step, m.timestamp))
+    assert [(m.step, m.timestamp) for m in history] == [(1, 10), (2, 20), (3, 30), (3, 35), (4, 40), (5, 50)]
+    got = [m.value for m in history]
+    assert got[0] == 0.5 and math.isnan(got[1]) and got[2] > 1e308 and got[4] < -1e308 and got[3] == 0.75
+    run = store.get_run(tracker.run_id)
+    assert run.data.metrics["train_loss"] == 0.25  # the latest step's value, as the runs table shows it
+    assert run.data.metrics["val_rmse"] == 0.3
 
 
 def test_inline_writes_the_same_rows_without_a_helper(tmp_path, store):

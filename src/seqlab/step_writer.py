@@ -1,13 +1,15 @@
-"""Per-step metrics written into a local MLflow store by a helper process.
+"""A run's metrics written into a local MLflow store by a helper process.
 
 MLflow's SQL store spends a few hundred microseconds of Python (SQLAlchemy's ORM) on each metric
 row: for this model at batch 64, a step's three rows (train_loss, train_rmse, lr) cost about as
 much CPU as the training step itself. Written from a thread of the training process, that work
 also holds the GIL that every PyTorch call of the loop needs back. So the rows go, pickled (a few
-microseconds a batch), through a pipe to a child process at a lower priority, which writes them
-with MLflow's own client; training never waits for it. At the end of the run the child finishes
-what it was given; whatever it did not confirm (it died, or could not write) is written by the
-training process itself, so nothing is lost (MLflow ignores a row it already holds).
+microseconds a batch), through a pipe to a child process at a lower priority; training never
+waits for it. The child writes a SQLite store's two metric tables with plain SQL, as MLflow's
+store would (checked against their columns when it opens; any other store or schema goes
+through MLflow's client). At the end of the run the child finishes what it was given; whatever
+it did not confirm (it died, or could not write) is written by the training process itself
+through MLflow's client, so nothing is lost (MLflow ignores a row it already holds).
 
     python -m seqlab.step_writer TRACKING_URI RUN_ID   # reads pickled row lists on stdin
 """
@@ -15,6 +17,7 @@ training process itself, so nothing is lost (MLflow ignores a row it already hol
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import queue
@@ -92,15 +95,88 @@ class StepWriter:
         return left, why
 
 
+# The two tables MLflow's SQL store keeps metrics in (unchanged from MLflow 1.x to 3.17): a row
+# per value, and each key's latest value (what the runs table shows).
+METRICS_COLUMNS = {"key", "value", "timestamp", "run_uuid", "step", "is_nan"}
+
+
+class SqliteRows:
+    """Rows straight into a local SQLite store, as MLflow's SQL store writes them: 20-50 times
+    less CPU than its ORM, whose per-row cost this whole module exists for. Used only where the
+    two tables have exactly the columns above (checked on open); anything else goes through
+    MLflow's client."""
+
+    def __init__(self, path: str, run_id: str) -> None:
+        import sqlite3
+
+        self.run_id = run_id
+        self.con = sqlite3.connect(path, timeout=120)  # waits while MLflow itself writes
+        for table in ("metrics", "latest_metrics"):
+            columns = {row[1] for row in self.con.execute(f"PRAGMA table_info({table})")}
+            if columns != METRICS_COLUMNS:
+                self.con.close()
+                raise LookupError(f"{table} has columns {sorted(columns)}")
+
+    def write(self, rows: list[Row]) -> None:
+        values = [(k, *_sanitized(v), ts, self.run_id, step) for k, v, ts, step in rows]
+        latest: dict[str, tuple] = {}
+        for row in values:  # per key, the newest by (step, timestamp, value), as MLflow decides
+            key, value, is_nan, ts, _, step = row
+            if key not in latest or (step, ts, value) > (latest[key][5], latest[key][3], latest[key][1]):
+                latest[key] = row
+        with self.con:  # one transaction
+            # MLflow ignores a value it already holds (same key, step, time, value): so does this.
+            self.con.executemany(
+                "INSERT OR IGNORE INTO metrics (key, value, is_nan, timestamp, run_uuid, step) VALUES (?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            self.con.executemany(
+                "INSERT INTO latest_metrics (key, value, is_nan, timestamp, run_uuid, step) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key, run_uuid) DO UPDATE SET value = excluded.value, is_nan = excluded.is_nan, "
+                "timestamp = excluded.timestamp, step = excluded.step "
+                "WHERE (excluded.step, excluded.timestamp, excluded.value) > (step, timestamp, value)",
+                list(latest.values()),
+            )
+
+
+def _sanitized(value: float) -> tuple[float, int]:
+    """As MLflow stores them: NaN as 0 with is_nan set, infinities as the largest finite floats."""
+    if math.isnan(value):
+        return 0.0, 1
+    if math.isinf(value):
+        return (1.7976931348623157e308 if value > 0 else -1.7976931348623157e308), 0
+    return value, 0
+
+
+class ClientRows:
+    """Rows through MLflow's client: any store, any MLflow version."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        import mlflow
+
+        self.client, self.run_id = mlflow.MlflowClient(tracking_uri), run_id
+
+    def write(self, rows: list[Row]) -> None:
+        from mlflow.entities import Metric
+
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows], synchronous=True)
+
+
+def open_rows(tracking_uri: str, run_id: str):
+    if tracking_uri.startswith("sqlite:///") and os.environ.get("SEQLAB_STEP_WRITER_CLIENT") != "1":
+        try:
+            return SqliteRows(tracking_uri[len("sqlite:///") :], run_id)
+        except LookupError as error:  # another MLflow schema: its own client knows it
+            print(f"seqlab.step_writer: {error}: writing through MLflow's client", file=sys.stderr)
+    return ClientRows(tracking_uri, run_id)
+
+
 def _main(tracking_uri: str, run_id: str) -> int:
     # Ctrl-C reaches the terminal's whole process group: the training process decides when to
     # stop, and this one ends when its input does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(int(os.environ.get("SEQLAB_STEP_WRITER_NICE", "10")))
-    import mlflow
-    from mlflow.entities import Metric
-
-    client = mlflow.MlflowClient(tracking_uri)
+    writer = open_rows(tracking_uri, run_id)
     stdin, stdout = sys.stdin.buffer, sys.stdout
     while True:
         try:
@@ -109,7 +185,7 @@ def _main(tracking_uri: str, run_id: str) -> int:
             return 0
         for i in range(0, len(rows), MAX_BATCH):
             chunk = rows[i : i + MAX_BATCH]
-            client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in chunk], synchronous=True)
+            writer.write(chunk)
             # Rows are confirmed in order: the training side re-sends only what follows.
             stdout.write(f"{len(chunk)}\n")
             stdout.flush()
