@@ -106,6 +106,8 @@ class FusedLoop:
         Returns how many ran and the last step's loss (a device tensor)."""
         self.grads = self.gradient_buffers()
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
+        if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
+            lr = lr.detach().clone()
         bs = self.batch_size
         stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * bs)
         shortcut = self.shortcut and x.shape[1] == 1

@@ -103,6 +103,7 @@ class LoggerConfig:
     experiment_name: str = "seqlab"
     run_name: Optional[str] = None
     flush_every_n_steps: int = 50
+    flush_every_s: float = 1.0  # and at most this often (seconds): each send costs the training loop a little
     log_checkpoint: bool = True
     synchronous: bool = False
     system_metrics: bool = True  # CPU/memory (and GPU) utilisation sampled alongside the run
@@ -343,3 +344,4 @@ def validate(cfg: DictConfig) -> None:
         cfg.logger.flush_every_n_steps > 0,
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
     )
+    _require(cfg.logger.flush_every_s >= 0, f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}")

@@ -11,7 +11,7 @@ through MLflow's client). At the end of the run the child finishes what it was g
 it did not confirm (it died, or could not write) is written by the training process itself
 through MLflow's client, so nothing is lost (MLflow ignores a row it already holds).
 
-    python -m seqlab.step_writer TRACKING_URI RUN_ID   # reads pickled row lists on stdin
+    python -m seqlab.step_writer TRACKING_URI RUN_ID ACKS_FILE   # reads pickled row lists on stdin
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import logging
 import math
 import os
 import pickle
-import queue
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from typing import Optional
 
 log = logging.getLogger("seqlab")
@@ -35,63 +33,63 @@ MAX_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics a call
 
 
 class StepWriter:
-    """The training side: `send(rows)` never blocks (a feeder thread writes to the pipe);
-    `close()` waits for the child and returns the rows it did not confirm."""
+    """The training side, without threads of its own (they would take the GIL from the loop):
+    `send(rows)` writes what the pipe takes without waiting and keeps the rest for the next call;
+    `close()` writes what is left, waits for the child and returns the rows it did not confirm."""
 
     def __init__(self, tracking_uri: str, run_id: str, nice: int = 10) -> None:
         env = {**os.environ, "SEQLAB_STEP_WRITER_NICE": str(nice)}
         self.errors = tempfile.TemporaryFile()  # what the child says, read if it fails
+        self.acks = tempfile.NamedTemporaryFile(prefix="seqlab-acks-")  # a line per batch written
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seqlab.step_writer", tracking_uri, run_id],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, env=env,
+            [sys.executable, "-m", "seqlab.step_writer", tracking_uri, run_id, self.acks.name],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors, env=env,
         )
+        self.fd = self.proc.stdin.fileno()
+        os.set_blocking(self.fd, False)
         self.rows: list[Row] = []  # everything given to the child, until it confirms
-        self.confirmed = 0
-        self.queue: queue.SimpleQueue[Optional[list[Row]]] = queue.SimpleQueue()
-        self.feeder = threading.Thread(target=self._feed, name="seqlab-step-writer", daemon=True)
-        self.feeder.start()
-        self.reader = threading.Thread(target=self._read, name="seqlab-step-writer-acks", daemon=True)
-        self.reader.start()
+        self.unwritten = b""
+        self.broken = False
 
     def send(self, rows: list[Row]) -> None:
         self.rows.extend(rows)
-        self.queue.put(rows)
+        self.unwritten += pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+        self._write()
 
-    def _feed(self) -> None:
-        # A full pipe (a slow child) blocks this thread only, and without the GIL.
-        while (rows := self.queue.get()) is not None:
+    def _write(self) -> None:
+        while self.unwritten and not self.broken:
             try:
-                pickle.dump(rows, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                return  # the child is gone: close() finds out what it wrote
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # one line per batch written, in order
-            self.confirmed += int(line)
+                n = os.write(self.fd, self.unwritten)
+            except BlockingIOError:  # the pipe is full: the rest goes with the next call
+                return
+            except OSError:  # the child is gone: close() finds out what it wrote
+                self.broken = True
+                return
+            self.unwritten = self.unwritten[n:]
 
     def close(self, timeout_s: float = 300.0) -> tuple[list[Row], Optional[str]]:
         """Wait for the child to write everything; returns (rows not confirmed, why) - ([], None)
         when all were written."""
-        self.queue.put(None)
-        self.feeder.join(timeout_s)
+        os.set_blocking(self.fd, True)
+        self._write()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.reader.join(10)
-        left = self.rows[self.confirmed :]
+        confirmed = sum(int(line) for line in open(self.acks.name).read().split())
+        left = self.rows[confirmed:]
         why = None
         if left or self.proc.returncode != 0:
             self.errors.seek(0)
             said = self.errors.read().decode(errors="replace").strip().splitlines()
             why = said[-1] if said else f"exit status {self.proc.returncode}"
         self.errors.close()
+        self.acks.close()
         return left, why
 
 
@@ -171,13 +169,14 @@ def open_rows(tracking_uri: str, run_id: str):
     return ClientRows(tracking_uri, run_id)
 
 
-def _main(tracking_uri: str, run_id: str) -> int:
+def _main(tracking_uri: str, run_id: str, acks_path: str) -> int:
     # Ctrl-C reaches the terminal's whole process group: the training process decides when to
     # stop, and this one ends when its input does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(int(os.environ.get("SEQLAB_STEP_WRITER_NICE", "10")))
     writer = open_rows(tracking_uri, run_id)
-    stdin, stdout = sys.stdin.buffer, sys.stdout
+    stdin = sys.stdin.buffer
+    acks = open(acks_path, "a")
     while True:
         try:
             rows = pickle.load(stdin)
@@ -187,9 +186,9 @@ def _main(tracking_uri: str, run_id: str) -> int:
             chunk = rows[i : i + MAX_BATCH]
             writer.write(chunk)
             # Rows are confirmed in order: the training side re-sends only what follows.
-            stdout.write(f"{len(chunk)}\n")
-            stdout.flush()
+            acks.write(f"{len(chunk)}\n")
+            acks.flush()
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1], sys.argv[2]))
+    raise SystemExit(_main(*sys.argv[1:4]))

@@ -63,6 +63,7 @@ class MlflowTracker:
         artifact_root: Optional[str] = None,
         run_name: Optional[str] = None,
         flush_every_n_steps: int = 50,
+        flush_every_s: float = 1.0,
         log_checkpoint: bool = True,
         synchronous: bool = False,
         system_metrics: bool = False,
@@ -76,6 +77,7 @@ class MlflowTracker:
         self.artifact_root = artifact_root
         self.run_name = run_name
         self.flush_every_n_steps = flush_every_n_steps
+        self.flush_every_s = flush_every_s
         self.log_checkpoint = log_checkpoint
         # Metrics go to MLflow in the background unless synchronous; `flush` waits for them.
         self.synchronous = synchronous
@@ -483,9 +485,9 @@ class Diverged(SeqlabError):
 
 class StepLog:
     """Every optimizer step's loss, number, learning rate and time, until the recorder sends them.
-    The loss stays a reference to a device tensor (no copy, no synchronisation); a tensor
-    learning rate (CUDA graphs) too: it changes only when the scheduler steps, after the
-    epoch's last flush."""
+    The loss stays a reference to a device tensor (no copy, no synchronisation); so does a tensor
+    learning rate (CUDA graphs), which the training loop copies once per call, before a
+    scheduler can change it in place."""
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
@@ -511,38 +513,42 @@ class StepLog:
 class StepMetricsRecorder(pl.Callback):
     """Records train_loss, train_rmse and lr for every optimizer step without a per-step host
     synchronisation: the training loop adds each step to `steps` (a StepLog); between Lightning
-    calls, once `every_n_steps` are waiting, and at the end of each epoch, their losses are read
-    back together and sent to MLflow in one batch. The per-step train_rmse is a function of the
-    loss (`loss_to_mse`), so it costs the step nothing."""
+    calls, once at least `every_n_steps` steps wait and `every_s` seconds have passed since the
+    last send, their losses are read back together and sent in one batch (each send costs the
+    loop a read-back and a wake-up of the writer: a few a second is live enough for a chart);
+    the rest at the end of training. The per-step train_rmse is a function of the loss
+    (`loss_to_mse`), so it costs the step nothing. Under DDP every process must send at the same
+    steps (the losses are averaged across them): pass every_s=0 there."""
 
     def __init__(
         self,
         tracker: MlflowTracker,
         every_n_steps: int,
         loss_to_mse: Callable[[float], float] = lambda loss: 2.0 * loss,
+        every_s: float = 0.0,
     ) -> None:
         self.tracker = tracker
         self.every_n_steps = every_n_steps
+        self.every_s = every_s
         self.loss_to_mse = loss_to_mse
         self.steps = StepLog()
+        self.last_sent = time.monotonic()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Epoch-level metrics are logged at the last step trained (Lightning's own logging step lags by one at epoch end).
         self.tracker.step = trainer.global_step
-        if len(self.steps) >= self.every_n_steps or batch_idx + 1 >= trainer.num_training_batches:
-            self.flush()  # the epoch's last inside the epoch's timing, before the scheduler steps
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.flush()
+        if len(self.steps) >= self.every_n_steps and time.monotonic() - self.last_sent >= self.every_s:
+            self.flush()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.flush()  # a max_steps stop can end an epoch early
+        self.flush()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, Diverged):
             self.flush()  # the steps trained before an interruption are part of the run
 
     def flush(self) -> None:
+        self.last_sent = time.monotonic()
         if not self.steps:
             return
         losses, steps, lrs, times = self.steps.take()

@@ -239,7 +239,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
     graphs = fused and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
     to_mse, n_outputs = LOSS_TO_MSE[cfg.module.loss], datamodule.n_outputs  # read once: config lookups are slow
-    recorder = StepMetricsRecorder(tracker, tracker.flush_every_n_steps, lambda loss: to_mse(loss, n_outputs))
+    recorder = StepMetricsRecorder(tracker, tracker.flush_every_n_steps, lambda loss: to_mse(loss, n_outputs),
+                                   every_s=0.0 if multi_process(cfg.trainer) else tracker.flush_every_s)
     # The default training loop (seqlab.loop), k steps per Lightning call; otherwise (perf=naive,
     # DDP) Lightning's automatic optimisation, one step per call.
     loop = None
