@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", help="comma-separated: cpu,gpu (default: every device present)")
-    parser.add_argument("--shapes", default="seed,profile", help="comma-separated: seed,profile")
+    parser.add_argument("--shapes", default="seed,profile",
+                        help="comma-separated: seed (1 step x 1440 features, 100 batches an epoch), profile (1440 steps x 1 "
+                             "feature), study (the seed shape in epochs of 4 batches, as sweep=device_batch at batch 4096)")
     parser.add_argument("--batch-sizes", default="64", help="comma-separated, e.g. 64,512,4096")
     parser.add_argument("--loops", default=",".join(("plain", "bare", "naive", "default")),
                         help="comma-separated among plain,bare,naive,default (ratios need plain and bare)")

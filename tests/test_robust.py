@@ -56,7 +56,7 @@ def test_an_empty_csv_is_named(compose_cfg, tmp_path):
 
 def test_a_diverging_loss_stops_the_run_failed_with_the_step(compose_cfg, store):
     with pytest.raises(SeqlabError, match=r"the training loss became (nan|inf) at step \d+: training diverged"):
-        train(compose_cfg(*TINY, "optimizer.lr=1e30", "logger.flush_every_n_steps=2", "trainer.max_epochs=20"))
+        train(compose_cfg(*TINY, "optimizer.lr=1e30", "logger.flush_every_n_steps=2", "logger.flush_every_s=0", "trainer.max_epochs=20"))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED" and "training diverged" in run.data.tags["failure_reason"]
     steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
