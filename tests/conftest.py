@@ -106,6 +106,15 @@ def run_cli(tmp_path):
     return _run
 
 
+def start_cli(tmp_path, *args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """train.py started as a user would, in the background (for tests that signal or stop it)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+    )
+
+
 def runs_of(client, experiment_name: str):
     experiment = client.get_experiment_by_name(experiment_name)
     assert experiment is not None, f"no experiment {experiment_name!r}"

@@ -8,13 +8,11 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import ROOT, TINY, artifact_paths, runs_of
+from conftest import TINY, artifact_paths, runs_of, start_cli
 from seqlab.train import train
 
 
@@ -70,11 +68,7 @@ def test_a_sweep_stopped_in_its_third_job_resumes_where_it_stopped(run_cli, stor
     sweep = ["-m", "trainer.max_epochs=2,3,300,4", "data.n_samples=256", "logger.system_metrics=false"]
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *sweep, f"paths.root_dir={tmp_path}"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
-        )
+        proc = start_cli(tmp_path, *sweep, stderr=stderr)
         _wait_for(err, "epoch 3/300")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)

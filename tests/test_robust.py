@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TINY, runs_of
+from conftest import TINY, runs_of, start_cli
 from seqlab import SeqlabError
 from seqlab.train import train
 
@@ -123,22 +123,13 @@ RESUMABLE = ["deterministic=true", "trainer.max_epochs=12", "perf.steps_per_call
 
 @pytest.mark.slow
 def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, store, run_cli, compose_cfg):
-    import os
     import signal
-    import subprocess
-    import sys
 
     import torch
 
-    from conftest import ROOT
-
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *RESUMABLE, f"paths.root_dir={tmp_path}"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
-        )
+        proc = start_cli(tmp_path, *RESUMABLE, stderr=stderr)
         deadline = time.monotonic() + 120
         while "epoch 3/" not in err.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
