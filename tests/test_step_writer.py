@@ -20,6 +20,7 @@ def test_every_row_arrives_through_the_helper_process(tmp_path, store):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
     with tracker.run("r", {}):
         assert tracker.writer is not None and tracker.writer.proc.poll() is None  # a live child
+        assert "mlflow.db" not in " ".join(tracker.writer.proc.args)  # the address is not shown by ps
         for first in range(1, 3001, 500):
             tracker.log_series(*_series(first, 500))
         proc = tracker.writer.proc

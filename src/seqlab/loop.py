@@ -27,9 +27,6 @@ from seqlab.profiling import phase
 
 log = logging.getLogger("seqlab")
 
-Batch = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
-
-
 class FusedLoop:
     """Runs the optimizer steps of one item. Built by the module when training starts (the
     optimizer exists only then), from the perf settings bound in train.py:
@@ -70,6 +67,7 @@ class FusedLoop:
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or optimizer.step
         self.backward = backward or torch.Tensor.backward
+        self.grads = self.gradient_buffers()
         self.epoch_preds: list[torch.Tensor] = []
         self.epoch_targets: list[torch.Tensor] = []
         self.graphed = self._graphed_step(str(cuda_graph).lower())
@@ -104,7 +102,7 @@ class FusedLoop:
             max_steps: Optional[int] = None) -> tuple[int, torch.Tensor]:
         """The steps of one item (at most `max_steps` of them), numbered from `first_step`.
         Returns how many ran and the last step's loss (a device tensor)."""
-        self.grads = self.gradient_buffers()
+        self.grads = self.gradient_buffers()  # the same tensors unless Lightning freed them
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
         if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
             lr = lr.detach().clone()

@@ -11,22 +11,20 @@ through MLflow's client). At the end of the run the child finishes what it was g
 it did not confirm (it died, or could not write) is written by the training process itself
 through MLflow's client, so nothing is lost (MLflow ignores a row it already holds).
 
-    python -m seqlab.step_writer TRACKING_URI RUN_ID ACKS_FILE   # reads pickled row lists on stdin
+    SEQLAB_STEP_WRITER_URI=... python -m seqlab.step_writer RUN_ID ACKS_FILE   # pickled row lists on stdin
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 from typing import Optional
-
-log = logging.getLogger("seqlab")
 
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
 MAX_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics a call
@@ -38,11 +36,13 @@ class StepWriter:
     `close()` writes what is left, waits for the child and returns the rows it did not confirm."""
 
     def __init__(self, tracking_uri: str, run_id: str, nice: int = 10) -> None:
-        env = {**os.environ, "SEQLAB_STEP_WRITER_NICE": str(nice)}
+        # The store's address goes in the environment, not the command line, which any user of
+        # the machine can read with ps (an address may hold a password).
+        env = {**os.environ, "SEQLAB_STEP_WRITER_NICE": str(nice), "SEQLAB_STEP_WRITER_URI": tracking_uri}
         self.errors = tempfile.TemporaryFile()  # what the child says, read if it fails
         self.acks = tempfile.NamedTemporaryFile(prefix="seqlab-acks-")  # a line per batch written
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seqlab.step_writer", tracking_uri, run_id, self.acks.name],
+            [sys.executable, "-m", "seqlab.step_writer", run_id, self.acks.name],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors, env=env,
         )
         self.fd = self.proc.stdin.fileno()
@@ -87,7 +87,8 @@ class StepWriter:
         if left or self.proc.returncode != 0:
             self.errors.seek(0)
             said = self.errors.read().decode(errors="replace").strip().splitlines()
-            why = said[-1] if said else f"exit status {self.proc.returncode}"
+            # As the command line, the message keeps no password an address held.
+            why = re.sub(r"//[^/@\s]+@", "//***@", said[-1]) if said else f"exit status {self.proc.returncode}"
         self.errors.close()
         self.acks.close()
         return left, why
@@ -169,7 +170,8 @@ def open_rows(tracking_uri: str, run_id: str):
     return ClientRows(tracking_uri, run_id)
 
 
-def _main(tracking_uri: str, run_id: str, acks_path: str) -> int:
+def _main(run_id: str, acks_path: str) -> int:
+    tracking_uri = os.environ["SEQLAB_STEP_WRITER_URI"]
     # Ctrl-C reaches the terminal's whole process group: the training process decides when to
     # stop, and this one ends when its input does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -191,4 +193,4 @@ def _main(tracking_uri: str, run_id: str, acks_path: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main(*sys.argv[1:4]))
+    raise SystemExit(_main(*sys.argv[1:3]))
