@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import pytest
 
@@ -23,6 +24,11 @@ def test_every_row_arrives_through_the_helper_process(tmp_path, store):
         assert "mlflow.db" not in " ".join(tracker.writer.proc.args)  # the address is not shown by ps
         for first in range(1, 3001, 500):
             tracker.log_series(*_series(first, 500))
+        deadline = time.monotonic() + 60
+        while tracker.writer.rows and time.monotonic() < deadline:  # confirmed rows are let go
+            time.sleep(0.05)
+            tracker.writer.send([])  # what the full pipe did not take goes with the next send
+        assert tracker.writer.rows == []
         proc = tracker.writer.proc
     assert proc.returncode == 0
     run = store.get_run(tracker.run_id)

@@ -47,14 +47,22 @@ class StepWriter:
         )
         self.fd = self.proc.stdin.fileno()
         os.set_blocking(self.fd, False)
-        self.rows: list[Row] = []  # everything given to the child, until it confirms
+        self.acks_seen = open(self.acks.name)
+        self.acks_partial = ""  # a line the child has not finished writing
+        self.rows: list[Row] = []  # what was given to the child and it has not confirmed yet
         self.unwritten = b""
         self.broken = False
 
     def send(self, rows: list[Row]) -> None:
+        self._drop_confirmed()  # so a long run does not keep every row it ever sent
         self.rows.extend(rows)
         self.unwritten += pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
         self._write()
+
+    def _drop_confirmed(self) -> None:
+        *lines, self.acks_partial = (self.acks_partial + self.acks_seen.read()).split("\n")
+        confirmed = sum(int(line) for line in lines if line)
+        del self.rows[:confirmed]  # confirmed in order: always the oldest
 
     def _write(self) -> None:
         while self.unwritten and not self.broken:
@@ -81,8 +89,8 @@ class StepWriter:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        confirmed = sum(int(line) for line in open(self.acks.name).read().split())
-        left = self.rows[confirmed:]
+        self._drop_confirmed()
+        left = self.rows
         why = None
         if left or self.proc.returncode != 0:
             self.errors.seek(0)
@@ -90,6 +98,7 @@ class StepWriter:
             # As the command line, the message keeps no password an address held.
             why = re.sub(r"//[^/@\s]+@", "//***@", said[-1]) if said else f"exit status {self.proc.returncode}"
         self.errors.close()
+        self.acks_seen.close()
         self.acks.close()
         return left, why
 

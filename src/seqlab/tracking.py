@@ -101,8 +101,8 @@ class MlflowTracker:
         self.outbox = None
         self.logged: dict[str, Any] = {"params": {}, "tags": {}, "metrics": [], "artifacts": [], "name": None}
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
-        # Per-step series into a local store: "process" (seqlab.step_writer, off the training
-        # process) or "inline" (MLflow's own background logging, in this process).
+        # A running run's metrics into a local store: "process" (seqlab.step_writer, off the
+        # training process) or "inline" (MLflow's own background logging, in this process).
         self.step_writer = step_writer
         self.writer = None
 
@@ -174,7 +174,6 @@ class MlflowTracker:
         elif not self.is_server and self.step_writer == "process" and self.writer is None:
             from seqlab.step_writer import StepWriter
 
-            # Started with the run: its start-up (importing MLflow) overlaps the job's.
             self.writer = StepWriter(self.tracking_uri, self.run_id)
 
     def _close_writer(self) -> None:
@@ -312,14 +311,7 @@ class MlflowTracker:
         self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
-        """Many steps of some metrics in as few calls as MLflow allows (through the step writer
-        where there is one)."""
-        if self.writer is not None:
-            rows = [(name, float(v), ts, step) for name, values in series.items() for v, step, ts in zip(values, steps, timestamps)]
-            for name, values in series.items():
-                self.history[name].extend(zip(steps, map(float, values)))
-            self.writer.send(rows)
-            return
+        """Many steps of some metrics in as few calls as MLflow allows."""
         self._send(
             [
                 Metric(name, float(v), ts, step)
@@ -567,8 +559,8 @@ class StepMetricsRecorder(pl.Callback):
             lrs = [float(lr) for lr in lrs]
         self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, steps, times)
         if diverged is not None:
-            # Read back every flush (logger.flush_every_n_steps), so a divergence stops the run
-            # within that many steps without a per-step check.
+            # Read back at every send (logger.flush_every_n_steps, flush_every_s), so a divergence
+            # stops the run within that interval without a per-step check.
             step, value = diverged
             raise Diverged(
                 f"the training loss became {value} at step {step}: training diverged; "

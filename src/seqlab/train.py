@@ -186,6 +186,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     from seqlab.progress import ProgressLine
     from seqlab.timing import EpochTimer, TimeToTarget
     from seqlab.tracking import StepMetricsRecorder
+    from seqlab.trial import trial_callbacks
 
     # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -271,8 +272,6 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
         callbacks.append(to_target)
-    from seqlab.trial import trial_callbacks
-
     callbacks += trial_callbacks(tracker, result)  # a search's trial: report each epoch, prune
     if perf.profile_steps:
         from seqlab.profiling import ProfileSteps
