@@ -24,9 +24,10 @@ def main(cfg: DictConfig) -> object:
 
 
 if __name__ == "__main__":
-    # A misspelled key gets one line with the nearest keys (Hydra's own message has no suggestion).
+    # A misspelled key gets one line with the nearest keys, a value that is not one of its key's
+    # choices one line with the choices (Hydra's own messages take several lines).
     groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
-    problem = seqlab.schema.unknown_key(sys.argv[1:], groups)
+    problem = seqlab.schema.unknown_key(sys.argv[1:], groups) or seqlab.schema.bad_choice(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)

@@ -74,15 +74,10 @@ def test_schema_rejects_unknown_keys_and_wrong_types(compose_cfg, override):
         ("scheduler.gamma=0", "scheduler.gamma must be a positive number, got 0"),
         ("module.l2_regularization=-1", "module.l2_regularization must be >= 0, got -1.0"),
         ("module.gradient_threshold=0", "module.gradient_threshold must be positive"),
-        ("module.gradient_threshold_method=l1", "module.gradient_threshold_method must be one of l2norm, global-l2norm, absolute-value"),
-        ("module.bn_statistics=running", "module.bn_statistics must be one of moving, population; got 'running'"),
-        ("module.loss=mae", "module.loss must be one of half_mse, mse; got 'mae'"),
         ("trainer.check_val_every_n_epoch=null", "trainer.check_val_every_n_epoch=null needs trainer.val_check_interval=N"),
-        ("trainer.accelerator=tpu", "trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"),
         ("trainer.precision=8", "trainer.precision must be one of"),
         ("trainer.max_epochs=0", "trainer.max_epochs must be positive, got 0"),
         ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
-        ("model.init=xavier", "model.init must be one of pytorch, matlab; got 'xavier'"),
         ("data=npz", "data=npz needs a file: add data.path=FILE"),
         ("data=csv data.path=/nonexistent.csv", "data.path=/nonexistent.csv: no such file"),
     ],
@@ -93,6 +88,38 @@ def test_validate_names_the_key_and_the_fix(compose_cfg, override, message):
         validate(cfg)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("module.gradient_threshold_method=l1", "module.gradient_threshold_method must be one of l2norm, global-l2norm, absolute-value"),
+        ("module.bn_statistics=running", "module.bn_statistics must be one of moving, population; got 'running'"),
+        ("module.loss=mae", "module.loss must be one of half_mse, mse; got 'mae'"),
+        ("trainer.accelerator=tpu", "trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"),
+        ("model.init=xavier", "model.init must be one of pytorch, matlab; got 'xavier'"),
+        ("perf.loader=numpy", "perf.loader must be one of tensor, dataloader; got 'numpy'"),
+        ("logger.step_writer=thread", "logger.step_writer must be one of process, inline; got 'thread'"),
+    ],
+)
+def test_choices_are_enum_fields_checked_at_compose_time(compose_cfg, override, message):
+    """The schema's Enum fields: OmegaConf refuses another value while composing; the CLI says so
+    first in one line naming the choices (schema.bad_choice, from the same Enum)."""
+    from seqlab.schema import bad_choice
+
+    problem = bad_choice([override])
+    assert problem is not None and message in problem and "\n" not in problem
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_cfg(*override.split())
+    assert "expected one of" in str(caught.value.__cause__)
+    assert bad_choice([override.split("=")[0] + "=" + message.split(" one of ")[1].split(",")[0]]) is None
+
+
+def test_a_sweep_list_is_checked_value_by_value_before_anything_runs():
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "trainer.accelerator=cpu,tpu"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])

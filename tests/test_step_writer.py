@@ -20,16 +20,16 @@ def _series(first: int, n: int) -> tuple[dict[str, list[float]], list[int], list
 def test_every_row_arrives_through_the_helper_process(tmp_path, store):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
     with tracker.run("r", {}):
-        assert tracker.writer is not None and tracker.writer.proc.poll() is None  # a live child
-        assert "mlflow.db" not in " ".join(tracker.writer.proc.args)  # the address is not shown by ps
+        assert tracker.sender.writer is not None and tracker.sender.writer.proc.poll() is None  # a live child
+        assert "mlflow.db" not in " ".join(tracker.sender.writer.proc.args)  # the address is not shown by ps
         for first in range(1, 3001, 500):
             tracker.log_series(*_series(first, 500))
         deadline = time.monotonic() + 60
-        while tracker.writer.rows and time.monotonic() < deadline:  # confirmed rows are let go
+        while tracker.sender.writer.rows and time.monotonic() < deadline:  # confirmed rows are let go
             time.sleep(0.05)
-            tracker.writer.send([])  # what the full pipe did not take goes with the next send
-        assert tracker.writer.rows == []
-        proc = tracker.writer.proc
+            tracker.sender.writer.send([])  # what the full pipe did not take goes with the next send
+        assert tracker.sender.writer.rows == []
+        proc = tracker.sender.writer.proc
     assert proc.returncode == 0
     run = store.get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
@@ -44,8 +44,8 @@ def test_a_helper_that_dies_loses_nothing(tmp_path, store, caplog):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
     with caplog.at_level(logging.WARNING, logger="seqlab"), tracker.run("r", {}):
         tracker.log_series(*_series(1, 100))
-        tracker.writer.proc.kill()
-        tracker.writer.proc.wait()
+        tracker.sender.writer.proc.kill()
+        tracker.sender.writer.proc.wait()
         tracker.log_series(*_series(101, 100))
     assert "the step writer stopped" in caplog.text and "written from here" in caplog.text
     assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 201))
@@ -76,6 +76,6 @@ def test_odd_values_and_the_latest_value_are_stored_as_mlflow_stores_them(tmp_pa
 def test_inline_writes_the_same_rows_without_a_helper(tmp_path, store):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline")
     with tracker.run("r", {}):
-        assert tracker.writer is None
+        assert tracker.sender.writer is None
         tracker.log_series(*_series(1, 50))
     assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 51))

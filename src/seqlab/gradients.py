@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from seqlab.schema import THRESHOLD_METHODS
+from seqlab.schema import ThresholdMethod, choice
 
 
 def l2_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -33,8 +33,7 @@ class GradientTreatment:
         threshold: Optional[float] = None,
         method: str = "l2norm",
     ) -> None:
-        if method not in THRESHOLD_METHODS:
-            raise ValueError(f"gradient threshold method must be one of {', '.join(THRESHOLD_METHODS)}, got {method!r}")
+        method = choice(ThresholdMethod, method, "module.gradient_threshold_method")
         self.l2 = l2_regularization
         self.threshold = threshold
         self.method = method

@@ -16,6 +16,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from seqlab.lightning_private import request_stop
+
 from seqlab import SeqlabError
 
 log = logging.getLogger("seqlab")
@@ -55,20 +57,20 @@ class GracefulStop(pl.Callback):
         self.signal = "SIGINT"
         log.warning("stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
         # Lightning's graceful stop: it ends the loop at the next step boundary.
-        self._trainer._signal_connector.received_sigterm = True
+        request_stop(self._trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         # A stop that lands on the epoch's last batch waits for the epoch's end (its validation,
         # scheduler step and epoch metrics): Lightning resumes an epoch-end checkpoint exactly,
         # but not one taken between the last batch and the epoch's end.
         if self.enabled and trainer.received_sigterm and batch_idx + 1 >= trainer.num_training_batches:
-            trainer._signal_connector.received_sigterm = False
+            request_stop(trainer, False)
             self._deferred = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._deferred:
             self._deferred = False
-            trainer._signal_connector.received_sigterm = True  # Lightning stops once the epoch is closed
+            request_stop(trainer)  # Lightning stops once the epoch is closed
 
     def _restore(self) -> None:
         if self._previous is not None:

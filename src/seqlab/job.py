@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from seqlab.ranks import process_rank
+
 SWEEP_FILE = "sweep.json"
 JOB_FILE = "seqlab_job.json"
 
@@ -27,21 +29,6 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def process_rank() -> int:
-    """Which process of a multi-process (DDP) job this is: 0 for the one that started the job.
-    The variables Lightning's launchers, torchrun and SLURM set, in Lightning's order; on a
-    node other than the first (NODE_RANK > 0, without a global RANK), never 0."""
-    rank = 0
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if key in os.environ:
-            rank = int(os.environ[key])
-            break
-    node = int(os.environ.get("NODE_RANK") or 0)
-    if node > 0 and "RANK" not in os.environ:
-        return node * 100_000 + rank
-    return rank
-
-
 @dataclass
 class Job:
     output_dir: Path
@@ -54,6 +41,7 @@ class Job:
 
     def write(self, result: "JobResult") -> None:
         """The job's result file; only rank 0 speaks for the job."""
+        self.result = result
         if self.rank == 0:
             result.write(self.output_dir)
 

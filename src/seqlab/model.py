@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqlab import SeqlabError
-from seqlab.schema import INITS
+from seqlab.schema import Init, ModelConfig as _Defaults, choice
 
 
 class CNNLSTM(nn.Module):
@@ -22,11 +21,11 @@ class CNNLSTM(nn.Module):
         self,
         n_features: int,
         n_outputs: int = 1,
-        filters: int = 2,
-        kernel_size: int = 5,
-        hidden_size: int = 24,
-        dropout: float = 0.1,
-        init: str = "pytorch",
+        filters: int = _Defaults.filters,
+        kernel_size: int = _Defaults.kernel_size,
+        hidden_size: int = _Defaults.hidden_size,
+        dropout: float = _Defaults.dropout,
+        init: str = _Defaults.init,
     ) -> None:
         super().__init__()
         self.conv = nn.Conv1d(n_features, filters, kernel_size, padding="same")
@@ -35,9 +34,7 @@ class CNNLSTM(nn.Module):
         self.lstm = nn.LSTM(filters, hidden_size, batch_first=True)
         self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(hidden_size, n_outputs)
-        if init not in INITS:
-            raise SeqlabError(f"model.init must be one of {', '.join(INITS)}; got {init!r}")
-        if init == "matlab":
+        if choice(Init, init, "model.init") == Init.matlab:
             init_matlab_(self)
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -15,8 +15,10 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
 from seqlab.gradients import GradientTreatment
+from seqlab.lightning_private import count_optimizer_steps
 from seqlab.loop import FusedLoop
 from seqlab.profiling import phase
+from seqlab.schema import ModuleConfig as _Defaults
 
 log = logging.getLogger("seqlab")
 
@@ -57,15 +59,6 @@ def _compute(metrics: MetricCollection) -> dict[str, torch.Tensor]:
     return out
 
 
-def count_optimizer_steps(optimizer: Any, n: int) -> None:
-    """The fused loop stepped the raw optimizer n times: Lightning's step counters (global_step,
-    max_steps, step-based checkpoints and validation) advance as its optimizer wrapper would
-    have advanced them. Lightning's private hooks: pytorch-lightning is pinned (<2.7)."""
-    for _ in range(n):
-        optimizer._on_before_step()
-        optimizer._on_after_step()
-
-
 def _unpack(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     x, y, *rest = batch
     return x, y, (rest[0] if rest else None)
@@ -82,11 +75,11 @@ class SeqRegressor(pl.LightningModule):
         model: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Optional[Callable[..., Any]] = None,
-        loss: str = "half_mse",
-        l2_regularization: float = 0.0,
-        gradient_threshold: Optional[float] = None,
-        gradient_threshold_method: str = "l2norm",
-        bn_statistics: str = "moving",
+        loss: str = _Defaults.loss,
+        l2_regularization: float = _Defaults.l2_regularization,
+        gradient_threshold: Optional[float] = _Defaults.gradient_threshold,
+        gradient_threshold_method: str = _Defaults.gradient_threshold_method,
+        bn_statistics: str = _Defaults.bn_statistics,
         step_log: Optional[Any] = None,
         loop: Optional[Callable[..., FusedLoop]] = None,
         loss_on_progress_bar: bool = False,

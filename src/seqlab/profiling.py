@@ -49,7 +49,7 @@ def phase_table(events: Any, wall_s: float, steps: int) -> str:
 
 class ProfileSteps(pl.Callback):
     """Profiles the first `steps` optimizer steps, then writes the trace and tables to
-    `out_dir` and hands them to the tracker."""
+    `out_dir` and hands them to the tracker. steps=0: off."""
 
     def __init__(self, steps: int, out_dir: Path, tracker: Optional[Any] = None) -> None:
         self.steps = steps
@@ -60,6 +60,8 @@ class ProfileSteps(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         global _active
+        if self.steps <= 0:
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available() and pl_module.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)

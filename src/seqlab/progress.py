@@ -14,7 +14,11 @@ from seqlab.timing import EpochTimer
 
 
 class ProgressLine(pl.Callback):
-    def __init__(self, timer: EpochTimer, stream: Optional[TextIO] = None, refresh_s: float = 0.5) -> None:
+    """style: perf.progress; only "line" draws (Lightning's bar is the other style). Only the
+    process that reports a job (rank 0) draws."""
+
+    def __init__(self, timer: EpochTimer, style: str = "line", stream: Optional[TextIO] = None, refresh_s: float = 0.5) -> None:
+        self.enabled = style == "line"
         self.timer = timer
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
@@ -27,6 +31,8 @@ class ProgressLine(pl.Callback):
         self.stream.flush()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.enabled or not trainer.is_global_zero:
+            return
         self.last_loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
         if not self.live:
             return
@@ -42,6 +48,8 @@ class ProgressLine(pl.Callback):
         )
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.enabled or not trainer.is_global_zero:
+            return
         row = self.timer.epochs[-1] if self.timer.epochs else {}
         parts = [
             f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}",

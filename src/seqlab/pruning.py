@@ -20,10 +20,10 @@ class TrialReporter(pl.Callback):
     at that epoch's end when the pruner says so: the run then ends as any run does (final metrics,
     checkpoint), tagged trial_state=PRUNED with pruned_at_epoch."""
 
-    def __init__(self, link: TrialLink, tracker: Any, result: Any) -> None:
+    def __init__(self, link: TrialLink, tracker: Any) -> None:
         self.link = link
         self.tracker = tracker
-        self.result = result
+        self.pruned: Optional[str] = None  # why the pruner stopped this trial, for the job's result
         self.trial = None
         self.latest: Optional[float] = None
 
@@ -55,6 +55,6 @@ class TrialReporter(pl.Callback):
         self.trial.set_user_attr(PRUNED_AT, epoch)
         self.tracker.log_metrics({PRUNED_AT: float(epoch)}, trainer.global_step)
         self.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
-        self.result.reason = f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials before it"
+        self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials before it"
         log.info("pruned    trial %d at epoch %d of %d: val_rmse %.4g is worse than the trials before it at that epoch",
                  n, epoch, trainer.max_epochs, value)

@@ -5,6 +5,7 @@ is loaded. Light imports only: this runs on the CLI's start-up path."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -13,25 +14,40 @@ from omegaconf import MISSING, DictConfig
 
 from seqlab import SeqlabError
 
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
-INITS = ("pytorch", "matlab")
-LOSSES = ("half_mse", "mse")
-THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
-BN_STATISTICS = ("moving", "population")
-LOADERS = ("tensor", "dataloader")
-OPTIMIZER_IMPLS = ("fused", "foreach", "default")
-CUDA_GRAPH = ("auto", "on", "off")
-PROGRESS = ("line", "bar")
-STEP_WRITERS = ("process", "inline")
+def _choices(name: str, *values: str) -> type[StrEnum]:
+    """A config key's choices as an Enum field, which OmegaConf checks at compose time. Members are
+    named by their values (OmegaConf looks them up by name) and compare equal to plain strings."""
+    return StrEnum(name, [(v, v) for v in values], module=__name__)
+
+
+Accelerator = _choices("Accelerator", "auto", "cpu", "gpu", "cuda", "mps")
+Init = _choices("Init", "pytorch", "matlab")
+Loss = _choices("Loss", "half_mse", "mse")
+ThresholdMethod = _choices("ThresholdMethod", "l2norm", "global-l2norm", "absolute-value")
+BnStatistics = _choices("BnStatistics", "moving", "population")
+Loader = _choices("Loader", "tensor", "dataloader")
+OptimizerImpl = _choices("OptimizerImpl", "fused", "foreach", "default")
+Progress = _choices("Progress", "line", "bar")
+StepWriterKind = _choices("StepWriterKind", "process", "inline")
 # One process per device through Lightning: "ddp" (gloo on CPU, NCCL on GPUs). "auto" with
 # devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported: the
 # MLflow run is owned by the process that started the job.
-STRATEGIES = ("auto", "ddp")
+Strategy = _choices("Strategy", "auto", "ddp")
+# Not Enums: YAML reads a bare 32 as a number and a bare off/on as a bool, which an Enum field refuses.
+PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
+CUDA_GRAPH = ("auto", "on", "off")
 
 
 class ConfigError(SeqlabError):
     """A config value out of range or not one of its choices."""
+
+
+def choice(enum: type[StrEnum], value: Any, key: str) -> StrEnum:
+    """`value` as one of `enum`'s members, or one line naming the key and its choices."""
+    try:
+        return enum[str(value)]
+    except KeyError:
+        raise ConfigError(f"{key} must be one of {', '.join(enum.__members__)}; got {str(value)!r}") from None
 
 
 @dataclass
@@ -58,7 +74,7 @@ class ModelConfig:
     kernel_size: int = 5
     hidden_size: int = 24
     dropout: float = 0.1
-    init: str = "pytorch"
+    init: Init = Init.pytorch
 
 
 @dataclass
@@ -68,18 +84,19 @@ class ModuleConfig:
 
     _target_: str = "seqlab.module.SeqRegressor"
     _partial_: bool = True
-    loss: str = "half_mse"
+    loss: Loss = Loss.half_mse
     l2_regularization: float = 0.0
     gradient_threshold: Optional[float] = None
-    gradient_threshold_method: str = "l2norm"
-    bn_statistics: str = "moving"
+    gradient_threshold_method: ThresholdMethod = ThresholdMethod.l2norm
+    bn_statistics: BnStatistics = BnStatistics.moving
 
 
 @dataclass
 class TrainerConfig:
-    accelerator: str = "auto"
+    _target_: str = "pytorch_lightning.Trainer"
+    accelerator: Accelerator = Accelerator.auto
     devices: Any = 1
-    strategy: str = "auto"
+    strategy: Strategy = Strategy.auto
     num_nodes: int = 1
     max_epochs: int = 30
     max_steps: int = -1
@@ -110,7 +127,7 @@ class LoggerConfig:
     system_metrics_interval_s: float = 2.0
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
-    step_writer: str = "process"  # per-step metrics into a local store: process | inline (seqlab.step_writer)
+    step_writer: StepWriterKind = StepWriterKind.process  # per-step metrics into a local store: process | inline (seqlab.step_writer)
 
 
 @dataclass
@@ -125,13 +142,13 @@ class PerfConfig:
     """How the training loop runs (conf/perf/): the same math either way, at different speeds."""
 
     name: str = "fast"
-    loader: str = "tensor"
+    loader: Loader = Loader.tensor
     data_on_device: bool = True
     steps_per_call: int = 50
     exact_shortcuts: bool = True
-    optimizer_impl: str = "fused"
+    optimizer_impl: OptimizerImpl = OptimizerImpl.fused
     cuda_graph: str = "auto"
-    progress: str = "line"
+    progress: Progress = Progress.line
     checkpoint_every_n_epochs: int = 0
     profile_steps: int = 0  # > 0: profile this many training steps (debug=profile)
 
@@ -161,6 +178,8 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # Lightning callbacks by name (conf/callbacks/); untyped: each has its own constructor.
+    callbacks: Any = None
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
     deterministic: bool = False
@@ -229,6 +248,34 @@ def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
     return None
 
 
+def bad_choice(overrides: list[str]) -> Optional[str]:
+    """The first `key=value` on the command line whose key has choices (an Enum field) and whose
+    value is not one of them, as one line naming the choices; None if all are fine. Hydra would
+    refuse it too, in a message of several lines. Sweep lists (a,b) are checked value by value."""
+    import dataclasses
+
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if not value or override.startswith(("-", "+", "~")) or "/" in key or "@" in key or value[:1] in "[{$":
+            continue
+        node: Any = TrainConfig
+        for part in key.split("."):
+            fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+            if part not in fields:
+                node = None
+                break
+            f = fields[part]
+            node = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
+        enum = globals().get(node) if isinstance(node, str) else node  # annotations are strings here
+        if isinstance(enum, type) and issubclass(enum, StrEnum):
+            for one in value.split(","):
+                try:
+                    choice(enum, one.strip(), key)
+                except ConfigError as error:
+                    return str(error)
+    return None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -239,7 +286,8 @@ def _require(ok: bool, message: str) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check ranges and choices; raise ConfigError with one line naming the key and the fix."""
+    """Check ranges and what depends on several keys (an Enum field's choices were checked at
+    compose time); raise ConfigError with one line naming the key and the fix."""
     d, m, t = cfg.data, cfg.model, cfg.trainer
     _require(
         not (cfg.resume and cfg.ckpt_path),
@@ -262,22 +310,11 @@ def validate(cfg: DictConfig) -> None:
     for key in ("filters", "kernel_size", "hidden_size"):
         _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    _require(m.init in INITS, f"model.init must be one of {', '.join(INITS)}; got {m.init!r}")
     u = cfg.module
-    _require(u.loss in LOSSES, f"module.loss must be one of {', '.join(LOSSES)}; got {u.loss!r}")
     _require(u.l2_regularization >= 0, f"module.l2_regularization must be >= 0, got {u.l2_regularization}")
     _require(
         u.gradient_threshold is None or u.gradient_threshold > 0,
         f"module.gradient_threshold must be positive (or null for none), got {u.gradient_threshold}",
-    )
-    _require(
-        u.gradient_threshold_method in THRESHOLD_METHODS,
-        f"module.gradient_threshold_method must be one of {', '.join(THRESHOLD_METHODS)}; "
-        f"got {u.gradient_threshold_method!r}",
-    )
-    _require(
-        u.bn_statistics in BN_STATISTICS,
-        f"module.bn_statistics must be one of {', '.join(BN_STATISTICS)}; got {u.bn_statistics!r}",
     )
     _require(
         not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
@@ -290,26 +327,15 @@ def validate(cfg: DictConfig) -> None:
         cfg.logger.system_metrics_interval_s > 0,
         f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
     )
-    _require(cfg.logger.step_writer in STEP_WRITERS,
-             f"logger.step_writer must be one of {', '.join(STEP_WRITERS)}; got {cfg.logger.step_writer!r}")
     p = cfg.perf
-    for key, choices in (("loader", LOADERS), ("optimizer_impl", OPTIMIZER_IMPLS), ("cuda_graph", CUDA_GRAPH), ("progress", PROGRESS)):
-        value = str(p[key]).lower() if key == "cuda_graph" else p[key]  # YAML reads a bare off/on as a bool
-        _require(value in choices, f"perf.{key} must be one of {', '.join(choices)}; got {p[key]!r}")
+    _require(str(p.cuda_graph).lower() in CUDA_GRAPH,  # YAML reads a bare off/on as a bool
+             f"perf.cuda_graph must be one of {', '.join(CUDA_GRAPH)}; got {p.cuda_graph!r}")
     _require(p.steps_per_call > 0, f"perf.steps_per_call must be a positive integer, got {p.steps_per_call}")
     _require(
         p.checkpoint_every_n_epochs >= 0,
         f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
     )
     _require(p.profile_steps >= 0, f"perf.profile_steps must be >= 0, got {p.profile_steps}")
-    _require(
-        t.accelerator in ACCELERATORS,
-        f"trainer.accelerator must be one of {', '.join(ACCELERATORS)}; got {t.accelerator!r}",
-    )
-    _require(
-        t.strategy in STRATEGIES,
-        f"trainer.strategy must be one of {', '.join(STRATEGIES)}; got {t.strategy!r}",
-    )
     _require(t.num_nodes > 0, f"trainer.num_nodes must be positive, got {t.num_nodes}")
     _require(
         str(t.precision) in PRECISIONS,

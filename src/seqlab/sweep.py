@@ -31,9 +31,6 @@ from seqlab import SeqlabError
 from seqlab.job import JOB_FILE, SWEEP_FILE, Job, JobResult, fmt, job_key
 
 
-# Set by a job that was interrupted, so that a sweep cut short ends its parent run KILLED.
-interrupted = False
-
 log = logging.getLogger("seqlab")
 
 # MLflow run ids are 32 hex digits; sweep ids are the sweep folder's name and 6 hex digits.
@@ -87,7 +84,7 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
     entry = plan.get(job_key(job.overrides))
     cfg.resume = None
     # From here on the job's overrides say what it does: a DDP job starts its other processes as
-    # single runs with them (train._start_ranks_as_this_job), where resume= must name the run.
+    # single runs with them (ranks.start_ranks_as_this_job), where resume= must name the run.
     job.overrides = [o for o in job.overrides if not o.lstrip("+~").startswith("resume=")]
     if entry is None:
         return None  # the sweep had not got to this job
@@ -182,12 +179,6 @@ LOCAL_PARALLEL_LAUNCHERS = (
 )
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    global interrupted
-    interrupted = True
-    raise SystemExit(128 + signum)
-
-
 class MlflowSweepCallback(Callback):
     """Configured in conf/hydra/default.yaml. MLflow is imported only when a sweep starts.
 
@@ -204,6 +195,7 @@ class MlflowSweepCallback(Callback):
             raise ValueError(f"serve_local_store must be auto or never, got {serve_local_store!r}")
         self.serve_local_store = serve_local_store
         self.tracker = None
+        self.interrupted = False  # a signal ended the sweep (jobs say so in their result files)
         self.sweep_id = None
         self.sweep_dir: Optional[Path] = None
         self.server = None
@@ -237,7 +229,7 @@ class MlflowSweepCallback(Callback):
         # terminal) ends it through SystemExit, so that atexit ends the parent run and the server.
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, _exit_on_signal)
+                signal.signal(signum, self._exit_on_signal)
         # MLflow prints a "View run at <server>" link per run over http; this server's address
         # is gone after the sweep (make ui shows the runs). The jobs inherit the setting.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -366,11 +358,15 @@ class MlflowSweepCallback(Callback):
               "the others run", flush=True)
         return {"parent": parent, "plan": plan}
 
+    def _exit_on_signal(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
+        raise SystemExit(128 + signum)
+
     def _end_unfinished(self) -> None:
         try:
             if self.tracker is not None and self.tracker.run_id:
                 # A job interrupted in a launcher's worker says so in its result file.
-                killed = interrupted or any(r.status == "KILLED" for r in collect(self.sweep_dir, self.sweep_id))
+                killed = self.interrupted or any(r.status == "KILLED" for r in collect(self.sweep_dir, self.sweep_id))
                 status = "KILLED" if killed else "FAILED"
                 self.tracker.end(status, "the sweep stopped before its summary: see the console")
                 self.tracker.run_id = None

@@ -95,9 +95,10 @@ class EpochTimer(pl.Callback):
 class TimeToTarget(pl.Callback):
     """Time to quality (as MLPerf reports time-to-train): the training time, from the timer's
     synchronised clock with validation left out, at which val_rmse first reached the target;
-    also the step and epoch. Runs that never reach it are tagged target_reached=false."""
+    also the step and epoch. Runs that never reach it are tagged target_reached=false. A target
+    of None: nothing is tracked."""
 
-    def __init__(self, timer: EpochTimer, target_rmse: float, tracker: Optional[MlflowTracker] = None) -> None:
+    def __init__(self, timer: EpochTimer, target_rmse: Optional[float], tracker: Optional[MlflowTracker] = None) -> None:
         self.timer = timer
         self.target = target_rmse
         self.tracker = tracker
@@ -110,7 +111,7 @@ class TimeToTarget(pl.Callback):
         self.reached = state.get("reached")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+        if self.target is None or self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         value = trainer.callback_metrics.get("val_rmse")
         if value is not None and float(value) <= self.target:
@@ -123,5 +124,5 @@ class TimeToTarget(pl.Callback):
                 self.tracker.log_metrics(self.reached, trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.tracker is not None:
+        if self.target is not None and self.tracker is not None:
             self.tracker.set_tags({"target_rmse": self.target, "target_reached": str(self.reached is not None).lower()})

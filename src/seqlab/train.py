@@ -4,20 +4,18 @@ glue (`main`). Heavy imports happen inside the functions so `train.py --help` st
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
-import sys
 import time
 import warnings
-from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from seqlab import SeqlabError, one_line, sweep
+from seqlab import SeqlabError, one_line
 from seqlab.job import Job, JobResult, fmt, routed_tracking_uri
 from seqlab.schema import validate
 
@@ -50,7 +48,7 @@ def _git_commit(root: Path) -> Optional[str]:
     return out.stdout.strip() or None
 
 
-def _run_tags(cfg: DictConfig, job: Job, device) -> dict[str, str]:
+def _run_tags(cfg: DictConfig, job: Job, device, sweep: dict) -> dict[str, str]:
     import mlflow
     import pytorch_lightning
     import torch
@@ -72,6 +70,11 @@ def _run_tags(cfg: DictConfig, job: Job, device) -> dict[str, str]:
     commit = _git_commit(Path(cfg.paths.root_dir))
     if commit:
         tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
+    if job.multirun:
+        from seqlab.trial import trial_tags
+
+        tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
+        tags.update(trial_tags())  # a search's trial: its study, number and state
     return tags
 
 
@@ -90,19 +93,48 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         else:
             check_single_run_resume(cfg.resume)
 
-    from hydra.utils import instantiate
-
     from seqlab import devices
+    from seqlab.ranks import process_group_scope
+    from seqlab.tracking import flatten
 
     try:
         device, device_error = devices.resolve(cfg.trainer.accelerator), None
     except SeqlabError as error:
         device, device_error = None, error
-    tracker = instantiate(cfg.logger)
-    if job.rank > 0:
-        tracker = tracker.silenced()  # rank 0 records the job
-        log.setLevel(logging.WARNING)  # and reports it
     sweep = job.sweep_info()
+    tracker = _open_tracker(cfg, job, sweep)
+    accelerator = device.accelerator if device else cfg.trainer.accelerator
+    name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.get("swept_keys"))
+    tags = _run_tags(cfg, job, device, sweep)
+    params = flatten(cfg)
+    start_from, name = _start_point(cfg, job, tracker, params, name)
+    parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
+
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
+        # Written now so that a sweep (and main's error path) knows this job's run.
+        job.write(JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
+                            accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size))
+        try:
+            _record_config(cfg, job, tracker, params)
+            if device_error is not None:
+                raise device_error
+            with process_group_scope(cfg.trainer):
+                outcome = _fit(cfg, job, tracker, device, start_from, name)
+        finally:
+            tracker.log_artifact(job.output_dir / ".hydra", "hydra")
+            for log_file in job.output_dir.glob("*.log"):
+                tracker.log_artifact(log_file)
+    return _result(cfg, job, tracker, name, tags, outcome)
+
+
+def _open_tracker(cfg: DictConfig, job: Job, sweep: dict):
+    """The run's tracker, from conf/logger/; in a parallel sweep over a local store, pointed at
+    the sweep's own server. Processes 1..N-1 of a DDP job send nothing (rank 0 records the job)."""
+    from hydra.utils import instantiate
+
+    tracker = instantiate(cfg.logger, rank=job.rank)
+    if job.rank > 0:
+        log.setLevel(logging.WARNING)  # rank 0 reports the job
     routed = routed_tracking_uri(sweep, tracker.tracking_uri)
     if routed != tracker.tracking_uri:
         from seqlab.server import wait_until_up
@@ -110,84 +142,107 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         # The sweep's own server may still be starting.
         wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log")
         tracker.tracking_uri = routed
-    name = tracker.run_name or run_name(
-        device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.get("swept_keys")
-    )
-    parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
-    tags = _run_tags(cfg, job, device)
-    if job.multirun:
-        tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
-        from seqlab.trial import trial_tags
-
-        tags.update(trial_tags())  # a search's trial: its study, number and state
-    result = JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides,
-                       accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size)
-    job.result = result
-    from seqlab.tracking import flatten
-
-    params = flatten(cfg)
-    start_from = Path(cfg.ckpt_path) if cfg.ckpt_path else None
-    if cfg.resume:
-        from seqlab.interrupt import prepare_resume
-
-        if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
-            start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
-            name = tracker.client.get_run(cfg.resume).info.run_name
-        else:  # each process fetches its own copy (under SLURM they start together, maybe on other hosts)
-            import mlflow
-
-            from seqlab.interrupt import fetch_checkpoint
-
-            client = mlflow.MlflowClient(tracker.tracking_uri)
-            start_from = fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}")
-
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
-        result.run_id, result.run_name = tracker.run_id, name
-        job.write(result)
-        try:
-            if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
-                tracker.log_params(params)
-            elif job.rank == 0:
-                from seqlab.interrupt import STOPPED_AT
-
-                tracker.client.delete_tag(tracker.run_id, STOPPED_AT)  # this checkpoint is being used up
-            _save_config(cfg, job.output_dir / "config.yaml")
-            tracker.log_artifact(job.output_dir / "config.yaml")
-            if device_error is not None:
-                raise device_error
-            with _process_group_scope(cfg.trainer):
-                _fit(cfg, job, tracker, device, result, start_from)
-        finally:
-            tracker.log_artifact(job.output_dir / ".hydra", "hydra")
-            for log_file in job.output_dir.glob("*.log"):
-                tracker.log_artifact(log_file)
-    result.status = "FINISHED"
-    return result
+    return tracker
 
 
-def _save_config(cfg: DictConfig, path: Path) -> None:
+def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) -> tuple[Optional[Path], str]:
+    """The checkpoint training starts from (None: from scratch) and the run's name (a resumed
+    run keeps its own)."""
+    if not cfg.resume:
+        return (Path(cfg.ckpt_path) if cfg.ckpt_path else None), name
+    from seqlab.interrupt import fetch_checkpoint, prepare_resume
+
+    if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
+        from seqlab.tracking import flatten
+
+        # Values made from paths.* (a callback's output folder) name this job's folder, not the run's.
+        raw = flatten(OmegaConf.to_container(cfg, resolve=False))
+        same = {k: v for k, v in params.items() if "${paths." not in raw.get(k, "")}
+        start_from = prepare_resume(tracker.connect(), cfg.resume, same, job.output_dir / "resume")
+        return start_from, tracker.client.get_run(cfg.resume).info.run_name
+    # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
+    import mlflow
+
+    client = mlflow.MlflowClient(tracker.tracking_uri)
+    return fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}"), name
+
+
+def _record_config(cfg: DictConfig, job: Job, tracker, params: dict) -> None:
+    if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
+        tracker.log_params(params)
+    elif job.rank == 0:
+        from seqlab.interrupt import STOPPED_AT
+
+        tracker.client.delete_tag(tracker.run_id, STOPPED_AT)  # this checkpoint is being used up
+    path = job.output_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tracker.log_artifact(path)
 
 
-def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_from: Optional[Path] = None) -> None:
+@dataclass
+class Parts:
+    """What a job trains with, built from the config (`_build`)."""
+
+    datamodule: Any
+    module: Any
+    trainer: Any
+    callbacks: dict[str, Any]  # the callbacks config group's, by name
+    stop: Any  # the graceful stop (interrupt.GracefulStop)
+    steps_per_call: int
+
+
+@dataclass
+class Outcome:
+    """What training measured, for the job's result and report."""
+
+    parts: Parts
+    summary: dict[str, float]
+    wall_s: float
+    baseline: Optional[float]
+    device: Any  # devices.Device: what trained
+
+
+def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path], name: str) -> Outcome:
+    """Build, train, evaluate the network kept, save it: the job's work inside its MLflow run."""
     import pytorch_lightning as pl
-    import torch
-    from hydra.utils import instantiate
 
-    from pytorch_lightning.callbacks import ModelCheckpoint
+    from seqlab.interrupt import check_checkpoint
 
-    from seqlab.best import BestValRmse
-    from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
-    from seqlab.loop import FusedLoop
-    from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
-    from seqlab.perf import optimizer_factory, steps_per_call
-    from seqlab.plots import training_curves
-    from seqlab.progress import ProgressLine
-    from seqlab.timing import EpochTimer, TimeToTarget
-    from seqlab.tracking import StepMetricsRecorder
-    from seqlab.trial import trial_callbacks
+    _quiet_libraries(cfg)
+    _set_threads(cfg, job, device)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    parts = _build(cfg, job, tracker, device)
+    baseline = parts.datamodule.baseline_val_rmse()
+    model = parts.module.model
+    log.info("data      %s", parts.datamodule.describe())
+    log.info("model     %s, %s parameters, init=%s", type(model).__name__,
+             f"{sum(p.numel() for p in model.parameters()):,}", cfg.model.init)
+    log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name,
+             cfg.perf.name, parts.steps_per_call)
+    log.info("mlflow    run %s (%s) in experiment '%s'", tracker.run_id, name, tracker.experiment_name)
+    if start_from is not None:
+        check_checkpoint(start_from, parts.module, f"resume={cfg.resume}" if cfg.resume else f"ckpt_path={cfg.ckpt_path}")
+        log.info("resume    from %s", start_from)
 
+    tracker.start_system_metrics()
+    start = time.perf_counter()
+    _fit_or_stop(parts, job, tracker, start_from)
+    wall = time.perf_counter() - start
+    summary = _final_metrics(cfg, parts, tracker, wall, baseline)
+
+    ckpt = job.output_dir / "checkpoints" / "last.ckpt"
+    parts.trainer.save_checkpoint(ckpt)  # every process takes part; rank 0 writes
+    if job.rank == 0:
+        from seqlab.plots import training_curves
+
+        if tracker.log_checkpoint:
+            tracker.log_artifact(ckpt, "checkpoints")
+        tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
+    return Outcome(parts, summary, wall, baseline, device)
+
+
+def _quiet_libraries(cfg: DictConfig) -> None:
     # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     # Its warnings repeat what the outbox says once when a tracking server goes away.
@@ -206,6 +261,11 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         # which Lightning does not see on the loader itself. (A DataLoader's is not saved: there
         # the warning stands.)
         warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
+
+
+def _set_threads(cfg: DictConfig, job: Job, device) -> None:
+    import torch
+
     if device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not cfg.deterministic
     if job.concurrent_jobs > 1:
@@ -214,111 +274,100 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         from seqlab.job import cpu_count
 
         torch.set_num_threads(max(1, cpu_count() // job.concurrent_jobs))
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    perf = cfg.perf
+
+def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
+    """The data module, the LightningModule with its training loop, the callbacks and the Trainer,
+    each from its config group."""
+    import torch
+    from hydra.utils import instantiate
+
+    from seqlab import callbacks as callback_group
+    from seqlab.interrupt import CHECKPOINT, GracefulStop
+    from seqlab.loop import FusedLoop
+    from seqlab.module import LOSS_TO_MSE
+    from seqlab.perf import optimizer_factory, steps_per_call
+    from seqlab.ranks import multi_process, start_ranks_as_this_job
+    from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
+    from seqlab.trial import trial_callbacks
+
+    perf, ddp = cfg.perf, multi_process(cfg.trainer)
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
-    baseline = datamodule.baseline_val_rmse()
-    log.info("data      %s", datamodule.describe())
-    model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
-    scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
-
-    # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call).
-    batches = len(datamodule.train_dataloader())
-    val_check_interval = cfg.trainer.val_check_interval if datamodule.has_val() else None
-    fused = perf.steps_per_call > 1 and not multi_process(cfg.trainer)
-    k, val_check_interval = (
-        steps_per_call(perf.steps_per_call, batches, val_check_interval) if fused else (1, val_check_interval)
-    )
-    if multi_process(cfg.trainer):
-        # DDP synchronises gradients in each backward of its wrapped forward: one optimizer
-        # step per Lightning call, the path Lightning's DDP is built for.
-        _start_ranks_as_this_job(job)
+    has_val = datamodule.has_val()
+    # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call). DDP
+    # synchronises gradients in each backward of its wrapped forward: one step per call, the
+    # path Lightning's DDP is built for.
+    fused = perf.steps_per_call > 1 and not ddp
+    val_every = cfg.trainer.val_check_interval if has_val else None
+    k, val_every = steps_per_call(perf.steps_per_call, len(datamodule.train_dataloader()), val_every) if fused else (1, val_every)
+    if ddp:
+        start_ranks_as_this_job(job.output_dir, job.overrides)
         log.info("ddp       %s process(es) per node x %d node(s); one step per call; data sharded per process",
                  cfg.trainer.devices, cfg.trainer.num_nodes)
     datamodule.configure_batching(perf.loader, perf.data_on_device, k)
     graphs = fused and device.accelerator == "gpu" and str(perf.cuda_graph).lower() not in ("off", "false")
     to_mse, n_outputs = LOSS_TO_MSE[cfg.module.loss], datamodule.n_outputs  # read once: config lookups are slow
     recorder = StepMetricsRecorder(tracker, tracker.flush_every_n_steps, lambda loss: to_mse(loss, n_outputs),
-                                   every_s=0.0 if multi_process(cfg.trainer) else tracker.flush_every_s)
-    # The default training loop (seqlab.loop), k steps per Lightning call; otherwise (perf=naive,
-    # DDP) Lightning's automatic optimisation, one step per call.
-    loop = None
-    if fused:
-        loop = partial(FusedLoop, batch_size=cfg.data.batch_size, exact_shortcuts=perf.exact_shortcuts,
-                       cuda_graph=str(perf.cuda_graph), clip_val=cfg.trainer.gradient_clip_val)
+                                   every_s=0.0 if ddp else tracker.flush_every_s)
     module = instantiate(cfg.module)(
-        model=model,
+        model=instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=n_outputs),
         optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl, capturable=graphs),
-        scheduler=scheduler,
+        scheduler=instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None,
         step_log=recorder.steps,
-        loop=loop,
+        # The default training loop (seqlab.loop); None: Lightning's automatic optimisation (perf=naive, DDP).
+        loop=partial(FusedLoop, batch_size=cfg.data.batch_size, exact_shortcuts=perf.exact_shortcuts,
+                     cuda_graph=str(perf.cuda_graph), clip_val=cfg.trainer.gradient_clip_val) if fused else None,
         loss_on_progress_bar=perf.progress == "bar",
     )
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model     %s, %s parameters, init=%s", type(model).__name__, f"{n_params:,}", cfg.model.init)
-    log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name, perf.name, k)
-    log.info("mlflow    run %s (%s) in experiment '%s'", tracker.run_id, result.run_name, tracker.experiment_name)
-
-    if start_from is not None:
-        check_checkpoint(start_from, module, f"resume={cfg.resume}" if cfg.resume else f"ckpt_path={cfg.ckpt_path}")
-        log.info("resume    from %s", start_from)
-    stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not multi_process(cfg.trainer))
-    timer = EpochTimer(tracker)
-    best = BestValRmse(tracker)  # best_val_rmse and its step/epoch (a comparison can rank by it)
-    callbacks = [timer, recorder, stop, best]
-    to_target = None
-    if cfg.metrics.target_rmse is not None:
-        to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
-        callbacks.append(to_target)
-    callbacks += trial_callbacks(tracker, result)  # a search's trial: report each epoch, prune
-    if perf.profile_steps:
-        from seqlab.profiling import ProfileSteps
-
-        callbacks.append(ProfileSteps(perf.profile_steps, job.output_dir / "profile", tracker))
-    if perf.progress == "line" and job.rank == 0:
-        callbacks.append(ProgressLine(timer))
-    if perf.checkpoint_every_n_epochs:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=job.output_dir / "checkpoints",
-                filename="epoch{epoch:03d}",
-                every_n_epochs=perf.checkpoint_every_n_epochs,
-                save_top_k=-1,
-                auto_insert_metric_name=False,
-            )
-        )
-    trainer = pl.Trainer(
-        accelerator=device.accelerator,
-        devices=cfg.trainer.devices,
-        strategy=cfg.trainer.strategy,
-        num_nodes=cfg.trainer.num_nodes,
-        max_epochs=cfg.trainer.max_epochs,
-        max_steps=cfg.trainer.max_steps,
-        max_time=cfg.trainer.max_time,
-        precision=cfg.trainer.precision,
-        gradient_clip_val=None if fused else cfg.trainer.gradient_clip_val,  # the loop clips itself
-        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if datamodule.has_val() else 1,
-        val_check_interval=val_check_interval,
-        num_sanity_val_steps=cfg.trainer.num_sanity_val_steps,
-        deterministic=cfg.deterministic,
-        logger=tracker.lightning_logger(),
-        callbacks=callbacks,
-        log_every_n_steps=tracker.flush_every_n_steps,
-        enable_progress_bar=perf.progress == "bar",
-        # Per-epoch checkpoints cost more than an epoch of this model: by default one, at the end.
-        enable_checkpointing=bool(perf.checkpoint_every_n_epochs),
-        enable_model_summary=False,
-        default_root_dir=str(job.output_dir),
-        **({} if datamodule.has_val() else {"limit_val_batches": 0}),
-        **OmegaConf.to_container(cfg.trainer.extra, resolve=True),
-    )
+    clock = StepClock()
+    stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not ddp)
+    chosen = callback_group.build(cfg.callbacks, tracker=tracker)
+    every = [clock, recorder, stop, *chosen.values(), *trial_callbacks(tracker)]
+    trainer = _build_trainer(cfg, device, every, LightningBridge(tracker, clock), fused, has_val, val_every)
     tracker.set_tags({"torch_threads": torch.get_num_threads()})
-    tracker.start_system_metrics()
-    start = time.perf_counter()
+    return Parts(datamodule, module, trainer, chosen, stop, k)
+
+
+def _build_trainer(cfg: DictConfig, device, callbacks: list, logger, fused: bool, has_val: bool, val_every: Any):
+    """conf/trainer/ through its `_target_`, plus what this job decides: the device found, the
+    validation interval in whole loop calls, clipping inside the fused loop, the tracker as logger."""
+    from hydra.utils import instantiate
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    node = OmegaConf.to_container(cfg.trainer, resolve=True)
+    extra = node.pop("extra")
+    decided = dict(
+        accelerator=device.accelerator,
+        gradient_clip_val=None if fused else cfg.trainer.gradient_clip_val,  # the loop clips itself
+        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if has_val else 1,
+        val_check_interval=val_every,
+        deterministic=cfg.deterministic,
+        log_every_n_steps=cfg.logger.flush_every_n_steps,
+        enable_progress_bar=cfg.perf.progress == "bar",
+        # Per-epoch checkpoints cost more than an epoch of this model: by default one, at the end.
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_model_summary=False,
+        default_root_dir=cfg.paths.output_dir,
+    )
+    if not has_val:
+        decided["limit_val_batches"] = 0
+    from hydra.errors import InstantiationException
+
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=start_from)
+        return instantiate({**node, **decided, **extra}, callbacks=callbacks, logger=logger)
+    except InstantiationException as error:  # Lightning's own error says which argument
+        raise (error.__cause__ or error) from None
+
+
+def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) -> None:
+    """trainer.fit; on Ctrl-C or SIGTERM the graceful stop saved a checkpoint: it goes to the run,
+    with the command that continues it."""
+    from seqlab.interrupt import STOPPED_AT, resume_command
+
+    trainer, stop = parts.trainer, parts.stop
+    try:
+        trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=start_from)
     except BaseException:
         if stop.saved is not None and job.rank == 0:
             tracker.log_artifact(stop.saved, "checkpoints")
@@ -329,111 +378,60 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         if stop.signal == "SIGINT":
             raise KeyboardInterrupt from None  # Ctrl-C took Lightning's SIGTERM path to stop cleanly
         raise
-    wall = time.perf_counter() - start
 
+
+def _final_metrics(cfg: DictConfig, parts: Parts, tracker, wall: float, baseline: Optional[float]) -> dict[str, float]:
+    """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation), and the
+    run's medians; logged at the last step."""
+    from seqlab.module import evaluate, population_bn_statistics_
+
+    module, datamodule = parts.module, parts.datamodule
     if cfg.module.bn_statistics == "population":
         population_bn_statistics_(module.model, datamodule.train_eval_batches(), module.device)
         log.info("batchnorm population statistics from one pass over the %d training samples", len(datamodule.train))
     summary = {"train_wall_s": wall}
     val_batches = datamodule.val_dataloader()
     if val_batches:
-        # MATLAB's FinalValidation*: the network as saved, after any BatchNorm finalisation.
-        final = evaluate(module, val_batches, module.device)
-        summary.update({f"final_val_{k}": v for k, v in final.items()})
+        summary.update({f"final_val_{k}": v for k, v in evaluate(module, val_batches, module.device).items()})
+    timer = parts.callbacks.get("timer")
     for key in ("it_per_s", "samples_per_s"):
-        value = timer.median(key)
+        value = timer.median(key) if timer is not None else None
         if value is not None:
             summary[f"{key}_median"] = value
     if baseline is not None:
         summary["val_rmse_baseline"] = baseline
-    tracker.log_metrics(summary, trainer.global_step)
-
-    ckpt = job.output_dir / "checkpoints" / "last.ckpt"
-    trainer.save_checkpoint(ckpt)  # every process takes part; rank 0 writes
-    if job.rank > 0:
-        return
-    if tracker.log_checkpoint:
-        tracker.log_artifact(ckpt, "checkpoints")
-    png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
-    tracker.log_artifact(png)
-
-    result.it_per_s = summary.get("it_per_s_median")
-    result.samples_per_s = summary.get("samples_per_s_median")
-    result.val_rmse = summary.get("final_val_rmse", tracker.last("val_rmse"))
-    result.val_rmse_baseline = baseline
-    result.best_val_rmse = best.value
-    if to_target is not None:
-        result.target_rmse = cfg.metrics.target_rmse
-        result.time_to_target_s = to_target.reached["time_to_target_s"] if to_target.reached else None
-    _report(cfg, job, tracker, device, result, trainer, wall)
+    tracker.log_metrics(summary, parts.trainer.global_step)
+    return summary
 
 
-def multi_process(t: DictConfig) -> bool:
-    """Whether the trainer settings start more than one training process (DDP)."""
-    devices = t.devices
-    one_device = devices in (1, "1") or (OmegaConf.is_list(devices) and len(devices) == 1)
-    return t.strategy != "auto" or t.num_nodes > 1 or not one_device
+def _result(cfg: DictConfig, job: Job, tracker, name: str, tags: dict, outcome: Outcome) -> JobResult:
+    """The job's result, in one place: what the sweep summary, a search and the report read."""
+    summary, callbacks = outcome.summary, outcome.parts.callbacks
+    best, to_target = callbacks.get("best"), callbacks.get("time_to_target")
+    reached = to_target.reached if to_target is not None and to_target.target is not None else None
+    pruned = next((c.pruned for c in outcome.parts.trainer.callbacks if getattr(c, "pruned", None)), None)
+    result = JobResult(
+        "FINISHED", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
+        accelerator=tags.get("accelerator"),
+        batch_size=cfg.data.batch_size,
+        it_per_s=summary.get("it_per_s_median"),
+        samples_per_s=summary.get("samples_per_s_median"),
+        val_rmse=summary.get("final_val_rmse", tracker.last("val_rmse")),
+        val_rmse_baseline=outcome.baseline,
+        best_val_rmse=best.value if best is not None else None,
+        target_rmse=cfg.metrics.target_rmse,
+        time_to_target_s=reached["time_to_target_s"] if reached else None,
+        reason=pruned,
+    )
+    if job.rank == 0:
+        _report(job, tracker, result, outcome)
+    return result
 
 
-@contextmanager
-def _process_group_scope(t: DictConfig) -> Iterator[None]:
-    """A DDP job leaves its process group and the launcher's variables (MASTER_PORT, ...) behind;
-    the next job of a sweep in the same process would join that dead group. Both end with the job."""
-    if not multi_process(t):
-        yield
-        return
-    keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK")
-    saved = {key: os.environ.get(key) for key in keys}
-    try:
-        yield
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _start_ranks_as_this_job(job: Job) -> None:
-    """Lightning's DDP launcher starts ranks 1..N-1 by running the command line again, which in a
-    multirun would start the whole sweep again (and from a launcher's worker, not train.py at
-    all). Each rank is started as a single run of this job instead: train.py with the job's
-    overrides, in the job's output folder."""
-    from hydra.core.hydra_config import HydraConfig
-    from pytorch_lightning.strategies.launchers import subprocess_script
-
-    if not HydraConfig.initialized():
-        raise SeqlabError(
-            "multi-process training (trainer.devices > 1 or trainer.strategy=ddp) starts through the CLI: "
-            "python train.py trainer.devices=N trainer.strategy=ddp ..."
-        )
-    hc = HydraConfig.get()
-    entry = os.environ.get("SEQLAB_ENTRY") or str(Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py")
-    # The same config: its name, where it was found, and any added search path.
-    config = ["--config-name", hc.job.config_name]
-    for source in hc.runtime.config_sources:
-        if source.schema == "file" and source.provider in ("main", "command-line"):
-            config += ["--config-path" if source.provider == "main" else "--config-dir", source.path]
-    config += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
-
-    def command(local_rank: int) -> tuple[list[str], str]:
-        return [
-            sys.executable, entry, *config, *job.overrides,
-            f'hydra.run.dir="{job.output_dir}"',
-            f"hydra.job.name=train_ddp_process_{local_rank}",
-            "hydra.output_subdir=null",  # rank 0 wrote .hydra/
-        ], hc.runtime.cwd
-
-    subprocess_script._hydra_subprocess_cmd = command
-
-
-def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: float) -> None:
+def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:
+    trainer, device = outcome.parts.trainer, outcome.device
     lines = [
-        f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
+        f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {outcome.wall_s:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
         f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
         "(the final network, as saved)",
@@ -463,7 +461,6 @@ def main(cfg: DictConfig) -> Optional[float]:
         result.status, result.reason = status, one_line(error)
         job.write(result)
         if status == "KILLED":
-            sweep.interrupted = True
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
             # with status 0, which would read as success.

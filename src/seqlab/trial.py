@@ -39,14 +39,14 @@ def trial_tags() -> dict[str, str]:
     return link.tags() if link else {}
 
 
-def trial_callbacks(tracker: Any, result: Any) -> list:
+def trial_callbacks(tracker: Any) -> list:
     """What a search's job adds to training: the per-epoch report and the pruning decision."""
     link = current()
     if link is None:
         return []
     from seqlab.pruning import TrialReporter
 
-    return [TrialReporter(link, tracker, result)]
+    return [TrialReporter(link, tracker)]
 
 
 def open_trial(link: TrialLink):

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
+from seqlab.lightning_private import batches_done_in_epoch
 from seqlab.profiling import phase
 
 log = logging.getLogger("seqlab")
@@ -298,7 +299,7 @@ class SeqDataModule(pl.LightningDataModule):
         batches = getattr(self, "_train_batches", None)
         if self.loader != "tensor" or not isinstance(batches, TensorBatches) or self.trainer is None:
             return {}  # a DataLoader's order is not saved: Lightning warns on a mid-epoch resume
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        done = batches_done_in_epoch(self.trainer)
         if done >= len(batches):  # the epoch is over: the next one draws a new order
             return {"train_order": batches.generator.get_state(), "items_done": 0}
         return {"train_order": batches.state_dict()["generator"], "items_done": done}

@@ -1,0 +1,64 @@
+"""Every use of PyTorch Lightning's private API, in one place. Each one is something the public API
+does not offer (advancing the step counters of a loop that steps the optimizer itself, stopping at
+the next step boundary from a signal handler, reading the position in an epoch, starting DDP's
+other processes as this job). A Lightning upgrade can break them, so each call checks first that
+the installed Lightning is one these were tested with, and says so in one line if not."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from seqlab import SeqlabError
+
+# The Lightning releases these uses were read against and tested with (pyproject.toml holds
+# pytorch-lightning below the next one).
+TESTED = ("2.6.",)
+
+_checked = False
+
+
+def check_version() -> None:
+    global _checked
+    if _checked:
+        return
+    import pytorch_lightning
+
+    version = pytorch_lightning.__version__
+    if not version.startswith(TESTED):
+        raise SeqlabError(
+            f"pytorch-lightning {version} is installed, but seqlab uses Lightning internals tested only with "
+            f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
+        )
+    _checked = True
+
+
+def count_optimizer_steps(optimizer: Any, n: int) -> None:
+    """The fused loop stepped the raw optimizer n times: Lightning's step counters (global_step,
+    max_steps, step-based checkpoints and validation) advance as its optimizer wrapper
+    (`LightningOptimizer`) would have advanced them."""
+    check_version()
+    for _ in range(n):
+        optimizer._on_before_step()
+        optimizer._on_after_step()
+
+
+def request_stop(trainer: Any, stop: bool = True) -> None:
+    """Lightning's graceful stop, as on SIGTERM: the loop ends at the next step boundary
+    (`stop=False` withdraws a request not yet acted on)."""
+    check_version()
+    trainer._signal_connector.received_sigterm = stop
+
+
+def batches_done_in_epoch(trainer: Any) -> int:
+    """How many of the running epoch's training items (Lightning calls) are complete."""
+    check_version()
+    return trainer.fit_loop.epoch_loop.batch_progress.current.completed
+
+
+def set_ddp_process_command(command: Callable[[int], tuple[list[str], str]]) -> None:
+    """How Lightning's DDP launcher starts local rank N (1..devices-1) under Hydra: `command(N)`
+    returns the command line and its working directory."""
+    check_version()
+    from pytorch_lightning.strategies.launchers import subprocess_script
+
+    subprocess_script._hydra_subprocess_cmd = command

@@ -1,0 +1,76 @@
+"""Reaching a store: a server that answers (or one line saying it does not), the client settings a
+server needs, and the experiment, created once even when jobs race for it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from seqlab import SeqlabError
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def client_for(uri: str) -> mlflow.MlflowClient:
+    """A client for `uri`: a server is checked first (MLflow's own client retries for minutes
+    before it gives up); a local store's folder is created."""
+    if is_server(uri):
+        check_server(uri)
+        # The outbox retries on its own schedule; MLflow's default (7 retries with a doubling
+        # back-off, 120 s timeouts) would hold each write for minutes.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        # While a server is away, the outbox says so once; urllib3 would warn per retry.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds, with one line, when no MLflow server answers at `uri`."""
+    import requests
+
+    try:
+        response = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as error:
+        raise SeqlabError(
+            f"logger.tracking_uri={uri}: no MLflow server answers there ({type(error).__name__}); "
+            "start it (mlflow server ...) or drop logger.tracking_uri to use the local store"
+        ) from None
+    if response.status_code != 200:
+        raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
+
+
+def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: str) -> Optional[str]:
+    """A local store needs an explicit artifact folder (MLflow would pick one relative to the
+    working directory); a server decides its own."""
+    if artifact_root is None or is_server(uri):
+        return None
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", experiment_name).strip("_") or "default"
+    return (Path(artifact_root).resolve() / safe).as_uri()
+
+
+def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        # Another job of the same sweep created it between our look-up and our create.
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id

@@ -1,0 +1,223 @@
+"""The run's lifecycle: one MLflow run per job, its params (the whole resolved config), tags,
+metrics and artifacts, and its final status. `MlflowTracker.run` owns the lifecycle, so a run
+is never left RUNNING, whatever ends the job. How the records travel is the sender's business
+(tracking.senders)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from omegaconf import DictConfig, OmegaConf
+
+from seqlab import SeqlabError, one_line
+from seqlab.schema import LoggerConfig as _Defaults
+from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
+from seqlab.tracking.history import MetricHistory
+from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
+
+log = logging.getLogger("seqlab")
+
+
+def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
+    """{'data': {'batch_size': 64}} -> {'data.batch_size': '64'}; lists stay one value."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    flat: dict[str, str] = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+class MlflowTracker:
+    """Built from conf/logger/ (the defaults are the schema's, seqlab.schema.LoggerConfig).
+    `run()` opens a run; everything else logs to it. `rank` > 0 (a DDP job's other processes):
+    the same code runs and keeps its history, and nothing is sent."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_name: str = _Defaults.experiment_name,
+        artifact_root: Optional[str] = _Defaults.artifact_root,
+        run_name: Optional[str] = _Defaults.run_name,
+        flush_every_n_steps: int = _Defaults.flush_every_n_steps,
+        flush_every_s: float = _Defaults.flush_every_s,
+        log_checkpoint: bool = _Defaults.log_checkpoint,
+        synchronous: bool = _Defaults.synchronous,
+        system_metrics: bool = _Defaults.system_metrics,
+        system_metrics_interval_s: float = _Defaults.system_metrics_interval_s,
+        outage_wait_s: float = _Defaults.outage_wait_s,
+        fallback_uri: Optional[str] = _Defaults.fallback_uri,
+        step_writer: str = _Defaults.step_writer,
+        rank: int = 0,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.artifact_root = artifact_root
+        self.run_name = run_name
+        self.flush_every_n_steps = flush_every_n_steps
+        self.flush_every_s = flush_every_s
+        self.log_checkpoint = log_checkpoint
+        self.synchronous = synchronous  # metrics go in the background unless synchronous
+        self.system_metrics = system_metrics
+        self.system_metrics_interval_s = system_metrics_interval_s
+        self.outage_wait_s = outage_wait_s
+        self.fallback_uri = fallback_uri
+        self.step_writer = step_writer
+        self.rank = rank
+        self.monitor = None
+        self.client: Optional[mlflow.MlflowClient] = None
+        self.run_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        self.history = MetricHistory()
+        self.sender: Any = None
+
+    @property
+    def is_server(self) -> bool:
+        return is_server(self.tracking_uri)
+
+    def connect(self) -> mlflow.MlflowClient:
+        if self.client is None:
+            self.client = client_for(self.tracking_uri)
+            where = artifact_location(self.tracking_uri, self.artifact_root, self.experiment_name)
+            self.experiment_id = ensure_experiment(self.client, self.experiment_name, where)
+        return self.client
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        parent_run_id: Optional[str] = None,
+        description: str = "",
+        resume_run_id: Optional[str] = None,
+    ) -> str:
+        """Create the run (a child of parent_run_id if given) and return its id; or open the
+        existing run `resume_run_id` again, to continue it."""
+        if self.rank > 0:
+            self.sender = NullSender()
+            return ""
+        client = self.connect()
+        all_tags = {k: str(v) for k, v in tags.items()}
+        if resume_run_id:
+            client.update_run(resume_run_id, status="RUNNING")
+            self.run_id = resume_run_id
+        else:
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            if description:
+                all_tags["mlflow.note.content"] = description
+            self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+        if self.is_server:
+            record = RunRecord(run_name, dict(all_tags))
+            self.sender = OutboxSender(client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback)
+        else:
+            self.sender = DirectSender(client, self.run_id, self.step_writer, self.synchronous)
+        if resume_run_id:
+            self.set_tags(tags)
+        return self.run_id
+
+    def start_system_metrics(self) -> None:
+        """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
+        system/... metrics, so utilisation shows next to throughput. Lightning's MLflow logger
+        does not switch MLflow's monitor on; it is started here for the run's id."""
+        if not self.system_metrics or self.monitor is not None or self.rank > 0:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.monitor = SystemMetricsMonitor(
+            self.run_id, sampling_interval=self.system_metrics_interval_s, tracking_uri=self.tracking_uri
+        )
+        self.monitor.start()
+
+    def end(self, status: str, reason: Optional[str] = None) -> None:
+        if self.monitor is not None:
+            try:
+                self.monitor.finish()  # logs what it sampled last
+            except Exception:  # noqa: BLE001 - system metrics are not worth losing the run over
+                pass
+            self.monitor = None
+        self.sender.end(status, reason)
+
+    @contextmanager
+    def run(
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        parent_run_id: Optional[str] = None,
+        description: str = "",
+        resume_run_id: Optional[str] = None,
+    ) -> Iterator["MlflowTracker"]:
+        """Open a run (or reopen `resume_run_id`); end it FINISHED if the block completes, KILLED
+        if interrupted, FAILED (with the reason as the `failure_reason` tag) on any other exception."""
+        self.start(run_name, tags, parent_run_id, description, resume_run_id)
+        status, reason = "FAILED", None
+        try:
+            yield self
+            status = "FINISHED"
+        except (KeyboardInterrupt, SystemExit):
+            status, reason = "KILLED", "interrupted"
+            raise
+        except BaseException as error:
+            reason = one_line(error)
+            raise
+        finally:
+            self.end(status, reason)
+
+    def _copy_to_fallback(self, record: RunRecord, status: str) -> None:
+        if not self.fallback_uri:
+            raise SeqlabError(f"the tracking server at {self.tracking_uri} did not come back, and "
+                              "logger.fallback_uri is not set: this run's last metrics were not stored")
+        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline")
+        tags = {**record.tags, "server_uri": self.tracking_uri, "server_run_id": self.run_id}
+        tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
+        local.start(record.name or "run", tags)
+        local.log_params(record.params)
+        local.sender.metrics(record.metrics)
+        for path, artifact_path in record.artifacts:
+            local.log_artifact(path, artifact_path)
+        local.end(status)
+        log.warning(
+            "tracking  the server at %s did not come back within %.0f s: the whole run (its params, tags, every "
+            "metric and artifact) is in the local store %s as run %s (make ui shows it); on the server, run %s "
+            "is incomplete", self.tracking_uri, self.outage_wait_s, self.fallback_uri, local.run_id, self.run_id,
+        )
+
+    # -- records ---------------------------------------------------------------------------
+    def log_params(self, params: Mapping[str, str]) -> None:
+        self.sender.params([Param(key, value[:6000]) for key, value in params.items()])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self.sender.tags([RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
+        """Many steps of some metrics in as few calls as MLflow allows."""
+        self._send(
+            [
+                Metric(name, float(v), ts, step)
+                for name, values in series.items()
+                for v, step, ts in zip(values, steps, timestamps)
+            ]
+        )
+
+    def _send(self, metrics: list[Metric]) -> None:
+        self.history.add(metrics)
+        self.sender.metrics(metrics)
+
+    def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
+        self.sender.artifact(Path(path), artifact_path)
+
+    def last(self, name: str) -> Optional[float]:
+        return self.history.last(name)

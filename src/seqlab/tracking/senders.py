@@ -1,0 +1,184 @@
+"""How a run's records reach the store. One interface, three ways:
+
+- `DirectSender`: a local store (or `synchronous`): MLflow's client, and while the run is open the
+  metrics go through the step-writer process (seqlab.step_writer) so that no ORM write runs in
+  the training process.
+- `OutboxSender`: a tracking server, which may go away mid-run: writes wait in the outbox
+  (seqlab.outbox); at the end the run waits up to `outage_wait_s` for it, else the whole run is
+  copied to the fallback store.
+- `NullSender`: processes 1..N-1 of a DDP job: process 0 owns the job's one run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+
+from seqlab.outbox import Outbox, transient
+
+log = logging.getLogger("seqlab")
+
+MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
+MAX_PARAMS = 100
+
+
+def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    elif path.is_file():
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+class NullSender:
+    def params(self, params: list[Param]) -> None:
+        pass
+
+    def tags(self, tags: list[RunTag]) -> None:
+        pass
+
+    def metrics(self, metrics: list[Metric]) -> None:
+        pass
+
+    def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
+        pass
+
+    def end(self, status: str, reason: Optional[str]) -> None:
+        pass
+
+
+class DirectSender:
+    def __init__(self, client: mlflow.MlflowClient, run_id: str, step_writer: str, synchronous: bool) -> None:
+        self.client, self.run_id, self.synchronous = client, run_id, synchronous
+        self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
+        self.writer = None
+        if step_writer == "process":
+            from seqlab.step_writer import StepWriter
+
+            self.writer = StepWriter(client.tracking_uri, run_id)
+
+    def params(self, params: list[Param]) -> None:
+        for i in range(0, len(params), MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS])
+
+    def tags(self, tags: list[RunTag]) -> None:
+        self.client.log_batch(self.run_id, tags=tags)
+
+    def metrics(self, metrics: list[Metric]) -> None:
+        if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
+            self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
+            return
+        for i in range(0, len(metrics), MAX_BATCH):
+            operation = self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=self.synchronous)
+            if operation is not None:
+                self.pending.append(operation)
+
+    def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
+        _upload(self.client, self.run_id, path, artifact_path)
+
+    def _close_writer(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        left, why = writer.close()
+        if left:
+            log.warning("tracking  the step writer stopped (%s): its last %d metric values are written from here",
+                        why, len(left))
+            self.metrics([Metric(k, v, ts, step) for k, v, ts, step in left])
+
+    def end(self, status: str, reason: Optional[str]) -> None:
+        try:
+            self._close_writer()
+            pending, self.pending = self.pending, []
+            for operation in pending:
+                operation.wait()
+        finally:
+            if reason:
+                self.tags([RunTag("failure_reason", reason)])
+            self.client.set_terminated(self.run_id, status)
+
+
+@dataclass
+class RunRecord:
+    """Everything a run sent to a server, kept for a copy to the fallback store."""
+
+    name: str
+    tags: dict[str, str]
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: list[Metric] = field(default_factory=list)
+    artifacts: list[tuple[Path, Optional[str]]] = field(default_factory=list)
+
+
+class OutboxSender:
+    def __init__(
+        self,
+        client: mlflow.MlflowClient,
+        run_id: str,
+        record: RunRecord,
+        outage_wait_s: float,
+        copy_to_fallback: Callable[[RunRecord, str], None],
+    ) -> None:
+        self.client, self.run_id, self.record = client, run_id, record
+        self.outage_wait_s = outage_wait_s
+        self.copy_to_fallback = copy_to_fallback
+        self.outbox = Outbox(lambda item: client.log_batch(run_id, synchronous=True, **item), client.tracking_uri)
+        self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
+
+    def params(self, params: list[Param]) -> None:
+        self.record.params.update({p.key: p.value for p in params})
+        for i in range(0, len(params), MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS])
+
+    def tags(self, tags: list[RunTag]) -> None:
+        self.record.tags.update({t.key: t.value for t in tags})
+        self.outbox.put({"tags": tags})
+
+    def metrics(self, metrics: list[Metric]) -> None:
+        self.record.metrics.extend(metrics)
+        for i in range(0, len(metrics), MAX_BATCH):
+            self.outbox.put({"metrics": metrics[i : i + MAX_BATCH]})
+
+    def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
+        self.record.artifacts.append((path, artifact_path))
+        if self.outbox.down_since is not None:  # known to be away: do not wait for it here
+            self.unsent_artifacts.append((path, artifact_path))
+            return
+        try:
+            _upload(self.client, self.run_id, path, artifact_path)
+        except Exception as error:  # noqa: BLE001
+            if not transient(error):
+                raise
+            self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
+
+    def end(self, status: str, reason: Optional[str]) -> None:
+        """Wait (up to outage_wait_s) for the server to take every write, then close the run
+        there; if it does not, copy the whole run to the local fallback store."""
+        if reason:
+            self.tags([RunTag("failure_reason", reason)])
+        if self.outbox.down_since is not None:
+            log.warning("tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
+                        self.outage_wait_s, self.client.tracking_uri)
+        try:
+            if not self.outbox.drain(self.outage_wait_s):
+                raise ConnectionError("the tracking server did not come back")
+            for path, artifact_path in self.unsent_artifacts:
+                try:
+                    _upload(self.client, self.run_id, path, artifact_path)
+                except Exception as error:  # noqa: BLE001 - the run's status matters more
+                    if transient(error):
+                        raise
+                    log.warning("tracking  %s was not stored: %s", path.name, " ".join(str(error).split())[:200])
+            self.unsent_artifacts = []
+            self.client.set_terminated(self.run_id, status)
+        except Exception as error:  # noqa: BLE001
+            if not transient(error):
+                raise
+            self.copy_to_fallback(self.record, status)
+        finally:
+            self.outbox.close()
+            for refused in self.outbox.refused:
+                log.warning("tracking  the server refused a write: %s", refused)

@@ -1,0 +1,95 @@
+"""Per-step metrics (train_loss, train_rmse, lr) without a per-step host synchronisation: the
+training loop adds each step to a `StepLog`; `StepMetricsRecorder` reads the losses back together
+and sends them in one batch, a few times a second at most."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import pytorch_lightning as pl
+import torch
+
+from seqlab.tracking.divergence import Diverged
+from seqlab.tracking.run import MlflowTracker
+
+
+class StepLog:
+    """Every optimizer step's loss, number, learning rate and time, until the recorder sends them.
+    The loss stays a reference to a device tensor (no copy, no synchronisation); so does a tensor
+    learning rate (CUDA graphs), which the training loop copies once per call, before a
+    scheduler can change it in place."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.steps: list[int] = []
+        self.lrs: list[Any] = []
+        self.times: list[int] = []
+
+    def add(self, loss: torch.Tensor, step: int, lr: Any) -> None:
+        self.losses.append(loss)
+        self.steps.append(step)
+        self.lrs.append(lr)
+        self.times.append(int(time.time() * 1000))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def take(self) -> tuple[list[torch.Tensor], list[int], list[Any], list[int]]:
+        taken = self.losses, self.steps, self.lrs, self.times
+        self.losses, self.steps, self.lrs, self.times = [], [], [], []
+        return taken
+
+
+class StepMetricsRecorder(pl.Callback):
+    """Between Lightning calls, once at least `every_n_steps` steps wait in `steps` and `every_s`
+    seconds have passed since the last send, their losses are read back together and sent in one
+    batch (each send costs the loop a read-back and a wake-up of the writer: a few a second is
+    live enough for a chart); the rest at the end of training. The per-step train_rmse is a
+    function of the loss (`loss_to_mse`), so it costs the step nothing. Under DDP every process
+    must send at the same steps (the losses are averaged across them): pass every_s=0 there."""
+
+    def __init__(
+        self,
+        tracker: MlflowTracker,
+        every_n_steps: int,
+        loss_to_mse: Callable[[float], float],
+        every_s: float,
+    ) -> None:
+        self.tracker = tracker
+        self.every_n_steps = every_n_steps
+        self.every_s = every_s
+        self.loss_to_mse = loss_to_mse
+        self.steps = StepLog()
+        self.last_sent = time.monotonic()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if len(self.steps) >= self.every_n_steps and time.monotonic() - self.last_sent >= self.every_s:
+            self.flush()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.flush()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, Diverged):
+            self.flush()  # the steps trained before an interruption are part of the run
+
+    def flush(self) -> None:
+        self.last_sent = time.monotonic()
+        if not self.steps:
+            return
+        losses, steps, lrs, times = self.steps.take()
+        losses = torch.stack(losses)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # DDP: each process trained on its own share of the batch; the step's loss is their
+            # mean. Every process flushes at the same steps, so this collective lines up.
+            torch.distributed.all_reduce(losses)
+            losses = losses / torch.distributed.get_world_size()
+        losses = losses.tolist()  # the one synchronisation
+        rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
+        if isinstance(lrs[0], torch.Tensor):
+            lrs = torch.stack(lrs).tolist()  # read back together with the losses
+        else:
+            lrs = [float(lr) for lr in lrs]
+        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, steps, times)
