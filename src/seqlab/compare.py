@@ -482,30 +482,44 @@ def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = [g for g in group_runs(rows) if g.n and g.batch_size]
-    series = sorted({(g.device, g.perf, g.extra) for g in groups})
-    paths = []
-
-    def by_batch(metric: str):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for device, perf, extra in series:
-            members = sorted((g for g in groups if (g.device, g.perf, g.extra) == (device, perf, extra)
-                              and g.stat(metric).n), key=lambda g: g.batch_size)
-            if not members:
-                continue
-            x = [g.batch_size for g in members]
-            y = [g.stat(metric).mean for g in members]
-            err = [g.stat(metric).half_width or 0.0 for g in members]
-            label = f"{device}, perf={perf}" + (f", {extra}" if extra else "")
-            line = ax.errorbar(x, y, yerr=err, marker="o", capsize=4, label=label)
-            dots = [(g.batch_size, v) for g in members for v in g.stat(metric).values]
-            ax.scatter(*zip(*dots), s=10, alpha=0.35, color=line[0].get_color())
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.grid(alpha=0.3)
-        return fig, ax
-
     n = _n_text(groups) if groups else "n = 0"
-    fig, ax = by_batch("samples_per_s")
+    figures = {
+        "throughput_vs_batch.png": _throughput_figure(plt, groups, n),
+        "time_to_target_vs_batch.png": _time_to_target_figure(plt, groups, n, target),
+        "val_rmse_curves.png": _curves_figure(plt, groups, target),
+    }
+    paths = []
+    for name, fig in figures.items():
+        paths.append(out_dir / name)
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def _by_batch(plt, groups: list[Group], metric: str):
+    """One line per (device, perf, other keys): the metric's mean against the batch size."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for device, perf, extra in sorted({(g.device, g.perf, g.extra) for g in groups}):
+        members = sorted((g for g in groups if (g.device, g.perf, g.extra) == (device, perf, extra)
+                          and g.stat(metric).n), key=lambda g: g.batch_size)
+        if not members:
+            continue
+        x = [g.batch_size for g in members]
+        y = [g.stat(metric).mean for g in members]
+        err = [g.stat(metric).half_width or 0.0 for g in members]
+        label = f"{device}, perf={perf}" + (f", {extra}" if extra else "")
+        line = ax.errorbar(x, y, yerr=err, marker="o", capsize=4, label=label)
+        dots = [(g.batch_size, v) for g in members for v in g.stat(metric).values]
+        ax.scatter(*zip(*dots), s=10, alpha=0.35, color=line[0].get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _throughput_figure(plt, groups: list[Group], n: str):
+    fig, ax = _by_batch(plt, groups, "samples_per_s")
     ax.set_ylabel("samples/s (training, median epoch)")
     ax.set_title(f"Throughput by batch size (mean, 95% interval, repeats as dots; {n})")
     for perf in sorted({g.perf for g in groups}):
@@ -516,17 +530,19 @@ def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> 
                         va="top", ha="right", fontsize=8, color="red")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    paths.append(out_dir / "throughput_vs_batch.png")
-    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+    return fig
 
-    fig, ax = by_batch("time_to_target_s")
+
+def _time_to_target_figure(plt, groups: list[Group], n: str, target: Optional[float]):
+    fig, ax = _by_batch(plt, groups, "time_to_target_s")
     ax.set_ylabel("training seconds to reach the target")
     ax.set_title((f"Time to val_rmse <= {target:g}" if target else "Time to target") + f" (mean, 95% interval; {n})")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    paths.append(out_dir / "time_to_target_vs_batch.png")
-    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+    return fig
 
+
+def _curves_figure(plt, groups: list[Group], target: Optional[float]):
     fig, ax = plt.subplots(figsize=(8, 5))
     for g in groups:
         by_step: dict[float, list[float]] = {}
@@ -551,9 +567,7 @@ def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> 
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6, ncol=2)
-    paths.append(out_dir / "val_rmse_curves.png")
-    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
-    return paths
+    return fig
 
 
 @dataclass

@@ -288,13 +288,25 @@ def _require(ok: bool, message: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Check ranges and what depends on several keys (an Enum field's choices were checked at
     compose time); raise ConfigError with one line naming the key and the fix."""
-    d, m, t = cfg.data, cfg.model, cfg.trainer
+    _check_start(cfg)
+    _check_data(cfg.data)
+    _check_model(cfg)
+    _check_perf(cfg.perf)
+    _check_trainer(cfg.trainer)
+    _check_optimizer(cfg)
+    _check_metrics_and_logger(cfg)
+
+
+def _check_start(cfg: DictConfig) -> None:
     _require(
         not (cfg.resume and cfg.ckpt_path),
         "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one",
     )
     if cfg.ckpt_path:
         _require(Path(cfg.ckpt_path).is_file(), f"ckpt_path={cfg.ckpt_path}: no such file")
+
+
+def _check_data(d: DictConfig) -> None:
     _require(d.batch_size > 0, f"data.batch_size must be a positive integer, got {d.batch_size}")
     _require(
         d.n_samples is None or d.n_samples > 0,
@@ -307,10 +319,13 @@ def validate(cfg: DictConfig) -> None:
         path = d.path
         _require(path not in (None, "???"), f"data={d.name} needs a file: add data.path=FILE")
         _require(Path(path).is_file(), f"data.path={path}: no such file")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    m, u, t = cfg.model, cfg.module, cfg.trainer
     for key in ("filters", "kernel_size", "hidden_size"):
         _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    u = cfg.module
     _require(u.l2_regularization >= 0, f"module.l2_regularization must be >= 0, got {u.l2_regularization}")
     _require(
         u.gradient_threshold is None or u.gradient_threshold > 0,
@@ -321,13 +336,9 @@ def validate(cfg: DictConfig) -> None:
         "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
         "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
     )
-    target = cfg.metrics.target_rmse
-    _require(target is None or target > 0, f"metrics.target_rmse must be positive (or null), got {target}")
-    _require(
-        cfg.logger.system_metrics_interval_s > 0,
-        f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
-    )
-    p = cfg.perf
+
+
+def _check_perf(p: DictConfig) -> None:
     _require(str(p.cuda_graph).lower() in CUDA_GRAPH,  # YAML reads a bare off/on as a bool
              f"perf.cuda_graph must be one of {', '.join(CUDA_GRAPH)}; got {p.cuda_graph!r}")
     _require(p.steps_per_call > 0, f"perf.steps_per_call must be a positive integer, got {p.steps_per_call}")
@@ -336,6 +347,9 @@ def validate(cfg: DictConfig) -> None:
         f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
     )
     _require(p.profile_steps >= 0, f"perf.profile_steps must be >= 0, got {p.profile_steps}")
+
+
+def _check_trainer(t: DictConfig) -> None:
     _require(t.num_nodes > 0, f"trainer.num_nodes must be positive, got {t.num_nodes}")
     _require(
         str(t.precision) in PRECISIONS,
@@ -353,6 +367,9 @@ def validate(cfg: DictConfig) -> None:
         t.max_steps == -1 or t.max_steps > 0,
         f"trainer.max_steps must be positive or -1 (no limit), got {t.max_steps}",
     )
+
+
+def _check_optimizer(cfg: DictConfig) -> None:
     lr = cfg.optimizer.get("lr") if cfg.optimizer else None
     _require(_number(lr) and lr > 0, f"optimizer.lr must be a positive number, got {lr}")
     for key, value in (cfg.optimizer or {}).items():
@@ -365,6 +382,15 @@ def validate(cfg: DictConfig) -> None:
             f"scheduler.step_size must be a positive whole number of epochs, got {step_size}",
         )
         _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
+
+
+def _check_metrics_and_logger(cfg: DictConfig) -> None:
+    target = cfg.metrics.target_rmse
+    _require(target is None or target > 0, f"metrics.target_rmse must be positive (or null), got {target}")
+    _require(
+        cfg.logger.system_metrics_interval_s > 0,
+        f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
+    )
     _require(cfg.logger.outage_wait_s >= 0, f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}")
     _require(
         cfg.logger.flush_every_n_steps > 0,
