@@ -79,7 +79,9 @@ class GracefulStop(pl.Callback):
         self._restore()
         if self.enabled and isinstance(exception, SIGTERMException):
             self.signal = self.signal or "SIGTERM"
-            trainer.save_checkpoint(self.path)
+            from seqlab.checkpoints import save_checkpoint
+
+            save_checkpoint(trainer, self.path)  # a temporary name, then a rename: never a part of one
             self.saved = self.path
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -119,6 +121,9 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: no such run in this tracking store") from None
     if run.info.status == "FINISHED":
         raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
+    if run.info.status == "RUNNING":  # the store's dead runs were ended KILLED when it was opened
+        owner = f" (pid {run.data.tags['process_pid']} on {run.data.tags.get('process_host')})" if "process_pid" in run.data.tags else ""
+        raise SeqlabError(f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it")
     if STOPPED_AT not in run.data.tags:  # set with the checkpoint, cleared when the run continues
         raise SeqlabError(
             f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, a crash or kill -9); "

@@ -137,6 +137,13 @@ class PerfConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # A checkpoint every this many seconds of training, at a step boundary, that resume=RUN_ID
+    # continues from after a kill -9 (seqlab.checkpoints); 0: off.
+    interval_s: float = 600.0
+
+
+@dataclass
 class PathsConfig:
     root_dir: str = MISSING
     data_dir: str = MISSING
@@ -161,6 +168,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
     deterministic: bool = False
@@ -301,6 +309,8 @@ def validate(cfg: DictConfig) -> None:
         p.checkpoint_every_n_epochs >= 0,
         f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
     )
+    _require(cfg.checkpoint.interval_s >= 0,
+             f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}")
     _require(p.profile_steps >= 0, f"perf.profile_steps must be >= 0, got {p.profile_steps}")
     _require(
         t.accelerator in ACCELERATORS,

@@ -105,6 +105,8 @@ class MlflowTracker:
         # training process) or "inline" (MLflow's own background logging, in this process).
         self.step_writer = step_writer
         self.writer = None
+        # A resumed run: the last step each metric was stored at (seqlab.replayed_steps).
+        self.replayed: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
@@ -120,7 +122,11 @@ class MlflowTracker:
                 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
             if self.tracking_uri.startswith("sqlite:///"):
                 Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-            self.client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+            from seqlab.ghosts import end_dead_runs
+            from seqlab.store import open_client
+
+            self.client = open_client(self.tracking_uri)  # a new local store: created by one process at a time
+            end_dead_runs(self.client)  # runs whose process died without closing them
             self.experiment_id = ensure_experiment(
                 self.client, self.experiment_name, self._artifact_location()
             )
@@ -151,6 +157,8 @@ class MlflowTracker:
         client = self.connect()
         self.logged["name"] = run_name
         if resume_run_id:
+            # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
+            client.log_batch(resume_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
             client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
             self._open_outbox()
@@ -324,6 +332,10 @@ class MlflowTracker:
         if keep_history:
             for m in metrics:
                 self.history[m.key].append((m.step, m.value))
+        if self.replayed:
+            from seqlab.replayed_steps import not_yet_logged
+
+            metrics = not_yet_logged(metrics, self.replayed)
         if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
             self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
             return
@@ -362,10 +374,17 @@ class MlflowTracker:
             self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
 
     def _upload(self, path: Path, artifact_path: Optional[str]) -> None:
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
-        elif path.is_file():
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        try:
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), artifact_path)
+            elif path.is_file():
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+        except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
+            from seqlab.safe_writes import is_write_failure, write_failed
+
+            if not is_write_failure(error):
+                raise
+            raise write_failed(error.filename or path, error) from None
 
     def last(self, name: str) -> Optional[float]:
         points = self.history.get(name)

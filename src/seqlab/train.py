@@ -115,6 +115,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     )
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
     tags = _run_tags(cfg, job, device)
+    from seqlab.ghosts import heartbeat, identity
+
+    tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
     if job.multirun:
         tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
         from seqlab.trial import trial_tags
@@ -133,6 +136,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
             start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
             name = tracker.client.get_run(cfg.resume).info.run_name
+            from seqlab.replayed_steps import logged_through
+
+            tracker.replayed = logged_through(tracker.client, cfg.resume)  # steps trained again are stored once
         else:  # each process fetches its own copy (under SLURM they start together, maybe on other hosts)
             import mlflow
 
@@ -141,22 +147,24 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
             client = mlflow.MlflowClient(tracker.tracking_uri)
             start_from = fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}")
 
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume), \
+            heartbeat(tracker):
         result.run_id, result.run_name = tracker.run_id, name
         job.write(result)
         try:
             if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
                 tracker.log_params(params)
-            elif job.rank == 0:
-                from seqlab.interrupt import STOPPED_AT
-
-                tracker.client.delete_tag(tracker.run_id, STOPPED_AT)  # this checkpoint is being used up
             _save_config(cfg, job.output_dir / "config.yaml")
             tracker.log_artifact(job.output_dir / "config.yaml")
             if device_error is not None:
                 raise device_error
             with _process_group_scope(cfg.trainer):
                 _fit(cfg, job, tracker, device, result, start_from)
+            if job.rank == 0:
+                from seqlab.checkpoints import drop_resume_point
+
+                # Kept until now: a run that fails or is killed again continues from its last checkpoint.
+                drop_resume_point(tracker)
         finally:
             tracker.log_artifact(job.output_dir / ".hydra", "hydra")
             for log_file in job.output_dir.glob("*.log"):
@@ -178,7 +186,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     from seqlab.best import BestValRmse
-    from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
+    from seqlab.interrupt import CHECKPOINT, GracefulStop, check_checkpoint, resume_command
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
     from seqlab.perf import optimizer_factory, steps_per_call
@@ -272,6 +280,11 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     if cfg.metrics.target_rmse is not None:
         to_target = TimeToTarget(timer, cfg.metrics.target_rmse, tracker)
         callbacks.append(to_target)
+    if cfg.checkpoint.interval_s > 0 and not multi_process(cfg.trainer):
+        from seqlab.checkpoints import TimedCheckpoint, publish_resume_point
+
+        callbacks.append(TimedCheckpoint(job.output_dir / "checkpoints" / CHECKPOINT, cfg.checkpoint.interval_s,
+                                         partial(publish_resume_point, tracker)))
     callbacks += trial_callbacks(tracker, result)  # a search's trial: report each epoch, prune
     if perf.profile_steps:
         from seqlab.profiling import ProfileSteps
@@ -321,8 +334,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         trainer.fit(module, datamodule=datamodule, ckpt_path=start_from)
     except BaseException:
         if stop.saved is not None and job.rank == 0:
-            tracker.log_artifact(stop.saved, "checkpoints")
-            tracker.set_tags({STOPPED_AT: trainer.global_step})
+            from seqlab.checkpoints import publish_resume_point
+
+            publish_resume_point(tracker, stop.saved, trainer.global_step)
             log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",
                       stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved,
                       resume_command(job.overrides, tracker.run_id))
@@ -349,11 +363,13 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     tracker.log_metrics(summary, trainer.global_step)
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
-    trainer.save_checkpoint(ckpt)  # every process takes part; rank 0 writes
+    from seqlab.checkpoints import save_checkpoint, store_checkpoint
+
+    save_checkpoint(trainer, ckpt)  # every process takes part; rank 0 writes
     if job.rank > 0:
         return
     if tracker.log_checkpoint:
-        tracker.log_artifact(ckpt, "checkpoints")
+        store_checkpoint(tracker, ckpt)
     png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
     tracker.log_artifact(png)
 
