@@ -76,6 +76,10 @@ def drop_resume_point(tracker: Any) -> None:
         pass  # it had none
 
 
+def _clock() -> float:
+    return time.monotonic()
+
+
 class TimedCheckpoint(pl.Callback):
     """Every `interval_s` seconds of training, save the interrupt checkpoint at a step boundary
     and hand it to `publish(path, step)`. The clock is read once per Lightning call (not per
@@ -85,11 +89,11 @@ class TimedCheckpoint(pl.Callback):
     have to agree on the moment (there the epoch-based perf.checkpoint_every_n_epochs applies)."""
 
     def __init__(self, path: Path, interval_s: float, publish: Callable[[Path, int], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Optional[Callable[[], float]] = None) -> None:
         self.path = Path(path)
         self.interval_s = interval_s
         self.publish = publish
-        self.clock = clock
+        self.clock = clock or (lambda: _clock())  # looked up at each call: tests give a fake one
         self._last = 0.0
         self._due = False
         self.writes: list[tuple[int, float]] = []  # (step, seconds the save and publish took)
