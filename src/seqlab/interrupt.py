@@ -126,7 +126,8 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it")
     if STOPPED_AT not in run.data.tags:  # set with the checkpoint, cleared when the run continues
         raise SeqlabError(
-            f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, a crash or kill -9); "
+            f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, or a crash or kill -9 "
+            "before its first time-based checkpoint, checkpoint.interval_s); "
             "start it again, or give ckpt_path=FILE"
         )
     differ = [
