@@ -178,3 +178,59 @@ def test_a_checkpoint_write_that_fails_ends_the_run_failed_in_one_line_and_keeps
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
     assert steps == list(range(1, 8 * 13 + 1))
     assert len(store.get_metric_history(run_id, "val_rmse")) == 8
+
+
+def _tracker(tmp_path):
+    from seqlab.tracking import MlflowTracker
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
+                            step_writer="inline")
+    tracker.start("writes", {})
+    return tracker
+
+
+def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whole(tmp_path, store, monkeypatch):
+    import errno
+
+    from seqlab.checkpoints import store_checkpoint
+    from seqlab.safe_writes import WriteFailed
+
+    tracker = _tracker(tmp_path)
+    ckpt = tmp_path / "interrupted.ckpt"
+    ckpt.write_bytes(b"good" * 1000)
+    store_checkpoint(tracker, ckpt)
+    folder = tmp_path / "artifacts" / "seqlab" / tracker.run_id / "artifacts" / "checkpoints"
+    assert (folder / "interrupted.ckpt").read_bytes() == b"good" * 1000
+
+    def copy_half_then_fill_the_disk(src, dst):
+        with open(dst, "wb") as f:
+            f.write(b"newer")
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    ckpt.write_bytes(b"newer" * 1000)
+    monkeypatch.setattr(shutil, "copyfile", copy_half_then_fill_the_disk)
+    with pytest.raises(WriteFailed) as failed:
+        store_checkpoint(tracker, ckpt)
+    assert str(failed.value).startswith(f"could not write {folder / 'interrupted.ckpt'}: No space left on device; ")
+    assert (folder / "interrupted.ckpt").read_bytes() == b"good" * 1000  # the previous one, whole
+    assert sorted(p.name for p in folder.iterdir()) == ["interrupted.ckpt"]  # no part of the new one
+    tracker.end("FAILED", str(failed.value))
+
+
+def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, store, monkeypatch):
+    import errno
+
+    from seqlab.safe_writes import WriteFailed
+
+    tracker = _tracker(tmp_path)
+    png = tmp_path / "training_curves.png"
+    png.write_bytes(b"png")
+    target = tmp_path / "artifacts" / "seqlab" / tracker.run_id / "artifacts" / "training_curves.png"
+
+    def unwritable(run_id, local_path, artifact_path=None):
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+    monkeypatch.setattr(tracker.client, "log_artifact", unwritable)
+    with pytest.raises(WriteFailed, match=rf"^could not write {target}: Permission denied; free space there"):
+        tracker.log_artifact(png)
+    tracker.end("FAILED")
