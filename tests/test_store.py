@@ -72,6 +72,7 @@ def test_open_client_refuses_a_half_created_store_without_touching_it(tmp_path):
     assert db.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_train_on_a_half_created_store_says_so_in_one_line(run_cli, tmp_path):
     db = tmp_path / "mlruns" / "mlflow.db"
     _sql(db, "CREATE TABLE _alembic_tmp_experiments (x INTEGER)")
