@@ -34,11 +34,17 @@ def main(argv: list[str] | None = None) -> int:
                              "(val_rmse: the final value; best_val_rmse: the lowest a run reached)")
     args = parser.parse_args(argv)
 
-    import mlflow
-
+    from seqlab import SeqlabError
     from seqlab.compare import compare, runs_table, table
+    from seqlab.ghosts import end_dead_runs
+    from seqlab.store import open_client
 
-    client = mlflow.MlflowClient(args.tracking_uri)
+    try:
+        client = open_client(args.tracking_uri)
+    except SeqlabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    end_dead_runs(client)  # runs whose process died without closing them
     try:
         report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log,
                          args.rank_by)

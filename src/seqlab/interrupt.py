@@ -23,7 +23,7 @@ from seqlab import SeqlabError
 log = logging.getLogger("seqlab")
 
 CHECKPOINT = "interrupted.ckpt"
-STOPPED_AT = "interrupted_at_step"  # the run's tag while its checkpoint is the one to resume from
+STOPPED_AT = "interrupted_at_step"  # the run's tag while it has a checkpoint to resume from (seqlab.checkpoints)
 # Keys that may differ between an interrupted run and its resumption: where things go, not what
 # is trained.
 _MAY_DIFFER = ("paths.", "logger.", "resume", "ckpt_path", "notes", "trainer.max_time")
@@ -81,7 +81,9 @@ class GracefulStop(pl.Callback):
         self._restore()
         if self.enabled and isinstance(exception, SIGTERMException):
             self.signal = self.signal or "SIGTERM"
-            trainer.save_checkpoint(self.path)
+            from seqlab.checkpoints import save_checkpoint
+
+            save_checkpoint(trainer, self.path)  # a temporary name, then a rename: never a part of one
             self.saved = self.path
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -121,9 +123,14 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: no such run in this tracking store") from None
     if run.info.status == "FINISHED":
         raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
-    if STOPPED_AT not in run.data.tags:  # set with the checkpoint, cleared when the run continues
+    if run.info.status == "RUNNING":  # the store's dead runs were ended KILLED when it was opened
+        tags = run.data.tags
+        owner = f" (pid {tags['process_pid']} on {tags.get('process_host')})" if "process_pid" in tags else ""
+        raise SeqlabError(f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it")
+    if STOPPED_AT not in run.data.tags:  # set with each checkpoint, cleared when the run's training ends
         raise SeqlabError(
-            f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, a crash or kill -9); "
+            f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, or a crash or kill -9 "
+            "before its first time-based checkpoint, checkpoint.interval_s); "
             "start it again, or give ckpt_path=FILE"
         )
     differ = [

@@ -6,6 +6,7 @@ the installed Lightning is one these were tested with, and says so in one line i
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from seqlab import SeqlabError
@@ -14,13 +15,8 @@ from seqlab import SeqlabError
 # pytorch-lightning below the next one).
 TESTED = ("2.6.",)
 
-_checked = False
-
-
+@functools.cache
 def check_version() -> None:
-    global _checked
-    if _checked:
-        return
     import pytorch_lightning
 
     version = pytorch_lightning.__version__
@@ -29,7 +25,6 @@ def check_version() -> None:
             f"pytorch-lightning {version} is installed, but seqlab uses Lightning internals tested only with "
             f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
         )
-    _checked = True
 
 
 def count_optimizer_steps(optimizer: Any, n: int) -> None:

@@ -154,6 +154,13 @@ class PerfConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # A checkpoint every this many seconds of training, at a step boundary, that resume=RUN_ID
+    # continues from after a kill -9 (seqlab.checkpoints); 0: off.
+    interval_s: float = 600.0
+
+
+@dataclass
 class PathsConfig:
     root_dir: str = MISSING
     data_dir: str = MISSING
@@ -178,6 +185,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # Lightning callbacks by name (conf/callbacks/); untyped: each has its own constructor.
     callbacks: Any = None
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -298,6 +306,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_start(cfg: DictConfig) -> None:
+    _require(cfg.checkpoint.interval_s >= 0,
+             f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}")
     _require(
         not (cfg.resume and cfg.ckpt_path),
         "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one",

@@ -94,6 +94,8 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
             check_single_run_resume(cfg.resume)
 
     from seqlab import devices
+    from seqlab.checkpoints import drop_resume_point
+    from seqlab.ghosts import heartbeat, identity
     from seqlab.ranks import process_group_scope
     from seqlab.tracking import flatten
 
@@ -106,11 +108,13 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     accelerator = device.accelerator if device else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.get("swept_keys"))
     tags = _run_tags(cfg, job, device, sweep)
+    tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
     params = flatten(cfg)
     start_from, name = _start_point(cfg, job, tracker, params, name)
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
 
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume):
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume), \
+            heartbeat(tracker):
         # Written now so that a sweep (and main's error path) knows this job's run.
         job.write(JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
                             accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size))
@@ -120,6 +124,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
                 raise device_error
             with process_group_scope(cfg.trainer):
                 outcome = _fit(cfg, job, tracker, device, start_from, name)
+            if job.rank == 0:
+                # Kept until now: a run that fails or is killed again continues from its last checkpoint.
+                drop_resume_point(tracker)
         finally:
             tracker.log_artifact(job.output_dir / ".hydra", "hydra")
             for log_file in job.output_dir.glob("*.log"):
@@ -159,6 +166,9 @@ def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) ->
         raw = flatten(OmegaConf.to_container(cfg, resolve=False))
         same = {k: v for k, v in params.items() if "${paths." not in raw.get(k, "")}
         start_from = prepare_resume(tracker.connect(), cfg.resume, same, job.output_dir / "resume")
+        from seqlab.replayed_steps import logged_through
+
+        tracker.replayed = logged_through(tracker.client, cfg.resume)  # steps trained again are stored once
         return start_from, tracker.client.get_run(cfg.resume).info.run_name
     # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
     import mlflow
@@ -170,10 +180,6 @@ def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) ->
 def _record_config(cfg: DictConfig, job: Job, tracker, params: dict) -> None:
     if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
         tracker.log_params(params)
-    elif job.rank == 0:
-        from seqlab.interrupt import STOPPED_AT
-
-        tracker.client.delete_tag(tracker.run_id, STOPPED_AT)  # this checkpoint is being used up
     path = job.output_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -207,6 +213,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     """Build, train, evaluate the network kept, save it: the job's work inside its MLflow run."""
     import pytorch_lightning as pl
 
+    from seqlab.checkpoints import save_checkpoint, store_checkpoint
     from seqlab.interrupt import check_checkpoint
 
     _quiet_libraries(cfg)
@@ -232,12 +239,12 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     summary = _final_metrics(cfg, parts, tracker, wall, baseline)
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
-    parts.trainer.save_checkpoint(ckpt)  # every process takes part; rank 0 writes
+    save_checkpoint(parts.trainer, ckpt)  # atomically; every process takes part, rank 0 writes
     if job.rank == 0:
         from seqlab.plots import training_curves
 
         if tracker.log_checkpoint:
-            tracker.log_artifact(ckpt, "checkpoints")
+            store_checkpoint(tracker, ckpt)
         tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
     return Outcome(parts, summary, wall, baseline, device)
 
@@ -283,6 +290,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     from hydra.utils import instantiate
 
     from seqlab import callbacks as callback_group
+    from seqlab.checkpoints import TimedCheckpoint, publish_resume_point
     from seqlab.interrupt import CHECKPOINT, GracefulStop
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE
@@ -321,9 +329,15 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
         loss_on_progress_bar=perf.progress == "bar",
     )
     clock = StepClock()
+    # Ctrl-C/SIGTERM, and every checkpoint.interval_s, a checkpoint that resume=RUN_ID continues from
+    # (not under DDP, where the processes would have to agree on the moment).
     stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not ddp)
+    own = [clock, recorder, stop]
+    if cfg.checkpoint.interval_s > 0 and not ddp:
+        own.append(TimedCheckpoint(job.output_dir / "checkpoints" / CHECKPOINT, cfg.checkpoint.interval_s,
+                                   partial(publish_resume_point, tracker)))
     chosen = callback_group.build(cfg.callbacks, tracker=tracker)
-    every = [clock, recorder, stop, *chosen.values(), *trial_callbacks(tracker)]
+    every = [*own, *chosen.values(), *trial_callbacks(tracker)]
     trainer = _build_trainer(cfg, device, every, LightningBridge(tracker, clock), fused, has_val, val_every)
     tracker.set_tags({"torch_threads": torch.get_num_threads()})
     return Parts(datamodule, module, trainer, chosen, stop, k)
@@ -363,15 +377,15 @@ def _build_trainer(cfg: DictConfig, device, callbacks: list, logger, fused: bool
 def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) -> None:
     """trainer.fit; on Ctrl-C or SIGTERM the graceful stop saved a checkpoint: it goes to the run,
     with the command that continues it."""
-    from seqlab.interrupt import STOPPED_AT, resume_command
+    from seqlab.checkpoints import publish_resume_point
+    from seqlab.interrupt import resume_command
 
     trainer, stop = parts.trainer, parts.stop
     try:
         trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=start_from)
     except BaseException:
         if stop.saved is not None and job.rank == 0:
-            tracker.log_artifact(stop.saved, "checkpoints")
-            tracker.set_tags({STOPPED_AT: trainer.global_step})
+            publish_resume_point(tracker, stop.saved, trainer.global_step)
             log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",
                       stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved,
                       resume_command(job.overrides, tracker.run_id))

@@ -21,7 +21,8 @@ def is_server(uri: str) -> bool:
 
 def client_for(uri: str) -> mlflow.MlflowClient:
     """A client for `uri`: a server is checked first (MLflow's own client retries for minutes
-    before it gives up); a local store's folder is created."""
+    before it gives up); a local store's folder is created, and a new store is created by one
+    process at a time (seqlab.store)."""
     if is_server(uri):
         check_server(uri)
         # The outbox retries on its own schedule; MLflow's default (7 retries with a doubling
@@ -33,7 +34,9 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    return mlflow.MlflowClient(tracking_uri=uri)
+    from seqlab.store import open_client
+
+    return open_client(uri)
 
 
 def check_server(uri: str, timeout_s: float = 10.0) -> None:

@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
+from urllib.parse import unquote, urlparse
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -79,6 +80,9 @@ class MlflowTracker:
         self.experiment_id: Optional[str] = None
         self.history = MetricHistory()
         self.sender: Any = None
+        # A resumed run: the last step each metric was stored at (seqlab.replayed_steps).
+        self.replayed: dict[str, int] = {}
+        self._artifact_dir: Optional[Path] = None
 
     @property
     def is_server(self) -> bool:
@@ -86,7 +90,10 @@ class MlflowTracker:
 
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
+            from seqlab.ghosts import end_dead_runs
+
             self.client = client_for(self.tracking_uri)
+            end_dead_runs(self.client)  # runs whose process died without closing them
             where = artifact_location(self.tracking_uri, self.artifact_root, self.experiment_name)
             self.experiment_id = ensure_experiment(self.client, self.experiment_name, where)
         return self.client
@@ -108,6 +115,8 @@ class MlflowTracker:
         client = self.connect()
         all_tags = {k: str(v) for k, v in tags.items()}
         if resume_run_id:
+            # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
+            client.log_batch(resume_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
             client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
         else:
@@ -214,10 +223,23 @@ class MlflowTracker:
 
     def _send(self, metrics: list[Metric]) -> None:
         self.history.add(metrics)
+        if self.replayed:
+            from seqlab.replayed_steps import not_yet_logged
+
+            metrics = not_yet_logged(metrics, self.replayed)
         self.sender.metrics(metrics)
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         self.sender.artifact(Path(path), artifact_path)
+
+    def local_artifact_dir(self) -> Optional[Path]:
+        """Where this run's artifacts are, if they are files this process writes itself."""
+        if self._artifact_dir is None and self.client is not None and self.run_id and not self.is_server:
+            uri = self.client.get_run(self.run_id).info.artifact_uri
+            parsed = urlparse(uri)
+            if parsed.scheme in ("", "file"):
+                self._artifact_dir = Path(unquote(parsed.path))
+        return self._artifact_dir
 
     def last(self, name: str) -> Optional[float]:
         return self.history.last(name)

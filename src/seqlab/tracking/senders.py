@@ -28,10 +28,17 @@ MAX_PARAMS = 100
 
 
 def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
-    if path.is_dir():
-        client.log_artifacts(run_id, str(path), artifact_path)
-    elif path.is_file():
-        client.log_artifact(run_id, str(path), artifact_path)
+    try:
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path)
+        elif path.is_file():
+            client.log_artifact(run_id, str(path), artifact_path)
+    except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
+        from seqlab.safe_writes import is_write_failure, write_failed
+
+        if not is_write_failure(error):
+            raise
+        raise write_failed(error.filename or path, error) from None
 
 
 class NullSender:

@@ -1,0 +1,116 @@
+"""Opening a local (SQLite) MLflow store safely. MLflow creates and migrates a SQLite store's
+tables the first time a client opens it, and processes that do so at the same moment race each
+other's migrations (`table _alembic_tmp_experiments already exists`), which can leave the file
+broken for every later client. Here one process at a time opens the store, under a file lock
+next to it (`mlflow.db.lock`): the first creates the tables, the others wait and find them made.
+A store left half-created (by an older seqlab, or a set-up that was killed) is named in one line
+with the fix before MLflow touches it.
+
+Light imports only: MLflow loads inside `open_client`."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from seqlab import SeqlabError, one_line
+
+# Creating and migrating a new store takes a few seconds; many processes may queue behind it.
+LOCK_TIMEOUT_S = 300.0
+
+
+class StoreError(SeqlabError):
+    """A local MLflow store that cannot be opened as it is."""
+
+
+def sqlite_path(tracking_uri: str) -> Optional[Path]:
+    """The file of a `sqlite:///...` store; None for any other store (a server, PostgreSQL)."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+
+
+def lock_path(db: Path) -> Path:
+    return db.with_name(db.name + ".lock")
+
+
+@contextmanager
+def store_lock(db: Path, timeout_s: float = LOCK_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+    """Hold the store's lock. flock is released by the kernel when its holder dies, so a killed
+    process never leaves the store locked."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(db), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = clock() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if clock() >= deadline:
+                    raise StoreError(
+                        f"the MLflow store {db} has been locked by another process for {timeout_s:.0f} s "
+                        f"({lock_path(db).name}); wait for it to finish, or stop it"
+                    ) from None
+                sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def half_created(db: Path) -> Optional[str]:
+    """One line (what is wrong, the fix) for a store whose tables were left half made; None for a
+    new, empty or complete one. Read with sqlite3, so that MLflow never migrates it further."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = None
+            if "alembic_version" in tables:
+                version = next(iter(con.execute("SELECT version_num FROM alembic_version")), (None,))[0]
+            runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as error:
+        return (f"{db} is not an MLflow store ({one_line(error)}); move it away, or point "
+                "paths.mlruns_dir (or logger.tracking_uri) elsewhere")
+    if not tables:
+        return None  # an empty file: MLflow creates the tables
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if not leftovers and version is not None:
+        return None  # complete (an older schema gets MLflow's own one-line upgrade hint: open_client)
+    what = f"table {leftovers[0]} is a leftover of a migration" if leftovers else "it has no schema version"
+    if runs == 0:
+        fix = f"it holds no runs: delete it (rm {db}) and run again; the next run creates it afresh"
+    else:
+        fix = (f"it holds {runs} run(s): keep a copy of it, then drop the leftover "
+               f"(sqlite3 {db} 'DROP TABLE {leftovers[0]}') and run: mlflow db upgrade sqlite:///{db}"
+               if leftovers else f"it holds {runs} run(s): keep a copy of it, then run: mlflow db upgrade sqlite:///{db}")
+    return (f"the MLflow store {db} was left half-created by an interrupted set-up (an older seqlab, or runs "
+            f"that created it at the same moment): {what}; {fix}")
+
+
+def open_client(tracking_uri: str):
+    """An MlflowClient on `tracking_uri`; for a local store, created (or migrated) by one process
+    at a time, and refused in one line when it was left half-created."""
+    import mlflow
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        return mlflow.MlflowClient(tracking_uri=tracking_uri)
+    with store_lock(db):
+        problem = half_created(db)
+        if problem:
+            raise StoreError(problem)
+        try:
+            client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+            client.search_experiments(max_results=1)  # the registry's tables too, while the lock is held
+        except Exception as error:  # a newer or older schema, a damaged file
+            raise StoreError(f"the MLflow store {db}: {one_line(error)}") from None
+    return client

@@ -1,0 +1,163 @@
+"""Issue 15, point 2: no RUNNING ghosts. A run records the process that owns it (host, pid, start
+time) and a heartbeat; a seqlab command that opens the store ends KILLED, with a failure_reason,
+the runs whose process is gone, and never a live one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, runs_of
+from seqlab import ghosts
+
+HERE = socket.gethostname()
+NOW = 1_800_000_000.0  # the fake clock's time
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _tags(host=HERE, pid=None, started=None, beat=None) -> dict[str, str]:
+    tags = {ghosts.HOST: host, ghosts.PID: str(pid if pid is not None else os.getpid())}
+    if started is not None:
+        tags[ghosts.STARTED] = str(started)
+    if beat is not None:
+        tags[ghosts.HEARTBEAT] = str(int(beat))
+    return tags
+
+
+def test_who_is_dead_is_told_by_pid_and_start_time_here_and_by_heartbeat_elsewhere():
+    me = os.getpid()
+    assert ghosts.why_dead(_tags(pid=me, started=ghosts.process_started(me)), NOW) is None
+    parent = os.getppid()
+    assert ghosts.why_dead(_tags(pid=parent, started=ghosts.process_started(parent)), NOW) is None  # alive
+    assert ghosts.why_dead(_tags(pid=parent), NOW) is None  # alive, start time not recorded
+    dead = _dead_pid()
+    assert ghosts.why_dead(_tags(pid=dead, started=1.0), NOW) == \
+        f"process ended without closing the run (pid {dead} is gone on {HERE})"
+    # the pid was given to another process since: the start time tells
+    assert ghosts.why_dead(_tags(pid=parent, started=ghosts.process_started(parent) - 100), NOW) == \
+        f"process ended without closing the run (pid {parent} now belongs to another process on {HERE})"
+    # another host: its pids mean nothing here; its heartbeat does
+    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 20 * 60), NOW) == \
+        "process ended without closing the run (no heartbeat from elsewhere for 20 min)"
+    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 5 * 60), NOW) is None
+    assert ghosts.why_dead(_tags("elsewhere", dead), NOW) is None  # no heartbeat: cannot be told
+    assert ghosts.why_dead({}, NOW) is None  # not a seqlab run
+    # a sweep's parent run names its process with sweep_host/sweep_pid
+    assert ghosts.why_dead({"sweep_host": HERE, "sweep_pid": str(dead)}, NOW) is not None
+    assert ghosts.why_dead({"sweep_host": HERE, "sweep_pid": str(me)}, NOW) is None
+
+
+def test_opening_a_store_ends_its_dead_runs_killed_and_leaves_live_ones_running(store):
+    experiment = store.create_experiment("ghosts")
+    dead = _dead_pid()
+    runs = {
+        "dead here": _tags(pid=dead, started=1.0),
+        "alive here": _tags(started=ghosts.process_started(os.getpid())),
+        "silent elsewhere": _tags("elsewhere", 1, beat=NOW - 3600),
+        "beating elsewhere": _tags("elsewhere", 1, beat=NOW - 30),
+        "not seqlab's": {},
+    }
+    ids = {name: store.create_run(experiment, run_name=name, tags=tags).info.run_id for name, tags in runs.items()}
+    done = store.create_run(experiment, run_name="finished", tags=_tags(pid=dead)).info.run_id
+    store.set_terminated(done, "FINISHED")
+
+    ended = ghosts.end_dead_runs(store, now=lambda: NOW)
+    assert sorted(run_id for run_id, _ in ended) == sorted([ids["dead here"], ids["silent elsewhere"]])
+    status = {name: store.get_run(run_id) for name, run_id in ids.items()}
+    assert status["dead here"].info.status == "KILLED"
+    assert status["dead here"].data.tags["failure_reason"] == \
+        f"process ended without closing the run (pid {dead} is gone on {HERE})"
+    assert status["silent elsewhere"].info.status == "KILLED"
+    assert status["silent elsewhere"].data.tags["failure_reason"].startswith("process ended without closing the run")
+    for name in ("alive here", "beating elsewhere", "not seqlab's"):
+        assert status[name].info.status == "RUNNING", name
+    assert store.get_run(done).info.status == "FINISHED"
+    assert ghosts.end_dead_runs(store, now=lambda: NOW) == []  # nothing twice
+
+
+def test_the_heartbeat_renews_the_runs_last_alive_time(store):
+    experiment = store.create_experiment("beats")
+    run_id = store.create_run(experiment, tags=_tags(beat=NOW - 3600)).info.run_id
+    clock = [NOW]
+    beat = ghosts.Heartbeat(str(store.tracking_uri), run_id, every_s=0.01, now=lambda: clock[0]).start()
+    try:
+        deadline = time.monotonic() + 60
+        while beat.beats == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        beat.stop()
+    assert beat.beats > 0
+    assert store.get_run(run_id).data.tags[ghosts.HEARTBEAT] == str(int(NOW))
+    # so another host's store, opened now, leaves it running
+    tags = dict(store.get_run(run_id).data.tags, **{ghosts.HOST: "elsewhere"})
+    assert ghosts.why_dead(tags, NOW + 60) is None
+
+
+def _wait_for(what, timeout_s=240.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_compare_ends_it_killed_while_a_live_run_stays_running(tmp_path, store):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    long_run = ["data.n_samples=256", "trainer.max_epochs=100000", f"paths.root_dir={tmp_path}"]
+    procs = {
+        name: subprocess.Popen([sys.executable, str(ROOT / "train.py"), *long_run, f"logger.run_name={name}",
+                                f"hydra.run.dir={tmp_path}/out-{name}"],
+                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for name in ("doomed", "alive")
+    }
+    try:
+        def both_training():
+            for proc in procs.values():
+                assert proc.poll() is None, "a run ended by itself"
+            experiment = store.get_experiment_by_name("seqlab")
+            runs = store.search_runs([experiment.experiment_id]) if experiment else []
+            named = {r.info.run_name: r for r in runs}
+            trained = all(name in named and "train_loss" in named[name].data.metrics for name in procs)
+            return named if trained else None
+
+        runs = _wait_for(both_training)
+        doomed = runs["doomed"]
+        assert doomed.data.tags[ghosts.PID] == str(procs["doomed"].pid)
+        assert doomed.data.tags[ghosts.HOST] == HERE
+        assert abs(float(doomed.data.tags[ghosts.STARTED]) - ghosts.process_started(procs["doomed"].pid)) < 1
+        procs["doomed"].send_signal(signal.SIGKILL)
+        procs["doomed"].wait(timeout=30)
+        assert store.get_run(doomed.info.run_id).info.status == "RUNNING"  # what kill -9 leaves
+
+        compare = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "compare.py"), "--experiment", "seqlab", "--no-log",
+             "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db", "--out", str(tmp_path / "compare")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert "Traceback" not in compare.stderr, compare.stderr[-3000:]
+        assert f"run {doomed.info.run_id} (doomed) was left RUNNING: process ended without closing the run" \
+            in compare.stderr
+        doomed = store.get_run(doomed.info.run_id)
+        assert doomed.info.status == "KILLED"
+        assert doomed.data.tags["failure_reason"] == \
+            f"process ended without closing the run (pid {procs['doomed'].pid} is gone on {HERE})"
+        assert procs["alive"].poll() is None
+        assert store.get_run(runs["alive"].info.run_id).info.status == "RUNNING"  # never a live run
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
