@@ -36,9 +36,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlflow
 
+    from seqlab import SeqlabError
     from seqlab.compare import compare, runs_table, table
+    from seqlab.server_auth import client_credentials
+    from seqlab.tracking import check_server
 
-    client = mlflow.MlflowClient(args.tracking_uri)
+    uri = client_credentials(args.tracking_uri)  # a user:password in it is sent, not shown
+    if uri.startswith(("http://", "https://")):
+        try:
+            check_server(uri)  # no server there, or a refused sign-in: one line
+        except SeqlabError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    client = mlflow.MlflowClient(uri)
     try:
         report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log,
                          args.rank_by)

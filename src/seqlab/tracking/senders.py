@@ -28,10 +28,15 @@ MAX_PARAMS = 100
 
 
 def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
-    if path.is_dir():
-        client.log_artifacts(run_id, str(path), artifact_path)
-    elif path.is_file():
-        client.log_artifact(run_id, str(path), artifact_path)
+    if not path.exists():
+        return
+    from seqlab.secrets import masked_copy
+
+    with masked_copy(path) as path:  # Hydra's files and train.log quote the command line
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path)
+        else:
+            client.log_artifact(run_id, str(path), artifact_path)
 
 
 class NullSender:
