@@ -138,10 +138,11 @@ def check_credentials(uri: str, timeout_s: float = 10.0) -> None:
 
     username, password = os.environ.get(USERNAME), os.environ.get(PASSWORD)
     auth = (username, password) if username and password else None
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")  # MLflow sends it when no user is set
+    headers = {"Authorization": f"Bearer {token}"} if token and auth is None else None
     try:
-        response = requests.get(
-            uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1}, auth=auth, timeout=timeout_s
-        )
+        response = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                                auth=auth, headers=headers, timeout=timeout_s)
     except requests.RequestException:
         return  # not answering is check_server's to say
     if response.status_code == 401:
