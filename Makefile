@@ -9,6 +9,9 @@ HOST ?= 127.0.0.1
 # BACKEND_STORE_URI=postgresql://user:password@dbhost:5432/mlflow ARTIFACTS=s3://bucket/mlflow HOST=0.0.0.0
 BACKEND_STORE_URI ?=
 ARTIFACTS ?=
+# make server with a HOST other than loopback signs users in (MLflow basic-auth): the admin's password
+# from MLFLOW_AUTH_ADMIN_PASSWORD or ADMIN_PASSWORD_FILE=path (first start); ALLOW_UNAUTHENTICATED=1 serves it open.
+ADMIN_PASSWORD_FILE ?=
 ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -36,9 +39,10 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
 
-server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, PORT=...) that stores runs and serves artifacts
+server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, with sign-in; PORT=...) that stores runs and serves artifacts
 	$(PY) -m seqlab.server --host $(HOST) --port $(PORT) \
-		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)')
+		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)') \
+		$(if $(ADMIN_PASSWORD_FILE),--admin-password-file '$(ADMIN_PASSWORD_FILE)')
 
 clean: ## remove Hydra output folders (keeps mlruns/ and .venv)
 	rm -rf logs outputs multirun .pytest_cache

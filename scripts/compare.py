@@ -37,10 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     from seqlab import SeqlabError
     from seqlab.compare import compare, runs_table, table
     from seqlab.ghosts import end_dead_runs
+    from seqlab.server_auth import client_credentials
     from seqlab.store import open_client
+    from seqlab.tracking import check_server
 
+    uri = client_credentials(args.tracking_uri)  # a user:password in it is sent, not shown
     try:
-        client = open_client(args.tracking_uri)
+        if uri.startswith(("http://", "https://")):
+            check_server(uri)  # no server there, or a refused sign-in: one line
+        client = open_client(uri)
     except SeqlabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

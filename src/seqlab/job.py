@@ -14,6 +14,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from seqlab.ranks import process_rank
+from seqlab.secrets import mask_text
 
 SWEEP_FILE = "sweep.json"
 JOB_FILE = "seqlab_job.json"
@@ -117,4 +118,5 @@ def job_key(overrides: list[str] | str) -> str:
     `resume=` (which the resumed sweep adds to every job). Taken from the job's override list or
     from a run's `hydra_overrides` tag (the same list joined by spaces)."""
     text = overrides if isinstance(overrides, str) else " ".join(overrides)
+    text = mask_text(text)  # the tag's copy is masked: compare like with like
     return " ".join(sorted(o for o in text.split() if not o.lstrip("+~").startswith("resume=")))

@@ -1,7 +1,7 @@
 """Every use of PyTorch Lightning's private API, in one place. Each one is something the public API
 does not offer (advancing the step counters of a loop that steps the optimizer itself, stopping at
 the next step boundary from a signal handler, reading the position in an epoch, starting DDP's
-other processes as this job). A Lightning upgrade can break them, so each call checks first that
+other processes as this job and watching them). A Lightning upgrade can break them, so each call checks first that
 the installed Lightning is one these were tested with, and says so in one line if not."""
 
 from __future__ import annotations
@@ -25,6 +25,15 @@ def check_version() -> None:
             f"pytorch-lightning {version} is installed, but seqlab uses Lightning internals tested only with "
             f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
         )
+
+
+def set_ddp_process_observer(start: Callable[[list], None]) -> None:
+    """What watches the DDP processes Lightning's launcher starts: `start(procs)` is called with
+    their Popen handles, in rank order, instead of Lightning's observer (which kills rank 0 too)."""
+    check_version()
+    from pytorch_lightning.strategies.launchers import subprocess_script
+
+    subprocess_script._launch_process_observer = start
 
 
 def count_optimizer_steps(optimizer: Any, n: int) -> None:

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from seqlab import SeqlabError
+from seqlab import SeqlabError, server_auth
+from seqlab.secrets import mask_uris
 
 # What `make server` uses unless told otherwise: its own store beside the local one, so runs sent
 # to the server get artifact locations the server serves (mlflow-artifacts:/...), never paths on
@@ -60,6 +61,7 @@ def command(
     host: str = "127.0.0.1",
     port: int = 5000,
     workers: int = 1,
+    app_name: Optional[str] = None,
 ) -> list[str]:
     mlflow_cli = Path(sys.executable).parent / "mlflow"
     return [
@@ -73,6 +75,7 @@ def command(
         # One worker process: a SQLite store takes one writer at a time, and one process with
         # its own pool is what keeps concurrent clients from "database is locked".
         "--workers", str(workers),
+        *(["--app-name", app_name] if app_name else []),
     ]
 
 
@@ -122,12 +125,16 @@ class LocalServer:
         port: Optional[int] = None,
         host: str = "127.0.0.1",
         log_path: Optional[Path] = None,
+        auth_env: Optional[dict[str, str]] = None,
     ) -> None:
         check_backend(backend_store_uri)
         self.host = host
         self.port = port or free_port(host)
         self.uri = f"http://{host}:{self.port}"
-        self.cmd = command(backend_store_uri, artifacts_destination, host, self.port)
+        # auth_env (server_auth.auth_environment): the server signs users in.
+        self.auth_env = auth_env or {}
+        self.cmd = command(backend_store_uri, artifacts_destination, host, self.port,
+                           app_name=server_auth.APP_NAME if auth_env else None)
         self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
 
@@ -143,7 +150,7 @@ class LocalServer:
                 # job runner is not needed for tracking.
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                env={**os.environ, **self.auth_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             )
         finally:
             if out is not subprocess.DEVNULL:
@@ -173,6 +180,13 @@ class LocalServer:
         self.stop()
 
 
+def _auth_dir(backend_store_uri: str) -> Path:
+    """Where a server with sign-in keeps its users: beside its SQLite store, else in mlruns/server."""
+    if backend_store_uri.startswith("sqlite:///"):
+        return Path(backend_store_uri[len("sqlite:///"):]).parent
+    return Path(DEFAULT_DIR).resolve()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m seqlab.server",
@@ -185,22 +199,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--artifacts-destination", default=str(Path(DEFAULT_DIR).resolve() / "artifacts"),
                         help="a folder or s3://bucket/path where the server keeps artifacts (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: put it behind a firewall or auth)")
+                        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: users sign in; "
+                        f"the admin's password from {server_auth.ADMIN_PASSWORD} or --admin-password-file, "
+                        f"or {server_auth.ALLOW_OPEN}=1 to serve it open)")
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes (default 1; more only with PostgreSQL: SQLite takes one writer at a time)")
+    parser.add_argument("--auth", action="store_true",
+                        help="sign users in on a loopback host too (always on for other hosts)")
+    parser.add_argument("--admin-password-file", default=None,
+                        help=f"a file whose first line is the admin's password (else {server_auth.ADMIN_PASSWORD}); "
+                        "needed on the first start with sign-in, when the admin user is created")
+    parser.add_argument("--admin-username", default=None,
+                        help=f"the admin user created on the first start (default: {server_auth.ADMIN_USERNAME} or admin)")
     args = parser.parse_args(argv)
     try:
         check_backend(args.backend_store_uri)
+        auth_env = server_auth.auth_environment(
+            args.host, _auth_dir(args.backend_store_uri), args.auth, args.admin_password_file, args.admin_username
+        )
     except SeqlabError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # The store's address as given may hold its password; the message's own examples do not.
+        print(f"error: {str(error).replace(args.backend_store_uri, mask_uris(args.backend_store_uri))}", file=sys.stderr)
         return 2
-    cmd = command(args.backend_store_uri, args.artifacts_destination, args.host, args.port, args.workers)
-    print(f"MLflow server on http://{args.host}:{args.port} (store {args.backend_store_uri}, "
-          f"artifacts {args.artifacts_destination})\n"
-          f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri=http://{args.host}:{args.port}",
-          flush=True)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = command(args.backend_store_uri, args.artifacts_destination, args.host, args.port, args.workers,
+                  app_name=server_auth.APP_NAME if auth_env else None)
+    address = f"http://{args.host}:{args.port}"
+    print(f"MLflow server on {address} (store {mask_uris(args.backend_store_uri)}, "
+          f"artifacts {mask_uris(args.artifacts_destination)})", flush=True)
+    if auth_env:
+        print(f"sign-in   on (MLflow basic-auth; users in {Path(auth_env[server_auth.CONFIG_PATH]).parent}/basic_auth.db); "
+              f"clients set {server_auth.USERNAME} and {server_auth.PASSWORD}", flush=True)
+    elif not server_auth.is_loopback(args.host):
+        print(f"warning   no sign-in ({server_auth.ALLOW_OPEN}=1): anyone who reaches {address} can read and change "
+              "every run", flush=True)
+    print(f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri={address}", flush=True)
+    env = {**os.environ, **(auth_env or {}), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     os.execvpe(cmd[0], cmd, env)  # the server in the foreground: Ctrl-C stops it
     return 0
 

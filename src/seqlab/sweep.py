@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from seqlab import SeqlabError
 from seqlab.job import JOB_FILE, SWEEP_FILE, Job, JobResult, fmt, job_key
+from seqlab.secrets import guard, mask_text
 
 
 log = logging.getLogger("seqlab")
@@ -244,6 +245,7 @@ class MlflowSweepCallback(Callback):
         self.sweep_dir = sweep_dir
         self.tracker = instantiate(config.logger)
         overrides = self.overrides = list(config.hydra.overrides.task)
+        guard(overrides)  # credentials on the command line show as *** from here on (Hydra's job list too)
         resumed = None
         if config.get("resume"):
             try:  # before anything starts: a sweep that cannot be continued changes nothing
@@ -372,8 +374,8 @@ class MlflowSweepCallback(Callback):
                 self.tracker.run_id = None
                 kept = [o for o in self.overrides if not o.lstrip("+~").startswith("resume=")]
                 if killed:  # a sweep that failed to start (a config that does not compose) has nothing to continue
-                    print(f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
-                          + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"]), file=sys.stderr, flush=True)
+                    print(mask_text(f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
+                          + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"])), file=sys.stderr, flush=True)
         finally:
             self._stop_server()
 
@@ -403,7 +405,7 @@ class MlflowSweepCallback(Callback):
         header = f"sweep {self.sweep_id}{' (resumed)' if self.resume_plan is not None else ''}: {len(results)} jobs, {len(failed)} failed"
         if self.tracker is not None and self.tracker.run_id:
             header += f"; MLflow parent run {self.tracker.run_id} in experiment '{self.tracker.experiment_name}'"
-        print(f"\n{header}\n{table}\noutputs in {sweep_dir}", flush=True)
+        print(mask_text(f"\n{header}\n{table}\noutputs in {sweep_dir}"), flush=True)  # the table quotes overrides
         if self.tracker is not None and self.tracker.run_id:
             self._compare(sweep_dir)
             search = sweep_dir / "search_verdict.txt"  # hparams_search: written by seqlab.search

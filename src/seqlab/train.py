@@ -83,6 +83,9 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
     validate(cfg)  # before anything heavy is imported or any data is loaded
+    from seqlab.secrets import guard, mask_flat
+
+    guard(cfg)  # from here on, its credentials show as *** on the console and in train.log
     if cfg.resume:
         from seqlab.sweep import check_single_run_resume, continue_job
 
@@ -109,7 +112,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.get("swept_keys"))
     tags = _run_tags(cfg, job, device, sweep)
     tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
-    params = flatten(cfg)
+    params = mask_flat(flatten(cfg))  # masked here too, so that resume= compares like with like
     start_from, name = _start_point(cfg, job, tracker, params, name)
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
 
@@ -295,6 +298,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE
     from seqlab.perf import optimizer_factory, steps_per_call
+    from seqlab.rank_watch import RankWatch
     from seqlab.ranks import multi_process, start_ranks_as_this_job
     from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
     from seqlab.trial import trial_callbacks
@@ -337,7 +341,9 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
         own.append(TimedCheckpoint(job.output_dir / "checkpoints" / CHECKPOINT, cfg.checkpoint.interval_s,
                                    partial(publish_resume_point, tracker)))
     chosen = callback_group.build(cfg.callbacks, tracker=tracker)
-    every = [*own, *chosen.values(), *trial_callbacks(tracker)]
+    # DDP: the other ranks' processes, watched from rank 0 (a rank that dies: one line naming it)
+    watch = [RankWatch.installed(job.output_dir, tracker)] if ddp and job.rank == 0 else []
+    every = [*own, *watch, *chosen.values(), *trial_callbacks(tracker)]
     trainer = _build_trainer(cfg, device, every, LightningBridge(tracker, clock), fused, has_val, val_every)
     tracker.set_tags({"torch_threads": torch.get_num_threads()})
     return Parts(datamodule, module, trainer, chosen, stop, k)
@@ -383,7 +389,12 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
     trainer, stop = parts.trainer, parts.stop
     try:
         trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=start_from)
-    except BaseException:
+    except BaseException as error:
+        from seqlab.rank_watch import rank_that_died
+
+        died = rank_that_died(trainer, error)
+        if died is not None:
+            raise died from None  # another rank died: the line that names it, not rank 0's lost collective
         if stop.saved is not None and job.rank == 0:
             publish_resume_point(tracker, stop.saved, trainer.global_step)
             log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",

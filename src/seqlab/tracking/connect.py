@@ -52,6 +52,9 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
         ) from None
     if response.status_code != 200:
         raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
+    from seqlab.server_auth import check_credentials
+
+    check_credentials(uri)  # a server with sign-in: a wrong password is one line, before any run opens
 
 
 def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: str) -> Optional[str]:

@@ -18,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import LoggerConfig as _Defaults
+from seqlab.secrets import mask_flat
+from seqlab.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
 from seqlab.tracking.history import MetricHistory
 from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
@@ -60,7 +62,8 @@ class MlflowTracker:
         step_writer: str = _Defaults.step_writer,
         rank: int = 0,
     ) -> None:
-        self.tracking_uri = tracking_uri
+        # A password in the address goes to MLflow's credential variables: it is sent, never shown.
+        self.tracking_uri = client_credentials(tracking_uri)
         self.experiment_name = experiment_name
         self.artifact_root = artifact_root
         self.run_name = run_name
@@ -124,6 +127,7 @@ class MlflowTracker:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             if description:
                 all_tags["mlflow.note.content"] = description
+            all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
             self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
         if self.is_server:
             record = RunRecord(run_name, dict(all_tags))
@@ -202,10 +206,12 @@ class MlflowTracker:
 
     # -- records ---------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, str]) -> None:
+        params = mask_flat(params)  # what a run records never holds a credential
         self.sender.params([Param(key, value[:6000]) for key, value in params.items()])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self.sender.tags([RunTag(k, str(v)) for k, v in tags.items()])
+        tags = mask_flat({k: str(v) for k, v in tags.items()})
+        self.sender.tags([RunTag(k, v) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)

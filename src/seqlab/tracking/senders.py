@@ -28,11 +28,16 @@ MAX_PARAMS = 100
 
 
 def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
+    if not path.exists():
+        return
+    from seqlab.secrets import masked_copy
+
     try:
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path)
-        elif path.is_file():
-            client.log_artifact(run_id, str(path), artifact_path)
+        with masked_copy(path) as path:  # Hydra's files and train.log quote the command line
+            if path.is_dir():
+                client.log_artifacts(run_id, str(path), artifact_path)
+            else:
+                client.log_artifact(run_id, str(path), artifact_path)
     except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
         from seqlab.safe_writes import is_write_failure, write_failed
 

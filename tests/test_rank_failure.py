@@ -1,0 +1,108 @@
+"""DDP: a rank that dies ends the job's run FAILED with one line naming the rank, instead of a
+traceback, or rank 0 killed with it and its run left RUNNING."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import runs_of, start_cli
+from seqlab import SeqlabError
+from seqlab.rank_watch import RankWatch, describe_exit
+
+
+def _rank_process(parent: psutil.Process, rank: int, timeout_s: float = 120) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in parent.children(recursive=True):
+            try:
+                if f"hydra.job.name=train_ddp_process_{rank}" in child.cmdline():
+                    return child
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
+@pytest.mark.slow
+def test_a_ddp_rank_killed_mid_run_fails_the_run_with_one_line_naming_it(tmp_path, store):
+    proc = start_cli(tmp_path, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                     "data.n_samples=640", "data.batch_size=32", "trainer.max_epochs=1000",
+                     stderr=subprocess.STDOUT)
+    try:
+        rank1 = _rank_process(psutil.Process(proc.pid), 1)
+        deadline = time.monotonic() + 180  # until rank 0 has a run that is training
+        while time.monotonic() < deadline:
+            experiment = store.get_experiment_by_name("seqlab")
+            runs = runs_of(store, "seqlab") if experiment else []
+            if runs and store.get_metric_history(runs[0].info.run_id, "train_loss"):
+                break
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        rank1.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-3000:]
+    assert errors[0].startswith(f"error: DDP process rank 1 (pid {rank1.pid}) was killed by SIGKILL, so the job stopped; "
+                                "its output: "), errors[0]
+    assert errors[0].endswith("train_ddp_process_1.log")
+    assert "Traceback" not in out
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"] == errors[0].removeprefix("error: ")
+
+
+class _FakeProcess:
+    """A child process as the watch sees one: its pid, its exit status once it has one, signals."""
+
+    def __init__(self, pid: int, returncode=None) -> None:
+        self.pid, self.returncode, self.signals = pid, returncode, []
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, signum) -> None:
+        self.signals.append(signum)
+        self.returncode = -signum
+
+
+def test_the_first_rank_that_died_is_named_and_the_others_are_stopped(tmp_path):
+    watch = RankWatch(tmp_path)
+    watch.procs = ranks = [_FakeProcess(101), _FakeProcess(102, returncode=1), _FakeProcess(103)]
+    assert watch.check()
+    assert watch.failure == (f"DDP process rank 2 (pid 102) exited with status 1, so the job stopped; "
+                             f"its output: {tmp_path}/train_ddp_process_2.log")
+    assert ranks[0].signals == ranks[2].signals == [signal.SIGKILL] and ranks[1].signals == []
+    # Rank 0's own lost collective becomes that line; its own one-line errors stay its own.
+    error = watch.reason_for(RuntimeError("Connection closed by peer"), wait_s=0)
+    assert isinstance(error, SeqlabError) and str(error) == watch.failure and watch.handled.is_set()
+    assert watch.reason_for(SeqlabError("the training loss became nan at step 3"), wait_s=0) is None
+
+
+def test_no_rank_died_leaves_rank_zeros_error_alone(tmp_path):
+    watch = RankWatch(tmp_path)
+    watch.procs = [_FakeProcess(101), _FakeProcess(102, returncode=0)]  # one running, one done
+    assert not watch.check()
+    assert watch.reason_for(RuntimeError("something else"), wait_s=0) is None
+    assert describe_exit(-9) == "was killed by SIGKILL" and describe_exit(3) == "exited with status 3"
+
+
+def test_a_rank_zero_stuck_after_a_death_is_ended_by_the_watch(tmp_path):
+    ended = []
+    watch = RankWatch(tmp_path, on_stuck=ended.append, poll_s=0.01, grace_s=0.05)
+    dying = _FakeProcess(102)
+    watch.start([dying])
+    dying.returncode = -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ended == [f"DDP process rank 1 (pid 102) was killed by SIGKILL, so the job stopped; "
+                     f"its output: {tmp_path}/train_ddp_process_1.log"]
