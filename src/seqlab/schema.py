@@ -111,6 +111,7 @@ class LoggerConfig:
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
     step_writer: str = "process"  # per-step metrics into a local store: process | inline (seqlab.step_writer)
+    register_as: Optional[str] = None  # also register the logged model as a new version of this name
 
 
 @dataclass

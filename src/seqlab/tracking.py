@@ -71,6 +71,7 @@ class MlflowTracker:
         outage_wait_s: float = 60.0,
         fallback_uri: Optional[str] = None,
         step_writer: str = "process",
+        register_as: Optional[str] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -105,6 +106,7 @@ class MlflowTracker:
         # training process) or "inline" (MLflow's own background logging, in this process).
         self.step_writer = step_writer
         self.writer = None
+        self.register_as = register_as  # the logged model also becomes a version of this registered model
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> mlflow.MlflowClient:
@@ -338,6 +340,12 @@ class MlflowTracker:
             )
             if operation is not None:
                 self.pending.append(operation)
+
+    def wait_for_metrics(self) -> None:
+        """Every metric sent so far is stored when this returns (the step writer is closed: later
+        metrics go through MLflow's client from this process)."""
+        self._close_writer()
+        self.flush()
 
     def flush(self) -> None:
         """Wait until every metric sent in the background is stored."""

@@ -356,6 +356,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         tracker.log_artifact(ckpt, "checkpoints")
     png = training_curves(tracker.history, job.output_dir / "training_curves.png", title=result.run_name)
     tracker.log_artifact(png)
+    from seqlab.model_logging import log_network  # the network kept, as an MLflow model
+
+    result.model_uri = log_network(tracker, module.model, datamodule.train.x, trainer.global_step, tracker.register_as)
 
     result.it_per_s = summary.get("it_per_s_median")
     result.samples_per_s = summary.get("samples_per_s_median")
@@ -445,6 +448,8 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
         lines.append(
             f"          see it: make ui, then http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
         )
+    if result.model_uri:
+        lines.append(f"model     {result.model_uri} (predict: python predict.py model={result.model_uri} data=...)")
     lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
     for line in lines:
         log.info(line)
