@@ -19,6 +19,7 @@ INITS = ("pytorch", "matlab")
 LOSSES = ("half_mse", "mse")
 THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
 BN_STATISTICS = ("moving", "population")
+OUTPUT_NETWORKS = ("last", "best")  # MATLAB's OutputNetwork: 'last-iteration', 'best-validation-loss'
 LOADERS = ("tensor", "dataloader")
 OPTIMIZER_IMPLS = ("fused", "foreach", "default")
 CUDA_GRAPH = ("auto", "on", "off")
@@ -73,6 +74,8 @@ class ModuleConfig:
     gradient_threshold: Optional[float] = None
     gradient_threshold_method: str = "l2norm"
     bn_statistics: str = "moving"
+    output_network: str = "last"  # the network a run ends with (seqlab.output_network)
+    validation_patience: Optional[int] = None  # stop after this many validations without a new best; null: never
 
 
 @dataclass
@@ -281,6 +284,14 @@ def validate(cfg: DictConfig) -> None:
         f"module.bn_statistics must be one of {', '.join(BN_STATISTICS)}; got {u.bn_statistics!r}",
     )
     _require(
+        u.output_network in OUTPUT_NETWORKS,
+        f"module.output_network must be one of {', '.join(OUTPUT_NETWORKS)}; got {u.output_network!r}",
+    )
+    _require(
+        u.validation_patience is None or u.validation_patience > 0,
+        f"module.validation_patience must be a positive integer (or null: never stop early), got {u.validation_patience}",
+    )
+    _require(
         not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
         "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
         "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
@@ -340,6 +351,9 @@ def validate(cfg: DictConfig) -> None:
             f"scheduler.step_size must be a positive whole number of epochs, got {step_size}",
         )
         _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
+    name = cfg.logger.register_as
+    _require(name is None or (str(name).strip() != "" and "/" not in str(name)),
+             f"logger.register_as must be a model name without '/' (or null: do not register), got {name!r}")
     _require(cfg.logger.outage_wait_s >= 0, f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}")
     _require(
         cfg.logger.flush_every_n_steps > 0,

@@ -177,7 +177,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from seqlab.best import BestValRmse
+    from seqlab.output_network import OutputNetwork
     from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
@@ -266,7 +266,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
         log.info("resume    from %s", start_from)
     stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not multi_process(cfg.trainer))
     timer = EpochTimer(tracker)
-    best = BestValRmse(tracker)  # best_val_rmse and its step/epoch (a comparison can rank by it)
+    # best_val_rmse and its step/epoch (a comparison can rank by it); the network kept
+    # (module.output_network) and early stopping (module.validation_patience)
+    best = OutputNetwork(tracker, cfg.module.output_network, cfg.module.validation_patience)
     callbacks = [timer, recorder, stop, best]
     to_target = None
     if cfg.metrics.target_rmse is not None:
@@ -330,6 +332,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
             raise KeyboardInterrupt from None  # Ctrl-C took Lightning's SIGTERM path to stop cleanly
         raise
     wall = time.perf_counter() - start
+    kept = best.restore(module.model, trainer.global_step)  # the network the final metrics and the model are of
+    tracker.set_tags(kept)
+    result.output_network = kept["output_network"] + (
+        f" (step {kept['output_network_step']})" if kept["output_network"] == "best" else "")
 
     if cfg.module.bn_statistics == "population":
         population_bn_statistics_(module.model, datamodule.train_eval_batches(), module.device)
@@ -358,7 +364,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     tracker.log_artifact(png)
     from seqlab.model_logging import log_network  # the network kept, as an MLflow model
 
-    result.model_uri = log_network(tracker, module.model, datamodule.train.x, trainer.global_step, tracker.register_as)
+    result.model_uri = log_network(tracker, module.model, datamodule.train.x, trainer.global_step, tracker.register_as,
+                                   tags=kept)
 
     result.it_per_s = summary.get("it_per_s_median")
     result.samples_per_s = summary.get("samples_per_s_median")
@@ -439,7 +446,7 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
         f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
         f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
-        "(the final network, as saved)",
+        f"(the {'final' if result.output_network in (None, 'last') else result.output_network} network, as saved)",
         f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
