@@ -3,6 +3,7 @@ was trained on recorded as dataset inputs. One short training run serves every t
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import mlflow
@@ -83,3 +84,33 @@ def test_an_unregistered_run_has_its_model_under_runs(compose_cfg, store):
     (run,) = runs_of(store, "seqlab")
     assert "registered_model" not in run.data.tags
     assert store.search_registered_models() == []
+
+
+def test_the_training_and_validation_data_are_the_run_s_dataset_inputs(trained):
+    root, result, client = trained
+    inputs = client.get_run(result.run_id).inputs.dataset_inputs
+    by_context = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset for i in inputs}
+    assert set(by_context) == {"training", "validation"}
+    train_set, val_set = by_context["training"], by_context["validation"]
+    assert (train_set.name, val_set.name) == ("synthetic-train", "synthetic-val")
+    # TINY: 256 samples, 20% held out
+    assert json.loads(train_set.profile)["features_shape"] == [205, 1, 1440]
+    assert json.loads(val_set.profile)["targets_shape"] == [51, 1]
+    assert train_set.digest and val_set.digest and train_set.digest != val_set.digest
+    source = json.loads(train_set.source)["tags"]
+    assert train_set.source_type == "code"
+    assert source["generator"] == "seqlab.data.synthetic_daily_load" and source["seed"] == "0"
+    assert source["n_samples"] == "256" and source["n_features"] == "1440"
+
+
+def test_a_file_s_dataset_source_is_its_path(compose_cfg, store, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "own.npz"
+    np.savez(path, X=rng.normal(size=(96, 3, 4)).astype(np.float32), y=rng.normal(size=96).astype(np.float32))
+    result = train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32"))
+    inputs = store.get_run(result.run_id).inputs.dataset_inputs
+    names = {i.dataset.name: i.dataset for i in inputs}
+    assert set(names) == {"own-train", "own-val"}
+    assert names["own-train"].source_type == "local"
+    assert json.loads(names["own-train"].source)["uri"] == str(path)
+    assert json.loads(names["own-val"].profile)["features_shape"] == [19, 3, 4]

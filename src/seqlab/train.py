@@ -221,6 +221,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
     datamodule.setup("fit")
     baseline = datamodule.baseline_val_rmse()
     log.info("data      %s", datamodule.describe())
+    if job.rank == 0:  # the training and validation sets as the run's dataset inputs (the UI's Dataset column)
+        from seqlab.datasets import log_training_data
+
+        log_training_data(tracker, cfg.data, datamodule)
     model = instantiate(cfg.model, n_features=datamodule.n_features, n_outputs=datamodule.n_outputs)
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None
 
