@@ -114,3 +114,135 @@ def test_a_file_s_dataset_source_is_its_path(compose_cfg, store, tmp_path):
     assert names["own-train"].source_type == "local"
     assert json.loads(names["own-train"].source)["uri"] == str(path)
     assert json.loads(names["own-val"].profile)["features_shape"] == [19, 3, 4]
+
+
+# -- predict.py ---------------------------------------------------------------------------------
+def _cli(root, *args, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    return subprocess.run([sys.executable, str(ROOT / "predict.py"), *args, f"paths.root_dir={root}"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _new_data(n=48, seed=7):
+    from seqlab.data import synthetic_daily_load
+
+    data = synthetic_daily_load(n_samples=n, seed=seed)
+    return data.x, data.y
+
+
+def _pyfunc(root, uri):
+    mlflow.set_tracking_uri(f"sqlite:///{root}/mlruns/mlflow.db")
+    try:
+        return mlflow.pyfunc.load_model(uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def _compose_predict(root, out, *overrides):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("predict", overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides])
+
+
+@pytest.mark.slow
+def test_predict_cli_on_npz_writes_predictions_and_an_evaluation_run(trained, tmp_path):
+    root, result, client = trained
+    x, y = _new_data()
+    path = tmp_path / "new.npz"
+    np.savez(path, X=x, y=y)
+    done = _cli(root, f"run={result.run_id}", "data=npz", f"data.path={path}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("outputs"))
+    expected = _pyfunc(root, f"runs:/{result.run_id}/model").predict(x)
+    table = np.loadtxt(f"{out}/predictions.csv", delimiter=",", skiprows=1)
+    assert open(f"{out}/predictions.csv").readline().strip() == "prediction,target"
+    np.testing.assert_allclose(table[:, 0], expected[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(table[:, 1], y[:, 0], rtol=1e-6)
+    with np.load(f"{out}/predictions.npz") as saved:
+        np.testing.assert_allclose(saved["predictions"], expected, rtol=1e-5, atol=1e-6)
+
+    (evaluation,) = client.search_runs([client.get_run(result.run_id).info.experiment_id],
+                                       f"tags.training_run_id = '{result.run_id}'")
+    assert evaluation.info.status == "FINISHED"
+    assert evaluation.data.tags["mlflow.parentRunId"] == result.run_id
+    rmse = float(np.sqrt(((expected - y) ** 2).mean()))
+    assert evaluation.data.metrics["rmse"] == pytest.approx(rmse, rel=1e-4)
+    assert evaluation.data.metrics["mae"] == pytest.approx(float(np.abs(expected - y).mean()), rel=1e-4)
+    assert evaluation.data.metrics["n_samples"] == 48
+    files = {f.path for f in client.list_artifacts(evaluation.info.run_id)}
+    assert {"predictions.csv", "predictions.npz", "predicted_vs_actual.png"} <= files
+    (data_input,) = evaluation.inputs.dataset_inputs
+    assert data_input.dataset.name == "new" and json.loads(data_input.dataset.profile)["features_shape"] == [48, 1, 1440]
+    assert f"evaluation run {evaluation.info.run_id}" in done.stdout
+
+
+def test_predict_on_csv_and_mat_by_registered_version(trained, tmp_path):
+    from matfiles import write_v5
+
+    from seqlab.predict import predict
+
+    root, result, client = trained
+    x, y = _new_data(n=20, seed=3)
+    expected = _pyfunc(root, f"models:/{REGISTERED}/1").predict(x)
+    csv = tmp_path / "new.csv"
+    np.savetxt(csv, np.concatenate([x[:, 0, :], y], axis=1), delimiter=",")
+    mat = tmp_path / "new.mat"
+    write_v5(mat, {"XrTrain": x[:, 0, :].astype(np.float64), "YrTrain": y.astype(np.float64)})
+    for data in (["data=csv", f"data.path={csv}"], ["data=mat", f"data.path={mat}"]):
+        done = predict(_compose_predict(root, tmp_path / data[0].split("=")[1], f"model_uri=models:/{REGISTERED}/1", *data))
+        assert done.training_run_id == result.run_id
+        table = np.loadtxt(done.csv, delimiter=",", skiprows=1)
+        np.testing.assert_allclose(table[:, 0], expected[:, 0], rtol=1e-5, atol=1e-5)
+        assert done.metrics["rmse"] == pytest.approx(float(np.sqrt(((expected - y) ** 2).mean())), rel=1e-4)
+        assert client.get_run(done.run_id).data.tags["model_uri"] == f"models:/{REGISTERED}/1"
+
+
+def test_predict_without_targets_writes_predictions_only(trained, tmp_path):
+    from seqlab.predict import predict
+
+    root, result, client = trained
+    x, _ = _new_data(n=10)
+    path = tmp_path / "inputs_only.npz"
+    np.savez(path, X=x)
+    done = predict(_compose_predict(root, tmp_path / "out", f"run={result.run_id}", "data=npz", f"data.path={path}"))
+    assert done.metrics == {} and done.run_id is None
+    assert open(done.csv).readline().strip() == "prediction"
+    assert np.loadtxt(done.csv, skiprows=1).shape == (10,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["unknown run", "wrong shape"])
+def test_predict_cli_bad_input_is_one_line(trained, tmp_path, case):
+    root, result, client = trained
+    if case == "unknown run":
+        args, message = ["run=0123456789abcdef0123456789abcdef"], "error: run=0123456789abcdef0123456789abcdef: no such run"
+    else:
+        path = tmp_path / "narrow.npz"
+        np.savez(path, X=np.zeros((8, 1, 100), np.float32), y=np.zeros(8, np.float32))
+        args = [f"model=models:/{REGISTERED}/1", "data=npz", f"data.path={path}"]  # model=: model_uri's short form
+        message = "error: data: the model takes inputs of (samples, steps, features) = (N, 1, 1440), and npz has (N, 1, 100)"
+    done = _cli(root, *args)
+    assert done.returncode == 1
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), lines
+    assert "Traceback" not in done.stderr
+
+
+def test_predict_with_a_run_without_a_model_is_one_line(tmp_path, compose_cfg, store, caplog):
+    from seqlab.predict import main
+
+    from seqlab import SeqlabError
+
+    with pytest.raises(SeqlabError):  # a run that fails before training: it has no model
+        train(compose_cfg("data.n_samples=128", "module.output_network=best", "data.val_fraction=0"))
+    (failed,) = runs_of(store, "seqlab")
+    cfg = _compose_predict(tmp_path, tmp_path / "p", f"run={failed.info.run_id}")
+    with pytest.raises(SystemExit) as stop:
+        main(cfg)
+    assert stop.value.code == 1
+    assert f"error: run={failed.info.run_id} (FAILED) has no model" in caplog.text

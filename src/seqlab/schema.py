@@ -360,3 +360,32 @@ def validate(cfg: DictConfig) -> None:
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
     )
     _require(cfg.logger.flush_every_s >= 0, f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}")
+
+
+# -- predict.py (conf/predict.yaml): a trained network's predictions on data from any data group --
+@dataclass
+class PredictConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    run: Optional[str] = None  # a training run's id: its model, runs:/<id>/model
+    # or any MLflow model URI: models:/NAME/VERSION, runs:/<id>/model (`model=` on predict.py's
+    # command line: conf/model/ is train.py's model group, so Hydra would read model= as that group)
+    model_uri: Optional[str] = None
+    tracking_uri: str = MISSING
+    experiment_name: str = "seqlab"  # the evaluation run's experiment when the model has no training run
+    seed: int = 0
+    evaluate: bool = True  # data with targets: RMSE, MAE, R2 and a plot, recorded as an MLflow evaluation run
+
+
+ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+def validate_predict(cfg: DictConfig) -> None:
+    """predict.py's one-line checks, before any model or data is loaded."""
+    _require((cfg.run is None) != (cfg.model_uri is None),
+             "say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them")
+    if "path" in cfg.data.source:
+        _require(cfg.data.path not in (None, "???"), f"data={cfg.data.name} needs a file: add data.path=FILE")
+        _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path}: no such file")
+    _require(cfg.data.n_samples is None or cfg.data.n_samples > 0,
+             f"data.n_samples must be positive (or null for all), got {cfg.data.n_samples}")
