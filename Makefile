@@ -10,9 +10,12 @@ HOST ?= 127.0.0.1
 BACKEND_STORE_URI ?=
 ARTIFACTS ?=
 ARGS ?=
+# make serve: the model to serve (a run's, or a registered version) and where
+MODEL ?=
+SERVE_PORT ?= 5001
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test ui server clean
+.PHONY: help install train test ui server serve clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -39,6 +42,11 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, PORT=...) that stores runs and serves artifacts
 	$(PY) -m seqlab.server --host $(HOST) --port $(PORT) \
 		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)')
+
+serve: $(STAMP) ## serve a trained network over REST: make serve MODEL=runs:/<run id>/model (or models:/NAME/VERSION; SERVE_PORT=5001)
+	@test -n "$(MODEL)" || { echo "error: say which model: make serve MODEL=runs:/<run id>/model"; exit 1; }
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlruns/mlflow.db} \
+		mlflow models serve -m '$(MODEL)' --env-manager local -h 127.0.0.1 -p $(SERVE_PORT)
 
 clean: ## remove Hydra output folders (keeps mlruns/ and .venv)
 	rm -rf logs outputs multirun .pytest_cache

@@ -246,3 +246,51 @@ def test_predict_with_a_run_without_a_model_is_one_line(tmp_path, compose_cfg, s
         main(cfg)
     assert stop.value.code == 1
     assert f"error: run={failed.info.run_id} (FAILED) has no model" in caplog.text
+
+
+# -- serving ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_a_post_with_the_predictions(trained, tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+
+    root, result, client = trained
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bin_dir = str(Path(sys.executable).parent)  # mlflow starts uvicorn from PATH
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlruns/mlflow.db"}
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [str(Path(bin_dir) / "mlflow"), "models", "serve", "-m", f"runs:/{result.run_id}/model",
+         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "the model server did not start in 180 s"
+            time.sleep(0.5)
+        x = _inputs(n=3, seed=11)
+        answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": x.tolist()}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        expected = _pyfunc(root, f"runs:/{result.run_id}/model").predict(x)
+        np.testing.assert_allclose(np.asarray(answer.json()["predictions"]), expected, rtol=1e-5, atol=1e-6)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the uvicorn it started
+        server.wait(timeout=30)
+        log.close()
