@@ -36,6 +36,7 @@ test: $(STAMP) ## run the test suite
 
 ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:5000 (another port: PORT=5001)
 	@mkdir -p mlruns/artifacts
+	@echo "open http://127.0.0.1:$(PORT)/#/experiments?workflowType=machine_learning (MLflow's model-training view; its home page opens on GenAI)"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
 

@@ -78,12 +78,30 @@ def test_registering_again_makes_version_2(trained, tmp_path):
     assert client.get_run(again.run_id).data.tags["registered_model"] == f"models:/{REGISTERED}/2"
 
 
-def test_an_unregistered_run_has_its_model_under_runs(compose_cfg, store):
+def test_an_unregistered_run_has_its_model_under_runs_and_links_to_the_model_training_view(compose_cfg, store, caplog):
+    caplog.set_level("INFO", logger="seqlab")
     result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1"))
     assert result.model_uri == f"runs:/{result.run_id}/model"
     (run,) = runs_of(store, "seqlab")
     assert "registered_model" not in run.data.tags
     assert store.search_registered_models() == []
+    # the experiment is marked as model training, and the printed link opens that view
+    experiment = store.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    link = f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{result.run_id}?workflowType=machine_learning"
+    assert f"see it: make ui, then {link}" in caplog.text
+    assert f"python predict.py run={result.run_id} data=..." in caplog.text
+
+
+def test_an_experiment_made_before_is_marked_as_model_training_once(store):
+    from seqlab.tracking import ensure_experiment
+
+    old = store.create_experiment("made-before")
+    assert ensure_experiment(store, "made-before", None) == old
+    assert store.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    store.set_experiment_tag(old, "mlflow.experimentKind", "genai_development")  # a user's own choice stays
+    ensure_experiment(store, "made-before", None)
+    assert store.get_experiment(old).tags["mlflow.experimentKind"] == "genai_development"
 
 
 def test_the_training_and_validation_data_are_the_run_s_dataset_inputs(trained):
@@ -179,6 +197,7 @@ def test_predict_cli_on_npz_writes_predictions_and_an_evaluation_run(trained, tm
     (data_input,) = evaluation.inputs.dataset_inputs
     assert data_input.dataset.name == "new" and json.loads(data_input.dataset.profile)["features_shape"] == [48, 1, 1440]
     assert f"evaluation run {evaluation.info.run_id}" in done.stdout
+    assert f"/runs/{evaluation.info.run_id}?workflowType=machine_learning" in done.stdout
 
 
 def test_predict_on_csv_and_mat_by_registered_version(trained, tmp_path):

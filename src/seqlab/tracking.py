@@ -437,13 +437,19 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
 
 
 def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
+    from seqlab.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
+
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before seqlab marked its experiments
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return experiment.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        # Marked as model training: MLflow's UI opens it on its runs, not on a GenAI traces page.
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException:
         # Another job of the same sweep created it between our look-up and our create.
         experiment = client.get_experiment_by_name(name)

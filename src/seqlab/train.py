@@ -456,11 +456,14 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
     ]
     if tracker.tracking_uri.startswith("sqlite:"):
+        from seqlab.ui import run_link  # opens the model-training view of the UI
+
         lines.append(
-            f"          see it: make ui, then http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
+            f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}"
         )
     if result.model_uri:
-        lines.append(f"model     {result.model_uri} (predict: python predict.py model={result.model_uri} data=...)")
+        which = f"model={result.model_uri}" if result.model_uri.startswith("models:/") else f"run={tracker.run_id}"
+        lines.append(f"model     {result.model_uri} (predict: python predict.py {which} data=...)")
     lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
     for line in lines:
         log.info(line)

@@ -12,6 +12,11 @@ WORKFLOW = "workflowType=machine_learning"
 UI_ADDRESS = "http://127.0.0.1:5000"  # make ui
 
 
+def experiments_link(base: str = UI_ADDRESS) -> str:
+    """The list of experiments, in the model-training view (make ui prints it)."""
+    return f"{base}/#/experiments?{WORKFLOW}"
+
+
 def experiment_link(experiment_id: str, base: str = UI_ADDRESS) -> str:
     """The experiment's runs table."""
     return f"{base}/#/experiments/{experiment_id}/runs?{WORKFLOW}"
