@@ -26,4 +26,9 @@ if __name__ == "__main__":
     # model=URI is the short form of model_uri=URI: conf/model/ is train.py's model group, and
     # Hydra would take model= as a choice in it.
     sys.argv = [f"model_uri={a[len('model='):]}" if a.startswith("model=") else a for a in sys.argv]
+    # A misspelled key gets one line with the nearest keys, as in train.py.
+    problem = seqlab.schema.unknown_key(sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(1)
     main()

@@ -313,3 +313,15 @@ def test_mlflow_models_serve_answers_a_post_with_the_predictions(trained, tmp_pa
         os.killpg(server.pid, signal.SIGTERM)  # the server and the uvicorn it started
         server.wait(timeout=30)
         log.close()
+
+
+def test_predict_cli_misspelled_key_and_missing_model_are_one_line(tmp_path):
+    done = _cli(tmp_path, "rnu=0123")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: rnu is not a config key; did you mean run? (the keys are: data, evaluate, experiment_name, "
+        "model_uri, paths, run, seed, tracking_uri, hydra)"]
+    done = _cli(tmp_path, "data=npz")
+    assert done.returncode == 1
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines == ["error: say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them"]

@@ -101,8 +101,11 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     except Exception as error:  # noqa: BLE001 - a server that went away: the run is kept without its model
         if not transient(error):
             raise
+        import re
+
+        where = re.sub(r"//[^/@\s]+@", "//***@", tracker.tracking_uri)  # no password an address held
         log.warning("model     not logged: the tracking server at %s does not answer (%s); the checkpoint has "
-                    "the weights", tracker.tracking_uri, type(error).__name__)
+                    "the weights", where, type(error).__name__)
         return None
     finally:
         pytorch_log.setLevel(level)

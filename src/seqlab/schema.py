@@ -197,7 +197,7 @@ def register() -> None:
 register()
 
 
-def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
+def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> Optional[str]:
     """The first `key=value` on the command line whose key the schema does not have, as one line
     with the nearest keys; None if all are known. Hydra would refuse it too, in a multi-line message
     without suggestions. Keys under untyped nodes (optimizer.*, data.source.*, trainer.extra.*),
@@ -216,7 +216,7 @@ def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
         parts = key.split(".")
         if parts[0] == "hydra" or (len(parts) == 1 and parts[0] in groups):
             continue
-        node: Any = TrainConfig
+        node: Any = schema or TrainConfig  # predict.py passes PredictConfig
         for depth, part in enumerate(parts):
             fields = {f.name: f for f in dataclasses.fields(node)}
             if part not in fields:
