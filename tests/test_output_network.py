@@ -72,7 +72,9 @@ def test_a_resumed_run_keeps_the_best_weights_and_the_count():
     assert module.model.weight.item() == 1.0
 
 
-def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best(compose_cfg, store):
+@pytest.mark.slow
+def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best(compose_cfg, store, caplog):
+    caplog.set_level("INFO", logger="seqlab")
     patience = 2
     cfg = compose_cfg("data.n_samples=256", "trainer.max_epochs=12", "scheduler=none", "optimizer.lr=0.03",
                       "module.output_network=best", f"module.validation_patience={patience}")
@@ -96,6 +98,8 @@ def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best
     assert metrics["final_val_rmse"] == pytest.approx(min(history), rel=1e-4)
     assert result.val_rmse == pytest.approx(min(history), rel=1e-4)
     assert result.output_network == f"best (step {tags['output_network_step']})"
+    assert f"(the best network (step {tags['output_network_step']}), as saved)" in caplog.text
+    assert f"(epoch {expected}): val_rmse has not improved on {min(history):.4g} for {patience} validation(s)" in caplog.text
 
 
 def test_best_without_validation_data_is_one_line_before_training(compose_cfg, store):
@@ -107,3 +111,14 @@ def test_best_without_validation_data_is_one_line_before_training(compose_cfg, s
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED"
     assert store.get_metric_history(run.info.run_id, "train_loss") == []
+
+
+def test_matlab_seed_maps_trainnetwork_defaults_and_bad_values_are_one_line(compose_cfg):
+    from seqlab.schema import ConfigError, validate
+
+    m = compose_cfg("experiment=matlab_seed").module
+    assert (m.output_network, m.validation_patience) == ("last", None)  # 'last-iteration', Inf
+    with pytest.raises(ConfigError, match=r"^module.output_network must be one of last, best; got 'best-validation'$"):
+        validate(compose_cfg("module.output_network=best-validation"))
+    with pytest.raises(ConfigError, match=r"^module.validation_patience must be a positive integer"):
+        validate(compose_cfg("module.validation_patience=0"))

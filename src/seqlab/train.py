@@ -445,12 +445,19 @@ def _start_ranks_as_this_job(job: Job) -> None:
     subprocess_script._hydra_subprocess_cmd = command
 
 
+def _kept_text(output_network: Optional[str]) -> str:
+    """'the final network', or 'the best network (step N)' (module.output_network)."""
+    if not output_network or output_network == "last":
+        return "the final network"
+    return output_network.replace("best", "the best network", 1)
+
+
 def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: float) -> None:
     lines = [
         f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
         f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
-        f"(the {'final' if result.output_network in (None, 'last') else result.output_network} network, as saved)",
+        f"({_kept_text(result.output_network)}, as saved)",
         f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
