@@ -118,6 +118,9 @@ class MlflowTracker:
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+                # MLflow prints its own run links (without the UI's model-training view) as each
+                # run ends; the report prints one that opens the runs (seqlab.ui).
+                os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
                 # While a server is away, the outbox says so once; urllib3 would warn per retry.
                 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
             if self.tracking_uri.startswith("sqlite:///"):

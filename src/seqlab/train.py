@@ -462,12 +462,14 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
     ]
-    if tracker.tracking_uri.startswith("sqlite:"):
-        from seqlab.ui import run_link  # opens the model-training view of the UI
+    from seqlab.ui import run_link  # opens the model-training view of the UI
 
+    if tracker.tracking_uri.startswith("sqlite:"):
         lines.append(
             f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}"
         )
+    elif tracker.is_server:
+        lines.append(f"          see it: {run_link(tracker.experiment_id, tracker.run_id, base=tracker.tracking_uri)}")
     if result.model_uri:
         which = f"model={result.model_uri}" if result.model_uri.startswith("models:/") else f"run={tracker.run_id}"
         lines.append(f"model     {result.model_uri} (predict: python predict.py {which} data=...)")

@@ -6,6 +6,8 @@ Light: imported on the CLI's start-up path."""
 
 from __future__ import annotations
 
+import re
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 WORKFLOW = "workflowType=machine_learning"
@@ -23,4 +25,6 @@ def experiment_link(experiment_id: str, base: str = UI_ADDRESS) -> str:
 
 
 def run_link(experiment_id: str, run_id: str, base: str = UI_ADDRESS) -> str:
+    """A run's page; `base` a server's address (any user:password@ in it is left out)."""
+    base = re.sub(r"//[^/@\s]+@", "//", base.rstrip("/"))
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
