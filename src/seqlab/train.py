@@ -464,7 +464,9 @@ def _report(cfg, job: Job, tracker, device, result: JobResult, trainer, wall: fl
     ]
     from seqlab.ui import run_link  # opens the model-training view of the UI
 
-    if tracker.tracking_uri.startswith("sqlite:"):
+    # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
+    store = job.sweep_info().get("store_uri") if tracker.is_server else tracker.tracking_uri
+    if str(store).startswith("sqlite:"):
         lines.append(
             f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}"
         )
