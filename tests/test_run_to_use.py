@@ -219,6 +219,11 @@ def test_predict_on_csv_and_mat_by_registered_version(trained, tmp_path):
         np.testing.assert_allclose(table[:, 0], expected[:, 0], rtol=1e-5, atol=1e-5)
         assert done.metrics["rmse"] == pytest.approx(float(np.sqrt(((expected - y) ** 2).mean())), rel=1e-4)
         assert client.get_run(done.run_id).data.tags["model_uri"] == f"models:/{REGISTERED}/1"
+    # a comparison of the experiment's runs leaves the evaluation runs out
+    from seqlab.compare import find_runs
+
+    compared = {r.info.run_id for r in find_runs(client, "seqlab")[0]}
+    assert result.run_id in compared and done.run_id not in compared
 
 
 def test_predict_without_targets_writes_predictions_only(trained, tmp_path):
