@@ -358,3 +358,10 @@ def test_links_leave_out_credentials():
 
     assert run_link("3", "abc", base="https://me:secret@mlflow.example.org/") == \
         "https://mlflow.example.org/#/experiments/3/runs/abc?workflowType=machine_learning"
+
+
+def test_a_registered_name_with_a_slash_is_one_line(compose_cfg):
+    from seqlab.schema import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"^logger.register_as must be a model name without '/'.*got 'a/b'$"):
+        validate(compose_cfg("logger.register_as=a/b"))

@@ -177,10 +177,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, result: JobResult, start_fr
 
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from seqlab.output_network import OutputNetwork
     from seqlab.interrupt import CHECKPOINT, STOPPED_AT, GracefulStop, check_checkpoint, resume_command
     from seqlab.loop import FusedLoop
     from seqlab.module import LOSS_TO_MSE, evaluate, population_bn_statistics_
+    from seqlab.output_network import OutputNetwork
     from seqlab.perf import optimizer_factory, steps_per_call
     from seqlab.plots import training_curves
     from seqlab.progress import ProgressLine
