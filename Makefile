@@ -13,9 +13,12 @@ ARTIFACTS ?=
 # from MLFLOW_AUTH_ADMIN_PASSWORD or ADMIN_PASSWORD_FILE=path (first start); ALLOW_UNAUTHENTICATED=1 serves it open.
 ADMIN_PASSWORD_FILE ?=
 ARGS ?=
+# make serve: the model to serve (a run's, or a registered version) and where
+MODEL ?=
+SERVE_PORT ?= 5001
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test ui server clean
+.PHONY: help install train test ui server serve clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,6 +39,7 @@ test: $(STAMP) ## run the test suite
 
 ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:5000 (another port: PORT=5001)
 	@mkdir -p mlruns/artifacts
+	@echo "open http://127.0.0.1:$(PORT)/#/experiments?workflowType=machine_learning (MLflow's model-training view; its home page opens on GenAI)"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
 
@@ -43,6 +47,11 @@ server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HO
 	$(PY) -m seqlab.server --host $(HOST) --port $(PORT) \
 		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)') \
 		$(if $(ADMIN_PASSWORD_FILE),--admin-password-file '$(ADMIN_PASSWORD_FILE)')
+
+serve: $(STAMP) ## serve a trained network over REST: make serve MODEL=runs:/<run id>/model (or models:/NAME/VERSION; SERVE_PORT=5001)
+	@test -n "$(MODEL)" || { echo "error: say which model: make serve MODEL=runs:/<run id>/model"; exit 1; }
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlruns/mlflow.db} \
+		mlflow models serve -m '$(MODEL)' --env-manager local -h 127.0.0.1 -p $(SERVE_PORT)
 
 clean: ## remove Hydra output folders (keeps mlruns/ and .venv)
 	rm -rf logs outputs multirun .pytest_cache

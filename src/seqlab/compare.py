@@ -78,7 +78,8 @@ def find_runs(
         filters.append(f"tags.sweep_id = '{parent.data.tags['sweep_id']}'")
     runs = client.search_runs([exp.experiment_id], " and ".join(filters), max_results=5000,
                               order_by=["attributes.start_time DESC"])
-    runs = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
+    # Neither a sweep's parent nor predict.py's evaluation runs (seqlab.predict) are training runs.
+    runs = [r for r in runs if r.data.tags.get("sweep_role") != "parent" and r.data.tags.get("run_type") != "evaluation"]
     newest: dict[tuple[str, str], object] = {}
     kept = []
     for run in runs:  # newest first

@@ -102,6 +102,8 @@ class JobResult:
     best_val_rmse: Optional[float] = None  # the lowest val_rmse of the run (val_rmse is the final one)
     target_rmse: Optional[float] = None
     time_to_target_s: Optional[float] = None  # None with a target: never reached
+    output_network: Optional[str] = None  # the network kept: last, or best (step N)
+    model_uri: Optional[str] = None  # the network as an MLflow model (runs:/<id>/model or models:/NAME/VERSION)
     reason: Optional[str] = None
 
     def write(self, output_dir: Path) -> None:

@@ -80,6 +80,8 @@ class SeqRegressor(pl.LightningModule):
         gradient_threshold: Optional[float] = _Defaults.gradient_threshold,
         gradient_threshold_method: str = _Defaults.gradient_threshold_method,
         bn_statistics: str = _Defaults.bn_statistics,
+        output_network: str = _Defaults.output_network,
+        validation_patience: Optional[int] = _Defaults.validation_patience,
         step_log: Optional[Any] = None,
         loop: Optional[Callable[..., FusedLoop]] = None,
         loss_on_progress_bar: bool = False,
@@ -99,6 +101,9 @@ class SeqRegressor(pl.LightningModule):
         self.loss_fn = LOSS_FUNCTIONS[loss]
         self.gradients = GradientTreatment(model, l2_regularization, gradient_threshold, gradient_threshold_method)
         self.bn_statistics = bn_statistics
+        # Which network training ends with and when it stops early: kept here with the other
+        # trainingOptions; acted on by seqlab.output_network's callback.
+        self.output_network, self.validation_patience = output_network, validation_patience
         # Per-step train_loss/train_rmse come from the step log; these are the epoch-level train
         # metrics over every sample of the epoch.
         self.train_metrics = _metrics("train_", "_epoch")

@@ -1,5 +1,5 @@
 """The training-progress picture MATLAB drew live: loss and RMSE per iteration with validation
-points, and the learning rate, saved as a PNG."""
+points, and the learning rate, saved as a PNG; and predict.py's predicted-vs-actual picture."""
 
 from __future__ import annotations
 
@@ -45,3 +45,22 @@ def _line(ax, points: Series, label: str, **style) -> None:
     if points:
         steps, values = zip(*points)
         ax.plot(steps, values, label=label, **style)
+
+
+def predicted_vs_actual(predicted, actual, path: Path, title: str = "") -> Path:
+    """One point per sample and response, against the line where prediction equals target."""
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    ax.scatter(actual.ravel(), predicted.ravel(), s=6, alpha=0.5)
+    low, high = float(min(actual.min(), predicted.min())), float(max(actual.max(), predicted.max()))
+    ax.plot([low, high], [low, high], color="black", lw=1, ls="--", label="prediction = target")
+    ax.set_xlabel("actual")
+    ax.set_ylabel("predicted")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

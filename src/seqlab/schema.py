@@ -25,6 +25,8 @@ Init = _choices("Init", "pytorch", "matlab")
 Loss = _choices("Loss", "half_mse", "mse")
 ThresholdMethod = _choices("ThresholdMethod", "l2norm", "global-l2norm", "absolute-value")
 BnStatistics = _choices("BnStatistics", "moving", "population")
+# MATLAB's OutputNetwork: 'last-iteration', 'best-validation-loss' (seqlab.output_network)
+OutputNetworkChoice = _choices("OutputNetworkChoice", "last", "best")
 Loader = _choices("Loader", "tensor", "dataloader")
 OptimizerImpl = _choices("OptimizerImpl", "fused", "foreach", "default")
 Progress = _choices("Progress", "line", "bar")
@@ -89,6 +91,8 @@ class ModuleConfig:
     gradient_threshold: Optional[float] = None
     gradient_threshold_method: ThresholdMethod = ThresholdMethod.l2norm
     bn_statistics: BnStatistics = BnStatistics.moving
+    output_network: OutputNetworkChoice = OutputNetworkChoice.last  # the network a run ends with
+    validation_patience: Optional[int] = None  # stop after this many validations without a new best; null: never
 
 
 @dataclass
@@ -128,6 +132,7 @@ class LoggerConfig:
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
     step_writer: StepWriterKind = StepWriterKind.process  # per-step metrics into a local store: process | inline (seqlab.step_writer)
+    register_as: Optional[str] = None  # also register the logged model as a new version of this name
 
 
 @dataclass
@@ -220,7 +225,7 @@ def register() -> None:
 register()
 
 
-def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
+def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> Optional[str]:
     """The first `key=value` on the command line whose key the schema does not have, as one line
     with the nearest keys; None if all are known. Hydra would refuse it too, in a multi-line message
     without suggestions. Keys under untyped nodes (optimizer.*, data.source.*, trainer.extra.*),
@@ -239,7 +244,7 @@ def unknown_key(overrides: list[str], groups: set[str]) -> Optional[str]:
         parts = key.split(".")
         if parts[0] == "hydra" or (len(parts) == 1 and parts[0] in groups):
             continue
-        node: Any = TrainConfig
+        node: Any = schema or TrainConfig  # predict.py passes PredictConfig
         for depth, part in enumerate(parts):
             fields = {f.name: f for f in dataclasses.fields(node)}
             if part not in fields:
@@ -342,6 +347,10 @@ def _check_model(cfg: DictConfig) -> None:
         f"module.gradient_threshold must be positive (or null for none), got {u.gradient_threshold}",
     )
     _require(
+        u.validation_patience is None or u.validation_patience > 0,
+        f"module.validation_patience must be a positive integer (or null: never stop early), got {u.validation_patience}",
+    )
+    _require(
         not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
         "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
         "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
@@ -394,6 +403,7 @@ def _check_optimizer(cfg: DictConfig) -> None:
         _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
 
 
+
 def _check_metrics_and_logger(cfg: DictConfig) -> None:
     target = cfg.metrics.target_rmse
     _require(target is None or target > 0, f"metrics.target_rmse must be positive (or null), got {target}")
@@ -401,9 +411,41 @@ def _check_metrics_and_logger(cfg: DictConfig) -> None:
         cfg.logger.system_metrics_interval_s > 0,
         f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
     )
+    name = cfg.logger.register_as
+    _require(name is None or (str(name).strip() != "" and "/" not in str(name)),
+             f"logger.register_as must be a model name without '/' (or null: do not register), got {name!r}")
     _require(cfg.logger.outage_wait_s >= 0, f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}")
     _require(
         cfg.logger.flush_every_n_steps > 0,
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
     )
     _require(cfg.logger.flush_every_s >= 0, f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}")
+
+
+# -- predict.py (conf/predict.yaml): a trained network's predictions on data from any data group --
+@dataclass
+class PredictConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    run: Optional[str] = None  # a training run's id: its model, runs:/<id>/model
+    # or any MLflow model URI: models:/NAME/VERSION, runs:/<id>/model (`model=` on predict.py's
+    # command line: conf/model/ is train.py's model group, so Hydra would read model= as that group)
+    model_uri: Optional[str] = None
+    tracking_uri: str = MISSING
+    experiment_name: str = "seqlab"  # the evaluation run's experiment when the model has no training run
+    seed: int = 0
+    evaluate: bool = True  # data with targets: RMSE, MAE, R2 and a plot, recorded as an MLflow evaluation run
+
+
+ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+def validate_predict(cfg: DictConfig) -> None:
+    """predict.py's one-line checks, before any model or data is loaded."""
+    _require((cfg.run is None) != (cfg.model_uri is None),
+             "say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them")
+    if "path" in cfg.data.source:
+        _require(cfg.data.path not in (None, "???"), f"data={cfg.data.name} needs a file: add data.path=FILE")
+        _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path}: no such file")
+    _require(cfg.data.n_samples is None or cfg.data.n_samples > 0,
+             f"data.n_samples must be positive (or null for all), got {cfg.data.n_samples}")

@@ -210,6 +210,8 @@ class Outcome:
     wall_s: float
     baseline: Optional[float]
     device: Any  # devices.Device: what trained
+    kept: dict[str, str]  # which network the run ends with (output_network.OutputNetwork.restore's tags)
+    model_uri: Optional[str]  # where the logged model is: runs:/... or models:/NAME/VERSION
 
 
 def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path], name: str) -> Outcome:
@@ -226,6 +228,10 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     baseline = parts.datamodule.baseline_val_rmse()
     model = parts.module.model
     log.info("data      %s", parts.datamodule.describe())
+    if job.rank == 0:  # the training and validation sets as the run's dataset inputs (the UI's Dataset column)
+        from seqlab.datasets import log_training_data
+
+        log_training_data(tracker, cfg.data, parts.datamodule)
     log.info("model     %s, %s parameters, init=%s", type(model).__name__,
              f"{sum(p.numel() for p in model.parameters()):,}", cfg.model.init)
     log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name,
@@ -239,6 +245,11 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     start = time.perf_counter()
     _fit_or_stop(parts, job, tracker, start_from)
     wall = time.perf_counter() - start
+    # The network the final metrics and the model are of (module.output_network): before any
+    # BatchNorm finalisation.
+    best = parts.callbacks.get("best")
+    kept = best.restore(parts.module.model, parts.trainer.global_step) if best is not None else {"output_network": "last"}
+    tracker.set_tags(kept)
     summary = _final_metrics(cfg, parts, tracker, wall, baseline)
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
@@ -249,7 +260,13 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
         if tracker.log_checkpoint:
             store_checkpoint(tracker, ckpt)
         tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
-    return Outcome(parts, summary, wall, baseline, device)
+        from seqlab.model_logging import log_network  # the network kept, as an MLflow model
+
+        model_uri = log_network(tracker, parts.module.model, parts.datamodule.train.x, parts.trainer.global_step,
+                                tracker.register_as, tags=kept)
+    else:
+        model_uri = None
+    return Outcome(parts, summary, wall, baseline, device, kept, model_uri)
 
 
 def _quiet_libraries(cfg: DictConfig) -> None:
@@ -447,27 +464,44 @@ def _result(cfg: DictConfig, job: Job, tracker, name: str, tags: dict, outcome: 
         target_rmse=cfg.metrics.target_rmse,
         time_to_target_s=reached["time_to_target_s"] if reached else None,
         reason=pruned,
+        output_network=_kept_name(outcome.kept),
+        model_uri=outcome.model_uri,
     )
     if job.rank == 0:
         _report(job, tracker, result, outcome)
     return result
 
 
+def _kept_name(kept: dict[str, str]) -> str:
+    """'last', or 'best (step N)' (module.output_network)."""
+    if kept.get("output_network") == "best":
+        return f"best (step {kept['output_network_step']})"
+    return kept.get("output_network", "last")
+
+
 def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:
     trainer, device = outcome.parts.trainer, outcome.device
+    which = "the final network" if result.output_network == "last" else f"the {result.output_network.replace('best', 'best network', 1)}"
     lines = [
         f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {outcome.wall_s:.1f} s",
         f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
         f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
-        "(the final network, as saved)",
+        f"({which}, as saved)",
         f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
     ]
-    if tracker.tracking_uri.startswith("sqlite:"):
-        lines.append(
-            f"          see it: make ui, then http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
-        )
+    from seqlab.ui import run_link  # opens the model-training view of the UI
+
+    # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
+    store = job.sweep_info().get("store_uri") if tracker.is_server else tracker.tracking_uri
+    if str(store).startswith("sqlite:"):
+        lines.append(f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}")
+    elif tracker.is_server:
+        lines.append(f"          see it: {run_link(tracker.experiment_id, tracker.run_id, base=tracker.tracking_uri)}")
+    if result.model_uri:
+        which = f"model={result.model_uri}" if result.model_uri.startswith("models:/") else f"run={tracker.run_id}"
+        lines.append(f"model     {result.model_uri} (predict: python predict.py {which} data=...)")
     lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
     for line in lines:
         log.info(line)

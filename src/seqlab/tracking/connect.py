@@ -30,6 +30,9 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        # MLflow prints its own run links (without the UI's model-training view) as each run
+        # ends; the report prints one that opens the runs (seqlab.ui).
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # While a server is away, the outbox says so once; urllib3 would warn per retry.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     if uri.startswith("sqlite:///"):
@@ -67,13 +70,19 @@ def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: s
 
 
 def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
+    from seqlab.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
+
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before seqlab marked its experiments
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return experiment.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        # Marked as model training: MLflow's UI opens it on its runs, not on a GenAI traces page.
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException:
         # Another job of the same sweep created it between our look-up and our create.
         experiment = client.get_experiment_by_name(name)

@@ -60,6 +60,7 @@ class MlflowTracker:
         outage_wait_s: float = _Defaults.outage_wait_s,
         fallback_uri: Optional[str] = _Defaults.fallback_uri,
         step_writer: str = _Defaults.step_writer,
+        register_as: Optional[str] = _Defaults.register_as,
         rank: int = 0,
     ) -> None:
         # A password in the address goes to MLflow's credential variables: it is sent, never shown.
@@ -76,6 +77,7 @@ class MlflowTracker:
         self.outage_wait_s = outage_wait_s
         self.fallback_uri = fallback_uri
         self.step_writer = step_writer
+        self.register_as = register_as  # the logged model also becomes a version of this registered model
         self.rank = rank
         self.monitor = None
         self.client: Optional[mlflow.MlflowClient] = None
@@ -234,6 +236,10 @@ class MlflowTracker:
 
             metrics = not_yet_logged(metrics, self.replayed)
         self.sender.metrics(metrics)
+
+    def wait_for_metrics(self) -> None:
+        """Every metric sent so far is stored when this returns."""
+        self.sender.wait()
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         self.sender.artifact(Path(path), artifact_path)

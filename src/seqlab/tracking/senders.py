@@ -47,6 +47,9 @@ def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path:
 
 
 class NullSender:
+    def wait(self) -> None:
+        pass
+
     def params(self, params: list[Param]) -> None:
         pass
 
@@ -102,12 +105,17 @@ class DirectSender:
                         why, len(left))
             self.metrics([Metric(k, v, ts, step) for k, v, ts, step in left])
 
+    def wait(self) -> None:
+        """Every metric sent so far is stored when this returns (the step writer is closed: later
+        metrics go through MLflow's client from this process)."""
+        self._close_writer()
+        pending, self.pending = self.pending, []
+        for operation in pending:
+            operation.wait()
+
     def end(self, status: str, reason: Optional[str]) -> None:
         try:
-            self._close_writer()
-            pending, self.pending = self.pending, []
-            for operation in pending:
-                operation.wait()
+            self.wait()
         finally:
             if reason:
                 self.tags([RunTag("failure_reason", reason)])
@@ -139,6 +147,9 @@ class OutboxSender:
         self.copy_to_fallback = copy_to_fallback
         self.outbox = Outbox(lambda item: client.log_batch(run_id, synchronous=True, **item), client.tracking_uri)
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
+
+    def wait(self) -> None:
+        pass  # the outbox sends in order: what follows is stored after what was sent before
 
     def params(self, params: list[Param]) -> None:
         self.record.params.update({p.key: p.value for p in params})

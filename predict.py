@@ -1,0 +1,34 @@
+"""Predict with a trained network: `python predict.py run=RUN_ID data=npz data.path=new.npz`
+(or model=models:/NAME/VERSION; any data group). The logic is in seqlab.predict.
+
+Only Hydra and the config schema load here; torch and MLflow load inside the task."""
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import seqlab.schema  # noqa: F401  registers the typed config schemas
+
+os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+def main(cfg: DictConfig) -> None:
+    from seqlab.predict import main as task
+
+    task(cfg)
+
+
+if __name__ == "__main__":
+    # model=URI is the short form of model_uri=URI: conf/model/ is train.py's model group, and
+    # Hydra would take model= as a choice in it.
+    sys.argv = [f"model_uri={a[len('model='):]}" if a.startswith("model=") else a for a in sys.argv]
+    # A misspelled key gets one line with the nearest keys, as in train.py.
+    problem = seqlab.schema.unknown_key(sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(1)
+    main()
