@@ -83,7 +83,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
     validate(cfg)  # before anything heavy is imported or any data is loaded
-    from seqlab.secrets import guard, mask_flat
+    from seqlab.secrets import guard
 
     guard(cfg)  # from here on, its credentials show as *** on the console and in train.log
     if cfg.resume:
@@ -100,7 +100,6 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     from seqlab.checkpoints import drop_resume_point
     from seqlab.ghosts import heartbeat, identity
     from seqlab.ranks import process_group_scope
-    from seqlab.tracking import flatten
 
     try:
         device, device_error = devices.resolve(cfg.trainer.accelerator), None
@@ -112,7 +111,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.get("swept_keys"))
     tags = _run_tags(cfg, job, device, sweep)
     tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
-    params = mask_flat(flatten(cfg))  # masked here too, so that resume= compares like with like
+    params = _params(cfg)
     start_from, name = _start_point(cfg, job, tracker, params, name)
     parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
 
@@ -155,6 +154,18 @@ def _open_tracker(cfg: DictConfig, job: Job, sweep: dict):
     return tracker
 
 
+def _params(cfg: DictConfig) -> dict[str, str]:
+    """Every resolved key as an MLflow param, masked (so that resume= compares like with like),
+    except a callback's folder: made from paths.output_dir, it differs from job to job and would
+    make repeats of one configuration look like different ones (paths.output_dir says it once)."""
+    from seqlab.secrets import mask_flat
+    from seqlab.tracking import flatten
+
+    raw = flatten(OmegaConf.to_container(cfg, resolve=False))
+    return mask_flat({k: v for k, v in flatten(cfg).items()
+                      if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
+
+
 def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) -> tuple[Optional[Path], str]:
     """The checkpoint training starts from (None: from scratch) and the run's name (a resumed
     run keeps its own)."""
@@ -163,12 +174,7 @@ def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) ->
     from seqlab.interrupt import fetch_checkpoint, prepare_resume
 
     if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
-        from seqlab.tracking import flatten
-
-        # Values made from paths.* (a callback's output folder) name this job's folder, not the run's.
-        raw = flatten(OmegaConf.to_container(cfg, resolve=False))
-        same = {k: v for k, v in params.items() if "${paths." not in raw.get(k, "")}
-        start_from = prepare_resume(tracker.connect(), cfg.resume, same, job.output_dir / "resume")
+        start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
         from seqlab.replayed_steps import logged_through
 
         tracker.replayed = logged_through(tracker.client, cfg.resume)  # steps trained again are stored once
