@@ -23,7 +23,8 @@ def main(cfg: DictConfig) -> object:
     return task(cfg)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: sys.argv as `python train.py ...` got it (tests call this in-process)."""
     # A misspelled key gets one line with the nearest keys (Hydra's own message has no suggestion).
     groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
     problem = seqlab.schema.unknown_key(sys.argv[1:], groups)
@@ -31,3 +32,7 @@ if __name__ == "__main__":
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -88,8 +88,8 @@ def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path):
 # -- parallel sweep jobs ------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.fresh_store  # the sweep makes a new store's tables before its jobs race to
-def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_cli, store, tmp_path):
-    proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_path):
+    proc = run_process("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                    "data.batch_size=16,32,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -143,9 +143,9 @@ def test_ddp_shards_cover_each_sample_at_most_once_per_epoch():
 
 
 @pytest.mark.slow
-def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_cli, store, tmp_path):
+def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_process, store, tmp_path):
     n_train, bs = 512, 32  # 640 samples, 20% for validation
-    proc = run_cli("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+    proc = run_process("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
                    f"data.batch_size={bs}", "optimizer.lr=0.001,0.002", "data.n_samples=640",
                    "trainer.max_epochs=2", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

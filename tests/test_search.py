@@ -99,8 +99,8 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
 
 
 @pytest.mark.slow
-def test_trials_run_side_by_side_with_the_joblib_launcher(run_cli, store, tmp_path):
-    proc = run_cli("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
+def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
+    proc = run_process("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
                    "hydra.launcher.n_jobs=2", *TINY)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
