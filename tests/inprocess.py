@@ -117,3 +117,27 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
         for signum, handler in saved_signals.items():
             signal.signal(signum, handler)
     return subprocess.CompletedProcess(sys.argv[:1] + args, code, out.getvalue(), err.getvalue())
+
+
+def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A script's `main(argv)` (scripts/*.py, or a module's) in this process, its output captured
+    and its exit status as `python script.py args` would give it (main's return, or SystemExit)."""
+    if isinstance(path, Path):
+        spec = importlib.util.spec_from_file_location(f"seqlab_script_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(path)
+    saved_env = dict(os.environ)
+    os.environ.update(env or {})
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = module.main(args) or 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess([str(path), *args], code, out.getvalue(), err.getvalue())

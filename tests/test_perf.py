@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 from hydra.utils import instantiate
 
 from conftest import ROOT, runs_of
+from inprocess import run_script
 from seqlab.module import half_mse
 from seqlab.train import train
 
@@ -278,10 +278,8 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--smoke", "--batch-sizes", "32,64", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "SEQLAB_ROOT": str(tmp_path)},
-    )
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32,64", "--out", str(out)],
+                      env={"SEQLAB_ROOT": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
@@ -301,8 +299,7 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
 
 
 def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--batch-sizes", "64,x"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--batch-sizes", "64,x"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive"

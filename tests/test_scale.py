@@ -7,7 +7,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -16,6 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF_DIR, TINY, artifact_paths, no_runs, runs_of
+from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
 from seqlab.job import cpu_count
@@ -41,10 +41,7 @@ def _port_closed(uri: str) -> bool:
 def test_a_server_store_must_be_a_database():
     with pytest.raises(SeqlabError, match="needs a database"):
         check_backend("./mlruns")
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqlab.server", "--backend-store-uri", "file:./mlruns"],
-        capture_output=True, text=True, timeout=60,
-    )
+    proc = run_script("seqlab.server", ["--backend-store-uri", "file:./mlruns"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --backend-store-uri file:./mlruns: MLflow 3 needs a database here "
