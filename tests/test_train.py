@@ -203,3 +203,50 @@ def test_trains_on_a_gpu(compose_cfg, store):
     assert run.info.status == "FINISHED" and run.data.tags["accelerator"] == "gpu"
     assert run.data.tags["device_name"] == torch.cuda.get_device_name(0)
     assert result.it_per_s > 0
+
+
+def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, tmp_path):
+    """README, 'What each run records': the names a user looks for in the UI, with the values
+    that can be derived from others checked against them. The project root here is a git
+    repository of its own, so git_commit has a known value."""
+    import subprocess
+
+    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "x")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    train(compose_cfg(*TINY, "trainer.max_epochs=3", "data.batch_size=32", "metrics.target_rmse=1000"))
+    (run,) = runs_of(store, "seqlab")
+    history = lambda name: store.get_metric_history(run.info.run_id, name)  # noqa: E731
+    for name in ("train_rmse_epoch", "train_mae_epoch", "train_r2_epoch", "val_loss", "val_mae", "val_r2"):
+        assert [m.step for m in history(name)] == [7, 14, 21], name  # 7 steps an epoch
+    m = run.data.metrics
+    for name in ("final_val_rmse", "final_val_loss", "final_val_mae", "final_val_r2", "train_wall_s",
+                 "best_val_rmse", "best_val_rmse_step", "best_val_rmse_epoch"):
+        assert name in m, name
+    # medians over the epochs after the first: of epochs 2 and 3
+    for key in ("it_per_s", "samples_per_s"):
+        later = [x.value for x in history(key)][1:]
+        assert len(later) == 2 and m[f"{key}_median"] == pytest.approx(sum(later) / 2), key
+    # a target any network reaches: at the first validation
+    assert (m["steps_to_target"], m["epochs_to_target"]) == (7, 1)
+    assert m["time_to_target_s"] == pytest.approx(history("epoch_time_s")[0].value)
+    tags = run.data.tags
+    assert tags["git_commit"] == tags["mlflow.source.git.commit"] == head
+    assert tags["target_rmse"] == "1000.0" and tags["target_reached"] == "true"
+    assert tags["accelerator_requested"] == "auto" and tags["data"] == "synthetic"
+    import mlflow
+    import pytorch_lightning
+
+    assert tags["lightning_version"] == pytorch_lightning.__version__ and tags["mlflow_version"] == mlflow.__version__
+    assert tags["hydra_overrides"] == ""  # composed in-process: no command line
+    assert tags["torch_threads"] == str(torch.get_num_threads())
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
+def test_logger_system_metrics_switches_the_system_metrics(compose_cfg, store, on):
+    train(compose_cfg(*TINY, f"logger.system_metrics={str(on).lower()}", "logger.system_metrics_interval_s=0.1",
+                      "trainer.max_epochs=4"))
+    (run,) = runs_of(store, "seqlab")
+    system = {k for k in run.data.metrics if k.startswith("system/")}
+    assert ("system/cpu_utilization_percentage" in system) is on and bool(system) is on
