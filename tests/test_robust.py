@@ -292,6 +292,54 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     check_checkpoint(tmp_path / "good.ckpt", model, "ckpt_path=x")
 
 
+def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_path):
+    """README: ckpt_path=FILE starts a new run from a checkpoint (resume=RUN_ID continues one).
+    The new run starts where the checkpoint's training stopped: its first step is the 9th."""
+    import shutil
+
+    import torch
+
+    first = train(compose_cfg(*TINY, "logger.experiment_name=first"))  # 4 steps an epoch, 2 epochs
+    saved = tmp_path / "saved.ckpt"
+    shutil.copy(tmp_path / "out" / "checkpoints" / "last.ckpt", saved)
+    second = train(compose_cfg("data.n_samples=256", "trainer.max_epochs=3", f"ckpt_path={saved}",
+                               "logger.experiment_name=second"))
+    assert second.run_id != first.run_id
+    (a,), (b,) = runs_of(store, "first"), runs_of(store, "second")
+    assert a.info.status == b.info.status == "FINISHED"
+    assert [m.step for m in store.get_metric_history(a.info.run_id, "train_loss")] == list(range(1, 9))  # untouched
+    assert [m.step for m in store.get_metric_history(b.info.run_id, "train_loss")] == [9, 10, 11, 12]  # epoch 3 only
+    assert b.data.params["ckpt_path"] == str(saved)
+    assert torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(compose_cfg, store, tmp_path, monkeypatch):
+    """The first Ctrl-C asks for a stop at the step's end with a checkpoint; a second one before
+    that stops at once: no checkpoint, the run KILLED with the steps trained so far."""
+    import os
+    import signal
+
+    from seqlab.tracking import StepLog
+
+    add = StepLog.add
+
+    def add_then_two_ctrl_cs(self, loss, step, lr):
+        add(self, loss, step, lr)
+        if step == 6:  # inside a call of 4 steps (perf.steps_per_call=4): the first cannot act yet
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(StepLog, "add", add_then_two_ctrl_cs)
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg("data.n_samples=256", "trainer.max_epochs=4", "perf.steps_per_call=4"))
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "KILLED"
+    assert "interrupted_at_step" not in run.data.tags  # resume= refuses it: nothing saved to continue from
+    assert not (tmp_path / "out" / "checkpoints" / "interrupted.ckpt").exists()
+    assert not [a for a in store.list_artifacts(run.info.run_id, "checkpoints")]
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 7))
+
+
 # -- a tracking server that goes away mid-run ------------------------------------------------------
 OUTAGE_RUN = ["data.n_samples=2048", "trainer.max_epochs=8"]  # 1639 training samples: 26 steps an epoch
 OUTAGE_KEYS = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
