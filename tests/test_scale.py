@@ -270,3 +270,32 @@ def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_s
     dm.batch_size = 128  # 160 training samples: 80 a process
     with pytest.raises(SeqlabError, match="give each of the 2 processes 80, fewer than one batch of data.batch_size=128"):
         dm.train_dataloader()
+
+
+def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
+    """README: under DDP, train_loss is averaged over the processes. The recorder's flush with a
+    process group of two, the other process's losses known: the logged values are the means."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from seqlab.tracking import StepMetricsRecorder
+
+    other = torch.tensor([0.5, 1.5, 2.5])  # process 1's losses at steps 1-3
+
+    def all_reduce(tensor):
+        tensor += other  # SUM over the group, in place, as torch.distributed does
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    logged = {}
+    tracker = SimpleNamespace(log_series=lambda series, steps, times: logged.update(series, steps=steps))
+    recorder = StepMetricsRecorder(tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss)
+    for step, loss in enumerate([1.5, 0.5, 4.5], start=1):  # this process's (rank 0's) losses
+        recorder.steps.add(torch.tensor(loss), step, 0.01)
+    recorder.flush()
+    assert logged["steps"] == [1, 2, 3]
+    assert logged["train_loss"] == pytest.approx([1.0, 1.0, 3.5])
+    assert logged["train_rmse"] == pytest.approx([math.sqrt(2.0), math.sqrt(2.0), math.sqrt(7.0)])
