@@ -7,6 +7,7 @@ import math
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -110,6 +111,52 @@ def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_
     assert info["store_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     assert info["tracking_uri"].startswith("http://127.0.0.1:") and _port_closed(info["tracking_uri"])
     assert (sweep_dir / "mlflow_server.log").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.fresh_store
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_server(tmp_path, store, signame):
+    """README (Scaling out): the parent process of a parallel sweep only waits for its workers; a
+    SIGTERM (scancel, kill) or SIGHUP (a closed terminal) ends it with 128 + the signal, its parent
+    run KILLED with the command that continues the sweep, and its loopback server stopped."""
+    import json
+    import signal
+    import time
+
+    from conftest import ROOT
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+             "data.batch_size=32,64", "data.n_samples=256", "trainer.max_epochs=2000", "logger.system_metrics=false",
+             f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "epoch 2/" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "epoch 2/" in out.read_text(), out.read_text()[-3000:]  # the jobs are training
+        proc.send_signal(getattr(signal, signame))  # to the parent process alone
+        proc.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's workers, if any are left
+        except ProcessLookupError:
+            pass
+    text = out.read_text()
+    assert proc.returncode == 128 + getattr(signal, signame), text[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
+    info = json.loads((sweep_dir / "sweep.json").read_text())
+    parent = store.get_run(info["parent_run_id"])
+    assert parent.info.status == "KILLED" and parent.data.tags["sweep_role"] == "parent"
+    assert "the sweep stopped before its summary" in parent.data.tags["failure_reason"]
+    assert "ended KILLED; continue it (finished jobs are skipped) with:" in text
+    assert f"resume={info['sweep_id']}" in text
+    assert _port_closed(info["tracking_uri"])  # the sweep's server is gone with it
 
 
 def test_the_sweep_callback_travels_to_launcher_workers_without_its_server():
