@@ -51,6 +51,17 @@ def _migrated_store(request, tmp_path, _empty_store):
         shutil.copy(_empty_store, tmp_path / "mlruns" / "mlflow.db")
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One MLflow tracking server for the whole test run (starting one costs seconds). Tests that
+    use it keep to an experiment of their own; tests that stop a server start their own."""
+    from seqlab.server import LocalServer
+
+    root = tmp_path_factory.mktemp("server")
+    with LocalServer(f"sqlite:///{root}/mlflow.db", str(root / "artifacts")) as server:
+        yield server
+
+
 def no_runs(client) -> bool:
     return not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 

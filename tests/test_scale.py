@@ -59,27 +59,26 @@ def test_the_server_preset_takes_its_address_from_the_environment(compose_cfg, m
 
 
 @pytest.mark.slow
-def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path):
-    server_dir = tmp_path / "server"
-    with LocalServer(f"sqlite:///{server_dir}/mlflow.db", str(server_dir / "artifacts")) as server:
-        proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY,
-                       env={"MLFLOW_TRACKING_URI": server.uri})
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        client = mlflow.MlflowClient(server.uri)
-        (parent,), children = _children(client)
-        assert parent.info.status == "FINISHED"
-        assert sorted(r.info.run_name for r in children) == ["cpu-bs32", "cpu-bs64"]
-        for run in children:
-            bs = int(run.data.params["data.batch_size"])
-            assert run.info.status == "FINISHED"
-            assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-            steps = client.get_metric_history(run.info.run_id, "train_loss")
-            assert [m.step for m in steps] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
-            assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
-            # Artifacts went through the server (no path on this client's disk in their location).
-            assert run.info.artifact_uri.startswith("mlflow-artifacts:")
-            assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
-        assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
+def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_server):
+    server = mlflow_server  # the session's server, in an experiment of this test's own
+    proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY, "logger.experiment_name=to-a-server",
+                   env={"MLFLOW_TRACKING_URI": server.uri})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = mlflow.MlflowClient(server.uri)
+    (parent,), children = _children(client, "to-a-server")
+    assert parent.info.status == "FINISHED"
+    assert sorted(r.info.run_name for r in children) == ["cpu-bs32", "cpu-bs64"]
+    for run in children:
+        bs = int(run.data.params["data.batch_size"])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        steps = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in steps] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
+        assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
+        # Artifacts went through the server (no path on this client's disk in their location).
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
+    assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
     assert no_runs(store)  # nothing went to the local store
 
 
