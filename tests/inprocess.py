@@ -70,8 +70,8 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
 
     from seqlab import sweep
 
-    entry = _train_py()
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    entry = _train_py()
     root = logging.getLogger()
     saved_root = (root.handlers[:], root.level)
     saved_levels = {name: (lg.level, lg.disabled) for name, lg in logging.root.manager.loggerDict.items()
@@ -81,6 +81,9 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
     code = 0
     os.environ.clear()
     os.environ.update(env)
+    # What train.py's import sets in a process of its own (it is imported once here).
+    os.environ.setdefault("SEQLAB_ROOT", str(ROOT))
+    os.environ["SEQLAB_ENTRY"] = str(ROOT / "train.py")
     os.chdir(cwd)
     sys.argv = ["train.py", *args]
     try:
