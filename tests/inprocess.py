@@ -104,7 +104,8 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
         os.environ.clear()
         os.environ.update(saved_env)
         GlobalHydra.instance().clear()
-        sweep.interrupted = False
+        if hasattr(sweep, "interrupted"):  # module-level state where the sweep still keeps it
+            sweep.interrupted = False
         for handler in root.handlers:
             if handler not in saved_root[0]:
                 handler.close()

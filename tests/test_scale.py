@@ -338,7 +338,7 @@ def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     logged = {}
     tracker = SimpleNamespace(log_series=lambda series, steps, times: logged.update(series, steps=steps))
-    recorder = StepMetricsRecorder(tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss)
+    recorder = StepMetricsRecorder(tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss, every_s=0.0)
     for step, loss in enumerate([1.5, 0.5, 4.5], start=1):  # this process's (rank 0's) losses
         recorder.steps.add(torch.tensor(loss), step, 0.01)
     recorder.flush()
