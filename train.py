@@ -23,7 +23,8 @@ def main(cfg: DictConfig) -> object:
     return task(cfg)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: sys.argv as `python train.py ...` got it (tests call this in-process)."""
     # A misspelled key gets one line with the nearest keys, a value that is not one of its key's
     # choices one line with the choices (Hydra's own messages take several lines).
     groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
@@ -32,3 +33,7 @@ if __name__ == "__main__":
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     main()
+
+
+if __name__ == "__main__":
+    cli()

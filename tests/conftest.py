@@ -51,6 +51,17 @@ def _migrated_store(request, tmp_path, _empty_store):
         shutil.copy(_empty_store, tmp_path / "mlruns" / "mlflow.db")
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One MLflow tracking server for the whole test run (starting one costs seconds). Tests that
+    use it keep to an experiment of their own; tests that stop a server start their own."""
+    from seqlab.server import LocalServer
+
+    root = tmp_path_factory.mktemp("server")
+    with LocalServer(f"sqlite:///{root}/mlflow.db", str(root / "artifacts")) as server:
+        yield server
+
+
 def no_runs(client) -> bool:
     return not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
@@ -87,17 +98,34 @@ def store(tmp_path):
     return mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
 
 
+def _cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    return {**base, **(env or {})}
+
+
 @pytest.fixture
 def run_cli(tmp_path):
-    """Run train.py as a user would, with every path under tmp_path."""
+    """Run train.py's command line as a user would, with every path under tmp_path, inside this
+    process (tests/inprocess.py: the same entry, argv, folder and environment; exit status and
+    output as a process gives them). A Python start costs 8-12 s; tests about the process itself
+    (signals, kill, parallel launchers, interpreter exit) use run_process."""
+    from inprocess import run_in_process
 
     def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-        env = {**base, **(env or {})}
+        return run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(env))
+
+    return _run
+
+
+@pytest.fixture
+def run_process(tmp_path):
+    """Run train.py in a new Python process, as a user would, with every path under tmp_path."""
+
+    def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
             cwd=tmp_path,
-            env=env,
+            env=_cli_env(env),
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY, no_runs
+from conftest import TINY, no_runs
+from inprocess import run_in_process
 
 
 
@@ -97,11 +96,10 @@ def bad_data_sweeps(tmp_path_factory, _empty_store):
     output = ""
     for fmt in ("csv", "npz"):
         files = ",".join(str(p) for p in paths.values() if p.suffix == f".{fmt}")
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), "-m", f"data={fmt}", f"data.path={files}", "data.batch_size=64",
-             "data.val_fraction=0", "trainer.max_epochs=1", f"paths.root_dir={root}"],
-            cwd=root, capture_output=True, text=True, timeout=300,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        proc = run_in_process(
+            ["-m", f"data={fmt}", f"data.path={files}", "data.batch_size=64", "data.val_fraction=0",
+             "trainer.max_epochs=1", f"paths.root_dir={root}"],
+            root, {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
         )
         assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # a sweep with failed jobs
         output += proc.stdout + proc.stderr

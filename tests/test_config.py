@@ -136,8 +136,8 @@ def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
         assert "batch_size: 64" in proc.stdout
 
 
-def test_cli_bad_value_is_one_line_and_exit_1(run_cli):
-    proc = run_cli("data.batch_size=0")
+def test_cli_bad_value_is_one_line_and_exit_1(run_process):
+    proc = run_process("data.batch_size=0")  # a real process: its exit status
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert "error: data.batch_size must be a positive integer, got 0" in out

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from conftest import ROOT, runs_of
+from inprocess import run_script
 
 SCRIPT = ROOT / "scripts" / "make_example_data.py"
 
@@ -16,10 +14,7 @@ SCRIPT = ROOT / "scripts" / "make_example_data.py"
 @pytest.mark.parametrize("suffix, seq_len", [("npz", 2), ("csv", 2)])
 def test_example_file_trains_through_the_cli(run_cli, store, tmp_path, suffix, seq_len):
     data = tmp_path / f"example.{suffix}"
-    made = subprocess.run(
-        [sys.executable, str(SCRIPT), str(data), "--n-samples", "120", "--seq-len", str(seq_len)],
-        capture_output=True, text=True, timeout=120,
-    )
+    made = run_script(SCRIPT, [str(data), "--n-samples", "120", "--seq-len", str(seq_len)])
     assert made.returncode == 0, made.stderr
     assert f"data={suffix} data.path={data}" in made.stdout
 
@@ -42,7 +37,7 @@ def test_csv_round_trip_keeps_the_values(tmp_path):
     from seqlab.data import load_csv, synthetic_daily_load
 
     out = tmp_path / "d.csv"
-    subprocess.run([sys.executable, str(SCRIPT), str(out), "--n-samples", "5"], check=True, capture_output=True)
+    assert run_script(SCRIPT, [str(out), "--n-samples", "5"]).returncode == 0
     x, y = _xy(load_csv(str(out), n_samples=None, seed=0))
     x0, y0 = _xy(synthetic_daily_load(5, 0))
     np.testing.assert_allclose(x, x0, rtol=1e-5)
@@ -50,5 +45,5 @@ def test_csv_round_trip_keeps_the_values(tmp_path):
 
 
 def test_unknown_suffix_is_refused():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "out.txt"], capture_output=True, text=True)
+    proc = run_script(SCRIPT, ["out.txt"])
     assert proc.returncode == 2 and "must end in .npz or .csv" in proc.stderr

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 from hydra.utils import instantiate
 
 from conftest import ROOT, runs_of
+from inprocess import run_script
 from seqlab.module import half_mse
 from seqlab.train import train
 
@@ -155,12 +155,15 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
 # -- CUDA graphs: the logic on a CPU, the real thing where CUDA exists --------------------------
 
 
-def _eager_capture(step, inputs):
+def _eager_capture(step, inputs, replays=None):
     """Stands in for CUDA capture on a CPU: like a capture, it runs nothing; 'replay' runs the
-    step on the static inputs and writes into the same output tensors, as a replayed graph does."""
+    step on the static inputs and writes into the same output tensors, as a replayed graph does
+    (and counts itself in `replays`)."""
     outputs = (torch.empty(0), torch.empty(0))
 
     def replay():
+        if replays is not None:
+            replays.append(1)
         for static, fresh in zip(outputs, step(*inputs)):
             static.resize_as_(fresh).copy_(fresh.detach())
 
@@ -209,16 +212,20 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
 
     overrides = ("data.n_samples=700", "trainer.max_epochs=2", "scheduler=none")
     train(compose_cfg(*overrides, "logger.experiment_name=eager"))
-    graphs = []
+    graphs, replays = [], []
 
     def cpu_graph(self, cuda_graph):
         graphs.append(GraphedStep(lambda x, y, l: self.step(x, y, l, self.shortcut), self.batch_size,
-                                  capture=_eager_capture, warm_up=lambda s, i: s(*i)))
+                                  capture=lambda step, inputs: _eager_capture(step, inputs, replays),
+                                  warm_up=lambda s, i: s(*i)))
         return graphs[-1]
 
     monkeypatch.setattr(FusedLoop, "_graphed_step", cpu_graph)
     train(compose_cfg(*overrides, "logger.experiment_name=graphed"))
-    assert len(graphs) == 1 and graphs[0].graph is not None  # captured, and replayed from then on
+    assert len(graphs) == 1 and graphs[0].graph is not None  # captured
+    # 560 training samples: 8 full batches an epoch and a partial one (eager); of the 16 full
+    # batches, 3 warm up and the other 13 are replays of the captured step.
+    assert len(replays) == 13
     (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
     history = lambda run: store.get_metric_history(run.info.run_id, "train_loss")  # noqa: E731
     assert [m.step for m in history(graphed)] == [m.step for m in history(eager)] == list(range(1, 19))
@@ -235,13 +242,24 @@ def test_cuda_graph_on_without_cuda_says_so_and_trains(compose_cfg, caplog):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("data", ["data=synthetic", "data=daily_profile"])  # shortcut path; cuDNN LSTM
-def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, data):
+def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, monkeypatch, data):
     overrides = (data, "data.n_samples=2000", "trainer.max_epochs=2", "scheduler=none", "trainer.accelerator=gpu")
     train(compose_cfg(*overrides, "perf.cuda_graph=off", "logger.experiment_name=eager"))
+    # The module's own path (FusedLoop builds its GraphedStep, cudagraph.capture_cuda captures);
+    # only CUDA's replay is counted on its way.
+    replays, replay = [], torch.cuda.CUDAGraph.replay
+
+    def counted(graph):
+        replays.append(1)
+        return replay(graph)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counted)
     with caplog.at_level("INFO", logger="seqlab"):
         train(compose_cfg(*overrides, "perf.cuda_graph=on", "logger.experiment_name=graphed"))
     assert "training step captured as a CUDA graph" in caplog.text
     assert "capture failed" not in caplog.text
+    # 1600 training samples: 25 full batches an epoch, 50 steps; 3 warm up, 47 are graph replays.
+    assert len(replays) == 47
     (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
     a = [m.value for m in store.get_metric_history(eager.info.run_id, "train_loss")]
     b = [m.value for m in store.get_metric_history(graphed.info.run_id, "train_loss")]
@@ -255,7 +273,7 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
     warms up and captures), with per-step metrics flushed outside it."""
     from seqlab.loop import FusedLoop
 
-    run, calls = FusedLoop.run, []
+    run, calls, strict_steps = FusedLoop.run, [], []
 
     def strict(self, *args, **kwargs):
         calls.append(len(calls))
@@ -263,14 +281,19 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
             return run(self, *args, **kwargs)
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return run(self, *args, **kwargs)
+            n, loss = run(self, *args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        strict_steps.append(n)
+        return n, loss
 
     monkeypatch.setattr(FusedLoop, "run", strict)
     result = train(compose_cfg("data.n_samples=8000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
                                "data.val_fraction=0", "logger.flush_every_n_steps=1000", "perf.steps_per_call=25"))
-    assert result.status == "FINISHED" and len(calls) >= 3
+    assert result.status == "FINISHED"
+    # 8000 samples in batches of 64: 125 steps in 5 calls of 25; the last 4 calls (100 steps) ran
+    # with synchronisation made an error, and each returned, so none synchronised.
+    assert len(calls) == 5 and strict_steps == [25, 25, 25, 25]
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -278,10 +301,8 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--smoke", "--batch-sizes", "32,64", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "SEQLAB_ROOT": str(tmp_path)},
-    )
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32,64", "--out", str(out)],
+                      env={"SEQLAB_ROOT": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
@@ -301,8 +322,7 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
 
 
 def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--batch-sizes", "64,x"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--batch-sizes", "64,x"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive"

@@ -3,8 +3,11 @@ and repeatable runs (issue 7's first pieces)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -55,25 +58,62 @@ def test_an_empty_csv_is_named(compose_cfg, tmp_path):
 
 
 def test_a_diverging_loss_stops_the_run_failed_with_the_step(compose_cfg, store):
-    with pytest.raises(SeqlabError, match=r"the training loss became (nan|inf) at step \d+: training diverged"):
-        train(compose_cfg(*TINY, "optimizer.lr=1e30", "logger.flush_every_n_steps=2", "logger.flush_every_s=0", "trainer.max_epochs=20"))
+    import math
+    import re
+    import sys
+
+    # 4 steps an epoch in one Lightning call each (perf.steps_per_call=4): the losses are read
+    # back after each call, since 2 steps wait by then and flush_every_s=0.
+    with pytest.raises(SeqlabError, match=r"the training loss became (nan|inf) at step \d+: training diverged") as caught:
+        train(compose_cfg(*TINY, "optimizer.lr=1e30", "logger.flush_every_n_steps=2", "logger.flush_every_s=0",
+                          "trainer.max_epochs=20", "perf.steps_per_call=4"))
+    named = int(re.search(r"at step (\d+)", str(caught.value)).group(1))
     (run,) = runs_of(store, "seqlab")
-    assert run.info.status == "FAILED" and "training diverged" in run.data.tags["failure_reason"]
-    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
-    assert steps and max(steps) < 80  # stopped, not trained on for 20 epochs
+    assert run.info.status == "FAILED" and f"at step {named}: training diverged" in run.data.tags["failure_reason"]
+    history = store.get_metric_history(run.info.run_id, "train_loss")
+    steps = [m.step for m in history]
+    # SQL holds no infinity: MLflow stores +-inf as the largest float (and NaN as a flag).
+    finite = lambda v: math.isfinite(v) and abs(v) < sys.float_info.max  # noqa: E731
+    first_bad = next(m.step for m in history if not finite(m.value))
+    assert named == first_bad  # the step named is the first whose loss is not finite
+    assert all(finite(m.value) for m in history if m.step < named)
+    assert steps == list(range(1, max(steps) + 1))  # every step up to the stop recorded
+    assert max(steps) == -(-named // 4) * 4  # stopped at the end of the call that held that step
 
 
 def test_a_tracking_server_that_does_not_answer_fails_fast(run_cli):
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.monotonic()
     proc = run_cli(*TINY, f"logger.tracking_uri=http://127.0.0.1:{port}")
-    assert time.monotonic() - start < 60  # Python start-up included; the check itself takes under 15 s
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert f"error: logger.tracking_uri=http://127.0.0.1:{port}: no MLflow server answers there" in out
     assert "Traceback" not in out
+
+
+def test_a_server_that_takes_the_connection_but_never_answers_is_given_up_on_within_seconds(compose_cfg, monkeypatch):
+    """The worst case of 'does not answer': a port that accepts and stays silent. The check asks
+    once, with its own timeout, and gives up when that runs out (MLflow's client alone would
+    retry for minutes). A fake clock stands for the wait: it advances by the timeout asked for."""
+    import requests
+    from hydra.utils import instantiate
+
+    clock = {"now": 0.0}
+    asked = []
+
+    def silent(url, timeout=None, **kwargs):
+        asked.append(url)
+        clock["now"] += timeout  # a TypeError here: a request without a timeout would hang for good
+        raise requests.ReadTimeout(f"{url}: read timed out")
+
+    monkeypatch.setattr(requests, "get", silent)
+    tracker = instantiate(compose_cfg("logger.tracking_uri=http://127.0.0.1:9").logger)
+    with pytest.raises(SeqlabError, match=r"^logger.tracking_uri=http://127.0.0.1:9: no MLflow server answers there \(ReadTimeout\)"):
+        tracker.connect()
+    assert asked == ["http://127.0.0.1:9/health"]  # one question, no retries
+    assert 0 < clock["now"] <= 15
+    assert tracker.client is None  # nothing went on to MLflow's own client
 
 
 def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
@@ -252,82 +292,146 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     check_checkpoint(tmp_path / "good.ckpt", model, "ckpt_path=x")
 
 
-# -- a tracking server that goes away mid-run ------------------------------------------------------
-def _train_against(uri: str, tmp_path, *args: str):
+def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_path):
+    """README: ckpt_path=FILE starts a new run from a checkpoint (resume=RUN_ID continues one).
+    The new run starts where the checkpoint's training stopped: its first step is the 9th."""
+    import shutil
+
+    import torch
+
+    first = train(compose_cfg(*TINY, "logger.experiment_name=first"))  # 4 steps an epoch, 2 epochs
+    saved = tmp_path / "saved.ckpt"
+    shutil.copy(tmp_path / "out" / "checkpoints" / "last.ckpt", saved)
+    second = train(compose_cfg("data.n_samples=256", "trainer.max_epochs=3", f"ckpt_path={saved}",
+                               "logger.experiment_name=second"))
+    assert second.run_id != first.run_id
+    (a,), (b,) = runs_of(store, "first"), runs_of(store, "second")
+    assert a.info.status == b.info.status == "FINISHED"
+    assert [m.step for m in store.get_metric_history(a.info.run_id, "train_loss")] == list(range(1, 9))  # untouched
+    assert [m.step for m in store.get_metric_history(b.info.run_id, "train_loss")] == [9, 10, 11, 12]  # epoch 3 only
+    assert b.data.params["ckpt_path"] == str(saved)
+    assert torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(compose_cfg, store, tmp_path, monkeypatch):
+    """The first Ctrl-C asks for a stop at the step's end with a checkpoint; a second one before
+    that stops at once: no checkpoint, the run KILLED with the steps trained so far."""
     import os
-    import subprocess
-    import sys
+    import signal
 
-    from conftest import ROOT
+    from seqlab.tracking import StepLog
 
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=8", f"logger.tracking_uri={uri}", *args,
-         f"paths.root_dir={tmp_path}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_"))},
-    )
+    add = StepLog.add
+
+    def add_then_two_ctrl_cs(self, loss, step, lr):
+        add(self, loss, step, lr)
+        if step == 6:  # inside a call of 4 steps (perf.steps_per_call=4): the first cannot act yet
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(StepLog, "add", add_then_two_ctrl_cs)
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg("data.n_samples=256", "trainer.max_epochs=4", "perf.steps_per_call=4"))
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "KILLED"
+    assert "interrupted_at_step" not in run.data.tags  # resume= refuses it: nothing saved to continue from
+    assert not (tmp_path / "out" / "checkpoints" / "interrupted.ckpt").exists()
+    assert not [a for a in store.list_artifacts(run.info.run_id, "checkpoints")]
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 7))
 
 
-def _wait_for_steps(client, proc, deadline_s: float = 120):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        experiment = client.get_experiment_by_name("seqlab")
-        runs = client.search_runs([experiment.experiment_id]) if experiment else []
-        if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
-            return runs[0].info.run_id
-        time.sleep(0.2)
-    raise AssertionError("the run logged no steps")
+# -- a tracking server that goes away mid-run ------------------------------------------------------
+OUTAGE_RUN = ["data.n_samples=2048", "trainer.max_epochs=8"]  # 1639 training samples: 26 steps an epoch
+OUTAGE_KEYS = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+
+
+@pytest.fixture
+def outage(monkeypatch, caplog):
+    """In-process training against a server that the training itself stops at the end of epoch
+    `stop_after` and (optionally) starts again at the end of epoch `back_after`, once the run has
+    said that the server does not answer: the outage is known to span whole epochs of training,
+    with no sleep that the run could outlast. Records the wall clock (ms) at the stop and restart."""
+    from seqlab.timing import EpochTimer
+
+    for key in OUTAGE_KEYS:  # the tracker sets MLflow's retry settings for a server; undone afterwards
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+        monkeypatch.delenv(key)
+    clock = {}
+
+    def arrange(restart, stop_after: int, back_after: Optional[int] = None):
+        epoch_end = EpochTimer.on_train_epoch_end
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            epoch_end(self, trainer, pl_module)
+            epoch = trainer.current_epoch + 1
+            if epoch == stop_after:
+                clock["stop_ms"] = int(time.time() * 1000)
+                restart.server.stop()
+            elif epoch == back_after:
+                deadline = time.monotonic() + 120
+                while "does not answer: training goes on" not in caplog.text and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                clock["restart_ms"] = int(time.time() * 1000)
+                restart.server = restart.server.__class__(restart.db, restart.artifacts, port=restart.port).start()
+
+        monkeypatch.setattr(EpochTimer, "on_train_epoch_end", on_train_epoch_end)
+        return clock
+
+    caplog.set_level("INFO", logger="seqlab")
+    return arrange
+
+
+def _steps_between(client, run_id: str, start_ms: int, end_ms: int) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, "train_loss") if start_ms <= m.timestamp <= end_ms]
 
 
 @pytest.mark.slow
-def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path):
+def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, compose_cfg, outage, caplog):
     import mlflow
 
     from seqlab.server import LocalServer, free_port
 
     port, db, artifacts = free_port(), f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
-    server = LocalServer(db, artifacts, port=port).start()
+    handle = SimpleNamespace(port=port, db=db, artifacts=artifacts, server=LocalServer(db, artifacts, port=port).start())
+    clock = outage(handle, stop_after=2, back_after=5)  # away for epochs 3 to 5
     try:
-        proc = _train_against(server.uri, tmp_path, "logger.outage_wait_s=120")
-        run_id = _wait_for_steps(mlflow.MlflowClient(server.uri), proc)
-        server.stop()  # mid-run: training goes on
-        time.sleep(2)
-        server = LocalServer(db, artifacts, port=port).start()
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out[-3000:]
-        client = mlflow.MlflowClient(server.uri)
-        run = client.get_run(run_id)
+        result = train(compose_cfg(*OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=120"))
+        client = mlflow.MlflowClient(handle.server.uri)
+        run = client.get_run(result.run_id)
         assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-        assert steps == list(range(1, 8 * 103 + 1))  # nothing lost while the server was away
-        assert len(client.get_metric_history(run_id, "val_rmse")) == 8
-        assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(run_id, "checkpoints")}
+        steps = [m.step for m in client.get_metric_history(result.run_id, "train_loss")]
+        assert steps == list(range(1, 8 * 26 + 1))  # nothing lost while the server was away
+        assert len(client.get_metric_history(result.run_id, "val_rmse")) == 8
+        assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(result.run_id, "checkpoints")}
+        # Training went on while the server was away: epochs 3 to 5 were trained in the outage.
+        assert _steps_between(client, result.run_id, clock["stop_ms"], clock["restart_ms"]) == list(range(2 * 26 + 1, 5 * 26 + 1))
+        out = caplog.text
         assert "does not answer: training goes on" in out and "the server is back" in out
+        assert out.index("does not answer: training goes on") < out.index("the server is back")
     finally:
-        server.stop()
+        handle.server.stop()
 
 
 @pytest.mark.slow
-def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(tmp_path, store):
-    import mlflow
-
+def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(tmp_path, store, compose_cfg, outage, caplog):
     from seqlab.server import LocalServer
 
-    server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start()
+    handle = SimpleNamespace(server=LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start())
+    clock = outage(handle, stop_after=2)  # gone for good from epoch 3 on
     try:
-        proc = _train_against(server.uri, tmp_path, "logger.outage_wait_s=3")
-        server_run_id = _wait_for_steps(mlflow.MlflowClient(server.uri), proc)
+        result = train(compose_cfg(*OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=3"))
     finally:
-        server.stop()
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
+        handle.server.stop()
     (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
     assert run.info.status == "FINISHED"
-    assert run.data.tags["server_run_id"] == server_run_id
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 8 * 103 + 1))
+    assert run.data.tags["server_run_id"] == result.run_id
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 8 * 26 + 1))
+    # Epochs 3 to 8 were trained after the server had gone.
+    assert _steps_between(store, run.info.run_id, clock["stop_ms"], int(time.time() * 1000)) == list(range(2 * 26 + 1, 8 * 26 + 1))
     assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
     assert "checkpoints/last.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
-    assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in out
+    assert "does not answer: training goes on" in caplog.text
+    assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in caplog.text
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF_DIR, TINY, artifact_paths, no_runs, runs_of
+from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
 from seqlab.job import cpu_count
@@ -41,10 +42,7 @@ def _port_closed(uri: str) -> bool:
 def test_a_server_store_must_be_a_database():
     with pytest.raises(SeqlabError, match="needs a database"):
         check_backend("./mlruns")
-    proc = subprocess.run(
-        [sys.executable, "-m", "seqlab.server", "--backend-store-uri", "file:./mlruns"],
-        capture_output=True, text=True, timeout=60,
-    )
+    proc = run_script("seqlab.server", ["--backend-store-uri", "file:./mlruns"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --backend-store-uri file:./mlruns: MLflow 3 needs a database here "
@@ -61,35 +59,34 @@ def test_the_server_preset_takes_its_address_from_the_environment(compose_cfg, m
 
 
 @pytest.mark.slow
-def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path):
-    server_dir = tmp_path / "server"
-    with LocalServer(f"sqlite:///{server_dir}/mlflow.db", str(server_dir / "artifacts")) as server:
-        proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY,
-                       env={"MLFLOW_TRACKING_URI": server.uri})
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        client = mlflow.MlflowClient(server.uri)
-        (parent,), children = _children(client)
-        assert parent.info.status == "FINISHED"
-        assert sorted(r.info.run_name for r in children) == ["cpu-bs32", "cpu-bs64"]
-        for run in children:
-            bs = int(run.data.params["data.batch_size"])
-            assert run.info.status == "FINISHED"
-            assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-            steps = client.get_metric_history(run.info.run_id, "train_loss")
-            assert [m.step for m in steps] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
-            assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
-            # Artifacts went through the server (no path on this client's disk in their location).
-            assert run.info.artifact_uri.startswith("mlflow-artifacts:")
-            assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
-        assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
+def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_server):
+    server = mlflow_server  # the session's server, in an experiment of this test's own
+    proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY, "logger.experiment_name=to-a-server",
+                   env={"MLFLOW_TRACKING_URI": server.uri})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = mlflow.MlflowClient(server.uri)
+    (parent,), children = _children(client, "to-a-server")
+    assert parent.info.status == "FINISHED"
+    assert sorted(r.info.run_name for r in children) == ["cpu-bs32", "cpu-bs64"]
+    for run in children:
+        bs = int(run.data.params["data.batch_size"])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        steps = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in steps] == list(range(1, 2 * math.ceil(N_TRAIN / bs) + 1))
+        assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
+        # Artifacts went through the server (no path on this client's disk in their location).
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
+    assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
     assert no_runs(store)  # nothing went to the local store
 
 
 # -- parallel sweep jobs ------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.fresh_store  # the sweep makes a new store's tables before its jobs race to
-def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_cli, store, tmp_path):
-    proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_path):
+    proc = run_process("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                    "data.batch_size=16,32,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -113,6 +110,52 @@ def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_cli, store, tmp_path
     assert info["store_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     assert info["tracking_uri"].startswith("http://127.0.0.1:") and _port_closed(info["tracking_uri"])
     assert (sweep_dir / "mlflow_server.log").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.fresh_store
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_server(tmp_path, store, signame):
+    """README (Scaling out): the parent process of a parallel sweep only waits for its workers; a
+    SIGTERM (scancel, kill) or SIGHUP (a closed terminal) ends it with 128 + the signal, its parent
+    run KILLED with the command that continues the sweep, and its loopback server stopped."""
+    import json
+    import signal
+    import time
+
+    from conftest import ROOT
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+             "data.batch_size=32,64", "data.n_samples=256", "trainer.max_epochs=2000", "logger.system_metrics=false",
+             f"paths.root_dir={tmp_path}"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "epoch 2/" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "epoch 2/" in out.read_text(), out.read_text()[-3000:]  # the jobs are training
+        proc.send_signal(getattr(signal, signame))  # to the parent process alone
+        proc.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's workers, if any are left
+        except ProcessLookupError:
+            pass
+    text = out.read_text()
+    assert proc.returncode == 128 + getattr(signal, signame), text[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
+    info = json.loads((sweep_dir / "sweep.json").read_text())
+    parent = store.get_run(info["parent_run_id"])
+    assert parent.info.status == "KILLED" and parent.data.tags["sweep_role"] == "parent"
+    assert "the sweep stopped before its summary" in parent.data.tags["failure_reason"]
+    assert "ended KILLED; continue it (finished jobs are skipped) with:" in text
+    assert f"resume={info['sweep_id']}" in text
+    assert _port_closed(info["tracking_uri"])  # the sweep's server is gone with it
 
 
 def test_the_sweep_callback_travels_to_launcher_workers_without_its_server():
@@ -143,9 +186,9 @@ def test_ddp_shards_cover_each_sample_at_most_once_per_epoch():
 
 
 @pytest.mark.slow
-def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_cli, store, tmp_path):
+def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_process, store, tmp_path):
     n_train, bs = 512, 32  # 640 samples, 20% for validation
-    proc = run_cli("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+    proc = run_process("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
                    f"data.batch_size={bs}", "optimizer.lr=0.001,0.002", "data.n_samples=640",
                    "trainer.max_epochs=2", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -273,3 +316,32 @@ def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_s
     dm.batch_size = 128  # 160 training samples: 80 a process
     with pytest.raises(SeqlabError, match="give each of the 2 processes 80, fewer than one batch of data.batch_size=128"):
         dm.train_dataloader()
+
+
+def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
+    """README: under DDP, train_loss is averaged over the processes. The recorder's flush with a
+    process group of two, the other process's losses known: the logged values are the means."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from seqlab.tracking import StepMetricsRecorder
+
+    other = torch.tensor([0.5, 1.5, 2.5])  # process 1's losses at steps 1-3
+
+    def all_reduce(tensor):
+        tensor += other  # SUM over the group, in place, as torch.distributed does
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    logged = {}
+    tracker = SimpleNamespace(log_series=lambda series, steps, times: logged.update(series, steps=steps))
+    recorder = StepMetricsRecorder(tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss, every_s=0.0)
+    for step, loss in enumerate([1.5, 0.5, 4.5], start=1):  # this process's (rank 0's) losses
+        recorder.steps.add(torch.tensor(loss), step, 0.01)
+    recorder.flush()
+    assert logged["steps"] == [1, 2, 3]
+    assert logged["train_loss"] == pytest.approx([1.0, 1.0, 3.5])
+    assert logged["train_rmse"] == pytest.approx([math.sqrt(2.0), math.sqrt(2.0), math.sqrt(7.0)])

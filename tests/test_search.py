@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, artifact_paths, runs_of
+from inprocess import run_in_process
 
 TINY = ["data.n_samples=256", "trainer.max_epochs=2", "logger.system_metrics=false"]
 
@@ -99,8 +100,8 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
 
 
 @pytest.mark.slow
-def test_trials_run_side_by_side_with_the_joblib_launcher(run_cli, store, tmp_path):
-    proc = run_cli("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
+def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
+    proc = run_process("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
                    "hydra.launcher.n_jobs=2", *TINY)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -184,7 +185,7 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
 
-    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    again = run_in_process(args[2:], tmp_path, env)  # the same command line, in this process
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "3 of 4 trials finished, continuing" in again.stdout
     assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout

@@ -3,13 +3,11 @@ crossover, plots, verdict, artifacts on the parent run) and the sweep preset thr
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from matplotlib.image import imread
 
 from conftest import ROOT, artifact_paths, runs_of
+from inprocess import run_script
 from seqlab.compare import RunRow, compare, crossover, fastest_to_target, table, verdict
 from seqlab.train import train
 
@@ -97,9 +95,9 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     assert parent.data.tags["verdict"].startswith("One run per configuration (n = 1): no intervals and no tests")
 
     # and on demand, from the script
-    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), "--experiment", "device-batch",
-                            "--sweep", "latest", "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-                            "--out", str(tmp_path / "cmp"), "--no-log"], capture_output=True, text=True, timeout=120)
+    again = run_script(ROOT / "scripts" / "compare.py", ["--experiment", "device-batch", "--sweep", "latest",
+                                                         "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+                                                         "--out", str(tmp_path / "cmp"), "--no-log"])
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("FINISHED") == 4 and "perf" in again.stdout.splitlines()[0]
     assert "n: finished repeats" in again.stdout

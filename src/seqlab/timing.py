@@ -4,7 +4,7 @@ left out. The numbers land in MLflow as epoch_time_s, it_per_s and samples_per_s
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
@@ -19,8 +19,9 @@ class EpochTimer(pl.Callback):
     epoch's end. Validation, and the epoch-end work that follows a validation closing the
     epoch, are left out."""
 
-    def __init__(self, tracker: Optional[MlflowTracker] = None) -> None:
+    def __init__(self, tracker: Optional[MlflowTracker] = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.tracker = tracker
+        self.clock = clock  # seconds; tests pass a fake one
         self.start: Optional[float] = None  # the epoch's start (the progress line's clock too)
         self.segment_start: Optional[float] = None  # None while training is paused
         self.epoch_s = 0.0  # training time of this epoch's finished segments
@@ -32,7 +33,7 @@ class EpochTimer(pl.Callback):
 
     def _now(self, pl_module: pl.LightningModule) -> float:
         synchronize(pl_module.device)
-        return time.perf_counter()
+        return self.clock()
 
     def _pause(self, pl_module: pl.LightningModule) -> None:
         if self.segment_start is not None:
