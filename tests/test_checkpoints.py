@@ -78,7 +78,8 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
 
 
 # Started as `python -c FAULT MODE train.py ...`: train.py as the CLI runs it, with a fault at a known
-# moment, whatever the machine's speed: once the first time-based checkpoint is stored, the next one
+# moment, whatever the machine's speed (its clock reads one second later at every Lightning call, so
+# checkpoint.interval_s=2 is every other call): once the first time-based checkpoint is stored, the next one
 # kills the process with SIGKILL before it writes ("kill"), or the process's file-size limit
 # (RLIMIT_FSIZE) drops to N bytes, so that no file larger than that can be written any more
 # ("fsize:N"): a disk that fills up mid-run, without root.
@@ -101,7 +102,14 @@ def save_or_die(trainer, path):
         os.kill(os.getpid(), signal.SIGKILL)
     return save(trainer, path)
 
+ticks = [0.0]
+
+def one_second_per_read():  # read once per Lightning call: the checkpoints fall on known calls
+    ticks[0] += 1.0
+    return ticks[0]
+
 checkpoints.publish_resume_point, checkpoints.save_checkpoint = publish_then_fault, save_or_die
+checkpoints._clock = one_second_per_read
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -116,7 +124,7 @@ def _run_with_fault(tmp_path, mode, *args, timeout=600):
 
 # 820 training samples: 13 steps an epoch; metrics sent every 10-step call, so some steps after the
 # checkpoint are stored before the kill, and a resume trains them again.
-KILLABLE = ["data.n_samples=1024", "trainer.max_epochs=30", "perf.steps_per_call=10", "checkpoint.interval_s=0.3",
+KILLABLE = ["data.n_samples=1024", "trainer.max_epochs=30", "perf.steps_per_call=10", "checkpoint.interval_s=2",
             "logger.flush_every_n_steps=10", "logger.flush_every_s=0"]
 
 
@@ -144,7 +152,7 @@ def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_st
 
 
 # A checkpoint of this model is about 3.4 MB; the store (about 1 MB) and the other files stay below the limit.
-FULL_DISK = ["data.n_samples=1024", "trainer.max_epochs=8", "model.hidden_size=256", "checkpoint.interval_s=0.3",
+FULL_DISK = ["data.n_samples=1024", "trainer.max_epochs=8", "model.hidden_size=256", "checkpoint.interval_s=2",
              "perf.steps_per_call=5"]
 
 

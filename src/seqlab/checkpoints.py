@@ -23,7 +23,8 @@ log = logging.getLogger("seqlab")
 
 def save_checkpoint(trainer: pl.Trainer, path: Path) -> Path:
     """trainer.save_checkpoint(path), atomically. Every process of a DDP job calls it."""
-    replace_atomically(Path(path), lambda tmp: trainer.save_checkpoint(tmp))
+    # Lightning writes on rank 0 and waits for every process: rank 0 alone renames it too.
+    replace_atomically(Path(path), lambda tmp: trainer.save_checkpoint(tmp), owner=trainer.is_global_zero)
     return Path(path)
 
 

@@ -41,15 +41,16 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def replace_atomically(path: Path, write: Callable[[Path], None], owner: bool = True) -> None:
     """`write(tmp)` a temporary file next to `path`, then rename it over `path`. A failed write
-    removes the temporary file, leaves `path` as it was and raises WriteFailed."""
+    removes the temporary file, leaves `path` as it was and raises WriteFailed. `owner=False`:
+    this process takes part in the write (a DDP rank other than 0) but another one renames."""
     path = Path(path)
     tmp = tmp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
-        if tmp.exists():  # under DDP only rank 0 writes a checkpoint's file
+        if owner and tmp.exists():  # under DDP only rank 0 writes a checkpoint's file
             os.replace(tmp, path)
     except (OSError, RuntimeError) as error:
         try:

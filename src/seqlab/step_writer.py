@@ -20,14 +20,17 @@ import math
 import os
 import pickle
 import re
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Optional
 
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
 MAX_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics a call
+MIN_WRITE_INTERVAL_S = 0.2  # while rows keep coming, at most about five transactions a second
 
 
 class StepWriter:
@@ -188,17 +191,28 @@ def _main(run_id: str, acks_path: str) -> int:
     writer = open_rows(tracking_uri, run_id)
     stdin = sys.stdin.buffer
     acks = open(acks_path, "a")
+    rows: list[Row] = []
+    last_write = 0.0
     while True:
         try:
-            rows = pickle.load(stdin)
+            rows += pickle.load(stdin)
+            more = True
         except (EOFError, pickle.UnpicklingError):  # the end, or a writer cut off mid-batch
-            return 0
+            more = False
+        # A run that sends many times a second (tiny epochs) is written a few times a second: each
+        # transaction locks the store, and other processes (compare, the UI, other runs) need it too.
+        wait = MIN_WRITE_INTERVAL_S - (time.monotonic() - last_write)
+        if more and wait > 0 and select.select([stdin], [], [], wait)[0]:
+            continue  # more is coming: it joins this write
         for i in range(0, len(rows), MAX_BATCH):
             chunk = rows[i : i + MAX_BATCH]
             writer.write(chunk)
             # Rows are confirmed in order: the training side re-sends only what follows.
             acks.write(f"{len(chunk)}\n")
             acks.flush()
+        rows, last_write = [], time.monotonic()
+        if not more:
+            return 0
 
 
 if __name__ == "__main__":
