@@ -68,8 +68,6 @@ def _exit_handlers():
 def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     from hydra.core.global_hydra import GlobalHydra
 
-    from seqlab import sweep
-
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
     entry = _train_py()
     root = logging.getLogger()
@@ -104,8 +102,6 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
         os.environ.clear()
         os.environ.update(saved_env)
         GlobalHydra.instance().clear()
-        if hasattr(sweep, "interrupted"):  # module-level state where the sweep still keeps it
-            sweep.interrupted = False
         for handler in root.handlers:
             if handler not in saved_root[0]:
                 handler.close()
@@ -135,6 +131,8 @@ def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -
     saved_env = dict(os.environ)
     os.environ.update(env or {})
     out, err = io.StringIO(), io.StringIO()
+    # A script may set its loggers' levels, as a process of its own would (benchmark.py quiets seqlab's).
+    saved_levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -144,4 +142,7 @@ def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+        for name, lg in logging.root.manager.loggerDict.items():
+            if isinstance(lg, logging.Logger):
+                lg.setLevel(saved_levels.get(name, logging.NOTSET))
     return subprocess.CompletedProcess([str(path), *args], code, out.getvalue(), err.getvalue())

@@ -365,3 +365,34 @@ def test_a_registered_name_with_a_slash_is_one_line(compose_cfg):
 
     with pytest.raises(ConfigError, match=r"^logger.register_as must be a model name without '/'.*got 'a/b'$"):
         validate(compose_cfg("logger.register_as=a/b"))
+
+
+def test_two_jobs_logging_the_same_dataset_at_once_both_record_it():
+    """The race a parallel sweep hits: MLflow's store looks a dataset up, then inserts it; the
+    slower of two jobs breaks the unique key. It then finds the dataset and records its input."""
+    import numpy as np
+    from mlflow.exceptions import MlflowException
+    from omegaconf import OmegaConf
+
+    from seqlab.datasets import dataset, log_inputs
+
+    calls = []
+
+    class RacingClient:
+        def log_inputs(self, run_id, datasets):
+            calls.append((run_id, [d.dataset.name for d in datasets]))
+            if len(calls) == 1:
+                raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                      "datasets.name, datasets.digest")
+
+    cfg = OmegaConf.create({"name": "npz", "path": "/data/x.npz", "source": {"_target_": "seqlab.data.load_npz"}})
+    ds = dataset(cfg, np.zeros((4, 1, 3), np.float32), np.zeros((4, 1), np.float32), "npz-train")
+    log_inputs(RacingClient(), "run1", [(ds, "training")])
+    assert calls == [("run1", ["npz-train"]), ("run1", ["npz-train"])]
+
+    class BrokenClient:
+        def log_inputs(self, run_id, datasets):
+            raise MlflowException("something else")
+
+    with pytest.raises(MlflowException, match="something else"):
+        log_inputs(BrokenClient(), "run1", [(ds, "training")])

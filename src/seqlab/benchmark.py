@@ -200,7 +200,16 @@ def run(
     progress=print,
     loops: tuple[str, ...] = LOOPS,
 ) -> list[Row]:
-    logging.getLogger("seqlab").setLevel(logging.WARNING)
+    quiet = logging.getLogger("seqlab")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # each run's own report is not the benchmark's
+    try:
+        return _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops)
+    finally:
+        quiet.setLevel(level)
+
+
+def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="seqlab-bench-") as tmp:
         root = Path(tmp)

@@ -51,9 +51,18 @@ def log_inputs(client: Any, run_id: str, inputs: list[tuple[Any, str]]) -> None:
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    client.log_inputs(run_id, datasets=[
-        DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]) for ds, context in inputs
-    ])
+    from mlflow.exceptions import MlflowException
+
+    datasets = [DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+                for ds, context in inputs]
+    try:
+        client.log_inputs(run_id, datasets=datasets)
+    except MlflowException as error:
+        # Jobs of one sweep log the same data at the same moment: MLflow's store looks the dataset
+        # up, then inserts it, and the second insert breaks the unique key. Now it is there.
+        if "UNIQUE constraint" not in str(error) and "unique constraint" not in str(error).lower():
+            raise
+        client.log_inputs(run_id, datasets=datasets)
 
 
 def log_training_data(tracker: Any, data_cfg: DictConfig, datamodule: Any) -> None:

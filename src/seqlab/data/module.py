@@ -17,6 +17,7 @@ from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
 from seqlab.lightning_private import batches_done_in_epoch
 from seqlab.profiling import phase
+from seqlab.schema import DataConfig as _Defaults
 
 log = logging.getLogger("seqlab")
 
@@ -148,16 +149,16 @@ class SeqDataModule(pl.LightningDataModule):
         self,
         source: Callable[..., SeqData],
         name: str = "data",
-        path: Optional[str] = None,
-        n_samples: Optional[int] = None,
-        batch_size: int = 64,
-        val_fraction: float = 0.2,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        x_key: Optional[str] = None,  # path, x_key, y_key: read by the source through ${..}
-        y_key: Optional[str] = None,
-        drop_nonfinite: bool = False,
+        path: Optional[str] = _Defaults.path,
+        n_samples: Optional[int] = _Defaults.n_samples,
+        batch_size: int = _Defaults.batch_size,
+        val_fraction: float = _Defaults.val_fraction,
+        seed: int = _Defaults.seed,
+        shuffle: bool = _Defaults.shuffle,
+        drop_last: bool = _Defaults.drop_last,
+        x_key: Optional[str] = _Defaults.x_key,  # path, x_key, y_key: read by the source through ${..}
+        y_key: Optional[str] = _Defaults.y_key,
+        drop_nonfinite: bool = _Defaults.drop_nonfinite,
     ) -> None:
         super().__init__()
         self.source = source
