@@ -153,3 +153,36 @@ def test_key_check_leaves_configs_from_elsewhere_to_hydra():
     assert unknown_key(["--config-name=other", "site=cluster"], groups) is None
     assert unknown_key(["hydra.searchpath=[file:///x]", "site=cluster"], groups) is None
     assert unknown_key(["optimizer.betas=[0.9,0.99]", "+data.extra=1", "data.source.n_days=3"], groups) is None
+
+
+def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(compose_cfg):
+    """conf/callbacks/: built in order; a callback gets the run's objects and the callbacks above it
+    by the names in its signature, config values stay as given, and a callback whose need was
+    switched off is one line."""
+    from omegaconf import OmegaConf
+
+    from seqlab import SeqlabError
+    from seqlab.callbacks import build
+    from seqlab.progress import ProgressLine
+    from seqlab.timing import EpochTimer, TimeToTarget
+
+    from seqlab.tracking import MetricHistory
+
+    class Tracker:
+        history = MetricHistory()
+
+    tracker = Tracker()
+    built = build(compose_cfg("metrics.target_rmse=0.2", "perf=naive").callbacks, tracker=tracker)
+    assert list(built) == ["timer", "divergence", "best", "time_to_target", "profiler", "progress", "epoch_checkpoint"]
+    assert isinstance(built["timer"], EpochTimer) and built["timer"].tracker is tracker
+    assert isinstance(built["time_to_target"], TimeToTarget)
+    assert built["time_to_target"].timer is built["timer"] and built["time_to_target"].target == 0.2
+    assert isinstance(built["progress"], ProgressLine) and built["progress"].timer is built["timer"]
+    assert not built["progress"].enabled  # perf=naive: Lightning's bar instead
+    assert built["epoch_checkpoint"].every_n_epochs == 1  # perf=naive checkpoints every epoch
+
+    nodes = OmegaConf.create({"timer": None, "progress": {"_target_": "seqlab.progress.ProgressLine", "_partial_": True}})
+    with pytest.raises(SeqlabError) as caught:
+        build(nodes, tracker=tracker)
+    assert str(caught.value) == ("callbacks.progress needs 'timer', which no callback above it is named and the run "
+                                 "does not provide: keep callbacks.timer, or switch off callbacks.progress")

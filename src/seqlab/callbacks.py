@@ -8,6 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from seqlab import SeqlabError
+
 
 def build(nodes: DictConfig, **objects: Any) -> dict[str, Any]:
     """Each entry in order, by its `_target_`. A partial gets, from `objects` and the entries built
@@ -22,7 +24,12 @@ def build(nodes: DictConfig, **objects: Any) -> dict[str, Any]:
         made = instantiate(node)
         if isinstance(made, functools.partial):
             available = {**objects, **built}
-            wanted = [p for p in inspect.signature(made).parameters if p in available and p not in made.keywords]
-            made = made(**{p: available[p] for p in wanted})
+            params = inspect.signature(made).parameters
+            missing = [p for p, spec in params.items() if spec.default is inspect.Parameter.empty
+                       and spec.kind is not inspect.Parameter.VAR_KEYWORD and p not in available]
+            if missing:
+                raise SeqlabError(f"callbacks.{name} needs {missing[0]!r}, which no callback above it is named and "
+                                  f"the run does not provide: keep callbacks.{missing[0]}, or switch off callbacks.{name}")
+            made = made(**{p: available[p] for p in params if p in available and p not in made.keywords})
         built[name] = made
     return built
