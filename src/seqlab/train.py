@@ -314,6 +314,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     each from its config group."""
     import torch
     from hydra.utils import instantiate
+    from pytorch_lightning.callbacks import ModelCheckpoint
 
     from seqlab import callbacks as callback_group
     from seqlab.checkpoints import TimedCheckpoint, publish_resume_point
@@ -364,6 +365,9 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
         own.append(TimedCheckpoint(job.output_dir / "checkpoints" / CHECKPOINT, cfg.checkpoint.interval_s,
                                    partial(publish_resume_point, tracker)))
     chosen = callback_group.build(cfg.callbacks, tracker=tracker)
+    # Epoch checkpoints off (perf.checkpoint_every_n_epochs=0, the default): Lightning would still
+    # keep the callback's state in every checkpoint and warn about its folder on each resume.
+    chosen = {k: c for k, c in chosen.items() if not (isinstance(c, ModelCheckpoint) and not c.every_n_epochs)}
     # DDP: the other ranks' processes, watched from rank 0 (a rank that dies: one line naming it)
     watch = [RankWatch.installed(job.output_dir, tracker)] if ddp and job.rank == 0 else []
     every = [*own, *watch, *chosen.values(), *trial_callbacks(tracker)]
