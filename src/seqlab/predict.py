@@ -154,15 +154,19 @@ def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
     validate_predict(cfg)
     import os
 
-    import mlflow
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per download: noise here
 
     from seqlab.model_logging import run_scope
 
+    from seqlab.ghosts import end_dead_runs
+    from seqlab.server_auth import client_credentials
+    from seqlab.tracking.connect import client_for
+
     out = Path(output_dir or cfg.paths.output_dir)
-    client = mlflow.MlflowClient(cfg.tracking_uri)
-    with run_scope(cfg.tracking_uri):
+    store_uri = client_credentials(cfg.tracking_uri)  # a user:password in it is sent, not shown
+    client = client_for(store_uri)  # a new local store under its lock; a server checked first
+    end_dead_runs(client)  # runs whose process died without closing them, as train and compare do
+    with run_scope(store_uri):
         uri = _model_uri(cfg, client)
         model = _load(uri)
     x, y, lengths = _data(cfg)
