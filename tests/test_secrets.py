@@ -139,3 +139,21 @@ def test_a_sweep_shows_and_records_no_password(run_cli, store, tmp_path):
         downloaded = Path(store.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
         files = [p for p in downloaded.rglob("*") if p.is_file()]
         assert files and [p.name for p in files if password.encode() in p.read_bytes()] == []
+
+
+def test_a_reopened_run_records_its_new_tags_masked(tmp_path, store):
+    """resume= reopens a run with the new process's tags (hydra_overrides quotes the command line):
+    they are masked as a new run's are, before the run shows RUNNING again."""
+    from seqlab.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    overrides = "logger.fallback_uri=postgresql://bob:pg-pass-4711@db/mlflow"
+    first = MlflowTracker(uri, "reopen", step_writer="inline")
+    first.start("r", {"hydra_overrides": overrides})
+    first.end("KILLED")
+    again = MlflowTracker(uri, "reopen", step_writer="inline")
+    again.start("r", {"hydra_overrides": overrides + " resume=" + first.run_id}, resume_run_id=first.run_id)
+    again.end("FINISHED")
+    tags = store.get_run(first.run_id).data.tags
+    assert "pg-pass-4711" not in tags["hydra_overrides"]
+    assert tags["hydra_overrides"] == f"logger.fallback_uri=postgresql://bob:***@db/mlflow resume={first.run_id}"

@@ -489,13 +489,9 @@ def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> 
         "time_to_target_vs_batch.png": _time_to_target_figure(plt, groups, n, target),
         "val_rmse_curves.png": _curves_figure(plt, groups, target),
     }
-    paths = []
-    for name, fig in figures.items():
-        paths.append(out_dir / name)
-        fig.tight_layout()
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-    return paths
+    from seqlab.plots import save_figure
+
+    return [save_figure(fig, out_dir / name, dpi=100) for name, fig in figures.items()]
 
 
 def _by_batch(plt, groups: list[Group], metric: str):

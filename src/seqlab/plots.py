@@ -34,9 +34,14 @@ def training_curves(history: Mapping[str, Series], path: Path, title: str = "") 
     axes[2].grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path, dpi=100)
+
+
+def save_figure(fig, path: Path, dpi: int) -> Path:
+    """Lay the figure out, write it (creating its folder) and free it."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -59,8 +64,4 @@ def predicted_vs_actual(predicted, actual, path: Path, title: str = "") -> Path:
     ax.legend(loc="upper left")
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=80)

@@ -119,25 +119,24 @@ class MlflowTracker:
             return ""
         client = self.connect()
         all_tags = {k: str(v) for k, v in tags.items()}
-        if resume_run_id:
-            # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
-            client.log_batch(resume_run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-            client.update_run(resume_run_id, status="RUNNING")
-            self.run_id = resume_run_id
-        else:
+        if not resume_run_id:
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             if description:
                 all_tags["mlflow.note.content"] = description
-            all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
+        all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
+        if resume_run_id:
+            # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
+            client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in all_tags.items()])
+            client.update_run(resume_run_id, status="RUNNING")
+            self.run_id = resume_run_id
+        else:
             self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
         if self.is_server:
             record = RunRecord(run_name, dict(all_tags))
             self.sender = OutboxSender(client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback)
         else:
             self.sender = DirectSender(client, self.run_id, self.step_writer, self.synchronous)
-        if resume_run_id:
-            self.set_tags(tags)
         return self.run_id
 
     def start_system_metrics(self) -> None:
