@@ -22,7 +22,8 @@ def main(cfg: DictConfig) -> None:
     task(cfg)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: sys.argv as `python predict.py ...` got it (tests call this in-process)."""
     # model=URI is the short form of model_uri=URI: conf/model/ is train.py's model group, and
     # Hydra would take model= as a choice in it.
     sys.argv = [f"model_uri={a[len('model='):]}" if a.startswith("model=") else a for a in sys.argv]
@@ -32,3 +33,7 @@ if __name__ == "__main__":
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     main()
+
+
+if __name__ == "__main__":
+    cli()

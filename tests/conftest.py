@@ -119,28 +119,24 @@ def run_cli(tmp_path):
 
 @pytest.fixture
 def run_process(tmp_path):
-    """Run train.py in a new Python process, as a user would, with every path under tmp_path."""
+    """Run train.py in a process of its own, as a user would, with every path under tmp_path: a
+    child of tests/zygote.py, which has made the imports a new Python would spend 5-8 s on."""
+    import zygote
 
     def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
-            cwd=tmp_path,
-            env=_cli_env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return zygote.run([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(env),
+                          timeout=timeout)
 
     return _run
 
 
-def start_cli(tmp_path, *args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
-    """train.py started as a user would, in the background (for tests that signal or stop it)."""
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
-    )
+def start_cli(tmp_path, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE, new_session: bool = False):
+    """train.py started as a user would, in the background (for tests that signal or stop it), in a
+    process of its own (tests/zygote.py): a Popen-like handle."""
+    import zygote
+
+    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(),
+                        stdout=stdout, stderr=stderr, new_session=new_session)
 
 
 def runs_of(client, experiment_name: str):

@@ -1,12 +1,13 @@
-"""train.py run inside the test process, as a user's command line would run it: the same entry
-(`train.py`'s `cli()`), the same argv, working folder and environment, its stdout and stderr
-captured, its exit status taken from SystemExit. A real Python start costs 8-12 s here (torch,
-Lightning, MLflow imports); this costs the run itself. Tests whose point is the process (signals,
-kill, parallel launchers, what happens at interpreter exit for a sweep cut short) start a real one.
+"""train.py or predict.py run inside the test process, as a user's command line would run it:
+the same entry (the script's `cli()`), the same argv, working folder and environment, its stdout
+and stderr captured, its exit status taken from SystemExit. A new Python costs 5-8 s of imports
+here (torch, Lightning, MLflow); this costs the run itself. Tests whose point is the process
+(signals, kill, parallel launchers, simultaneous starts, what happens at interpreter exit for a
+sweep cut short) start one of its own (tests/zygote.py).
 
 What a process would drop at its exit is undone after each call: environment variables, Hydra's
-global state, the logging set-up Hydra's job_logging installs, signal handlers, seqlab's own
-atexit handlers (run here, as the interpreter would run them), and `sweep.interrupted`."""
+global state, the logging set-up Hydra's job_logging installs, signal handlers, and seqlab's own
+atexit handlers (run here, as the interpreter would run them)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,20 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_entry = None
+_entries: dict = {}
 
 
-def _train_py():
-    """train.py as a module (not __main__): imported once, like the interpreter would load it."""
-    global _entry
-    if _entry is None:
-        spec = importlib.util.spec_from_file_location("seqlab_train_entry", ROOT / "train.py")
-        _entry = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_entry)
+def _entry_script(script: str):
+    """train.py or predict.py as a module (not __main__): imported once, as the interpreter would load it."""
+    if script not in _entries:
+        spec = importlib.util.spec_from_file_location(f"seqlab_entry_{Path(script).stem}", ROOT / script)
+        entry = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(entry)
         # Hydra finds conf/ beside the task function's file only for a __main__ script (for
         # another module it looks in that module's package).
-        _entry.main.__wrapped__.__module__ = "__main__"
-    return _entry
+        entry.main.__wrapped__.__module__ = "__main__"
+        _entries[script] = entry
+    return _entries[script]
 
 
 @contextlib.contextmanager
@@ -65,11 +66,12 @@ def _exit_handlers():
             func(*args, **kwargs)
 
 
-def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_in_process(args: list[str], cwd: Path, env: dict[str, str], script: str = "train.py") -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS...` (train.py or predict.py: their `cli()`) in this process."""
     from hydra.core.global_hydra import GlobalHydra
 
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
-    entry = _train_py()
+    entry = _entry_script(script)
     root = logging.getLogger()
     saved_root = (root.handlers[:], root.level)
     saved_levels = {name: (lg.level, lg.disabled) for name, lg in logging.root.manager.loggerDict.items()
@@ -81,9 +83,10 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str]) -> subproces
     os.environ.update(env)
     # What train.py's import sets in a process of its own (it is imported once here).
     os.environ.setdefault("SEQLAB_ROOT", str(ROOT))
-    os.environ["SEQLAB_ENTRY"] = str(ROOT / "train.py")
+    if script == "train.py":
+        os.environ["SEQLAB_ENTRY"] = str(ROOT / "train.py")
     os.chdir(cwd)
-    sys.argv = ["train.py", *args]
+    sys.argv = [script, *args]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -133,6 +136,10 @@ def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -
     out, err = io.StringIO(), io.StringIO()
     # A script may set its loggers' levels, as a process of its own would (benchmark.py quiets seqlab's).
     saved_levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    # A process of its own starts without logging handlers: a warning that a script does not
+    # print itself reaches stderr through logging's last resort (pytest's handlers are set aside).
+    saved_handlers = logging.root.handlers[:]
+    logging.root.handlers[:] = []
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -140,6 +147,7 @@ def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -
             except SystemExit as stop:
                 code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
+        logging.root.handlers[:] = saved_handlers
         os.environ.clear()
         os.environ.update(saved_env)
         for name, lg in logging.root.manager.loggerDict.items():

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -77,7 +75,7 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
     assert steps == list(range(saved_at + 1, 4 * 13 + 1))
 
 
-# Started as `python -c FAULT MODE train.py ...`: train.py as the CLI runs it, with a fault at a known
+# Started as `python -c FAULT MODE train.py ...` (a child of tests/zygote.py): train.py as the CLI runs it, with a fault at a known
 # moment, whatever the machine's speed (its clock reads one second later at every Lightning call, so
 # checkpoint.interval_s=2 is every other call): once the first time-based checkpoint is stored, the next one
 # kills the process with SIGKILL before it writes ("kill"), or the process's file-size limit
@@ -115,11 +113,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def _run_with_fault(tmp_path, mode, *args, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-c", FAULT, mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
-    )
+    import zygote
+
+    return zygote.run([mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path,
+                      {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+                      timeout=timeout, code=FAULT)
 
 
 # 820 training samples: 13 steps an epoch; metrics sent every 10-step call, so some steps after the

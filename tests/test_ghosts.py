@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, runs_of
+from conftest import ROOT, runs_of, start_cli
+from inprocess import run_script
 from seqlab import ghosts
 
 HERE = socket.gethostname()
@@ -116,12 +117,10 @@ def _wait_for(what, timeout_s=240.0):
 
 @pytest.mark.slow
 def test_kill_9_mid_run_then_compare_ends_it_killed_while_a_live_run_stays_running(tmp_path, store):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-    long_run = ["data.n_samples=256", "trainer.max_epochs=100000", f"paths.root_dir={tmp_path}"]
+    long_run = ["data.n_samples=256", "trainer.max_epochs=100000"]
     procs = {
-        name: subprocess.Popen([sys.executable, str(ROOT / "train.py"), *long_run, f"logger.run_name={name}",
-                                f"hydra.run.dir={tmp_path}/out-{name}"],
-                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        name: start_cli(tmp_path, *long_run, f"logger.run_name={name}", f"hydra.run.dir={tmp_path}/out-{name}",
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for name in ("doomed", "alive")
     }
     try:
@@ -143,11 +142,9 @@ def test_kill_9_mid_run_then_compare_ends_it_killed_while_a_live_run_stays_runni
         procs["doomed"].wait(timeout=30)
         assert store.get_run(doomed.info.run_id).info.status == "RUNNING"  # what kill -9 leaves
 
-        compare = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "compare.py"), "--experiment", "seqlab", "--no-log",
-             "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db", "--out", str(tmp_path / "compare")],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-        )
+        compare = run_script(ROOT / "scripts" / "compare.py", [  # another process than the runs', as a user's would be
+            "--experiment", "seqlab", "--no-log", "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+            "--out", str(tmp_path / "compare")])
         assert "Traceback" not in compare.stderr, compare.stderr[-3000:]
         assert f"run {doomed.info.run_id} (doomed) was left RUNNING: process ended without closing the run" \
             in compare.stderr

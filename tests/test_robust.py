@@ -128,21 +128,11 @@ def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
 @pytest.mark.slow
 def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_ends_the_run_killed(tmp_path, store):
     signame = "SIGINT"  # SIGTERM: test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run
-    import os
     import signal
-    import subprocess
-    import sys
-
-    from conftest import ROOT
 
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=500", "data.n_samples=2048",
-             f"paths.root_dir={tmp_path}"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")},
-        )
+        proc = start_cli(tmp_path, "trainer.max_epochs=500", "data.n_samples=2048", stderr=stderr)
         deadline = time.monotonic() + 120
         while "epoch 2/" not in err.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)

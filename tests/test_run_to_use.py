@@ -135,16 +135,14 @@ def test_a_file_s_dataset_source_is_its_path(compose_cfg, store, tmp_path):
 
 
 # -- predict.py ---------------------------------------------------------------------------------
-def _cli(root, *args, timeout=300):
+def _cli(root, *args):
+    """`python predict.py ARGS...` as a user runs it, in this process (tests/inprocess.py)."""
     import os
-    import subprocess
-    import sys
 
-    from conftest import ROOT
+    from inprocess import run_in_process
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-    return subprocess.run([sys.executable, str(ROOT / "predict.py"), *args, f"paths.root_dir={root}"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_in_process([*args, f"paths.root_dir={root}"], root, env, script="predict.py")
 
 
 def _new_data(n=48, seed=7):

@@ -7,7 +7,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -123,17 +122,13 @@ def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_ser
     import signal
     import time
 
-    from conftest import ROOT
+    from conftest import start_cli
 
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-             "data.batch_size=32,64", "data.n_samples=256", "trainer.max_epochs=2000", "logger.system_metrics=false",
-             f"paths.root_dir={tmp_path}"],
-            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
-        )
+        proc = start_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "data.batch_size=32,64",
+                         "data.n_samples=256", "trainer.max_epochs=2000", "logger.system_metrics=false",
+                         stdout=sink, stderr=subprocess.STDOUT, new_session=True)
     try:
         deadline = time.monotonic() + 240
         while "epoch 2/" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:

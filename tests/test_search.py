@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, artifact_paths, runs_of
+from conftest import artifact_paths, runs_of, start_cli
 from inprocess import run_in_process
 
 TINY = ["data.n_samples=256", "trainer.max_epochs=2", "logger.system_metrics=false"]
@@ -158,10 +157,8 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
         "pruner": {"name": "none"},
         "params": {"optimizer": {"lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}}},
     })
-    args = [sys.executable, str(ROOT / "train.py"), "-m", *preset, "data.n_samples=512", "trainer.max_epochs=4",
-            "logger.system_metrics=false", f"paths.root_dir={tmp_path}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = ["-m", *preset, "data.n_samples=512", "trainer.max_epochs=4", "logger.system_metrics=false"]
+    proc = start_cli(tmp_path, *args, stderr=subprocess.STDOUT)
     seen = []
     try:
         for line in proc.stdout:
@@ -185,7 +182,8 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
 
-    again = run_in_process(args[2:], tmp_path, env)  # the same command line, in this process
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    again = run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, env)  # the same command line, in this process
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "3 of 4 trials finished, continuing" in again.stdout
     assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from conftest import TINY, artifact_paths, no_runs, runs_of
+from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.server import free_port, wait_until_up
 from seqlab.server_auth import auth_environment
@@ -95,6 +96,7 @@ def test_sign_in_is_on_beyond_loopback_off_on_it_and_open_only_when_asked(tmp_pa
     assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == PASSWORD  # handed to the server through its environment
     ini = Path(env["MLFLOW_AUTH_CONFIG_PATH"]).read_text()
     assert PASSWORD not in ini and "admin_username = admin" in ini
+    assert "auth_cache_ttl_seconds = 60" in ini  # a run's every request is not a 0.1 s password hash
     assert f"database_uri = sqlite:///{tmp_path / 'server' / 'basic_auth.db'}" in ini
     key = env["MLFLOW_FLASK_SERVER_SECRET_KEY"]
     assert len(key) == 64 and (tmp_path / "server" / "flask_secret_key").stat().st_mode & 0o077 == 0
@@ -162,15 +164,14 @@ def test_a_password_in_the_tracking_uri_is_used_but_never_recorded(auth_server, 
 def test_compare_signs_in_too_and_a_wrong_password_is_one_line(auth_server, tmp_path):
     script = Path(__file__).resolve().parents[1] / "scripts" / "compare.py"
     wrong = auth_server.replace("http://", f"http://{ADMIN}:not-the-password@")
-    proc = subprocess.run([sys.executable, str(script), "--tracking-uri", wrong, "--out", str(tmp_path / "cmp"), "--no-log"],
-                          capture_output=True, text=True, timeout=120, env=_server_env())
+    proc = run_script(script, ["--tracking-uri", wrong, "--out", str(tmp_path / "cmp"), "--no-log"])
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"error: the tracking server at {auth_server} refused the sign-in (user 'alice'): "
         "check MLFLOW_TRACKING_PASSWORD (or the password in logger.tracking_uri)"
     ]
     assert "not-the-password" not in proc.stdout + proc.stderr
-    right = subprocess.run([sys.executable, str(script), "--tracking-uri", auth_server, "--experiment", "no-such",
-                            "--out", str(tmp_path / "cmp"), "--no-log"], capture_output=True, text=True, timeout=120,
-                           env=_server_env(MLFLOW_TRACKING_USERNAME=ADMIN, MLFLOW_TRACKING_PASSWORD=PASSWORD))
+    right = run_script(script, ["--tracking-uri", auth_server, "--experiment", "no-such", "--out", str(tmp_path / "cmp"),
+                                "--no-log"], env={"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": PASSWORD})
     assert "refused the sign-in" not in right.stderr and "Traceback" not in right.stderr, right.stderr[-2000:]
+    assert right.returncode == 1 and "error: " in right.stderr  # signed in; the experiment is not there

@@ -4,14 +4,12 @@ named in one line with the fix, never a traceback."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, TINY, runs_of
+from conftest import TINY, runs_of, start_cli
 from seqlab.store import StoreError, half_created, lock_path, open_client, store_lock
 
 
@@ -91,12 +89,10 @@ def test_train_on_a_half_created_store_says_so_in_one_line(run_cli, tmp_path):
 def test_four_simultaneous_first_runs_on_a_new_store_all_finish(tmp_path):
     import mlflow
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
-    procs = [
-        subprocess.Popen([sys.executable, str(ROOT / "train.py"), "data.n_samples=256", "trainer.max_epochs=1",
-                          f"logger.run_name=first-{i}", f"hydra.run.dir={tmp_path}/out-{i}", f"paths.root_dir={tmp_path}"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [  # four processes of their own (tests/zygote.py), started within milliseconds of each other
+        start_cli(tmp_path, "data.n_samples=256", "trainer.max_epochs=1", f"logger.run_name=first-{i}",
+                  f"hydra.run.dir={tmp_path}/out-{i}", stderr=subprocess.STDOUT)
         for i in range(4)
     ]
     outputs = [proc.communicate(timeout=600)[0] for proc in procs]

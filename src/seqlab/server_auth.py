@@ -34,6 +34,7 @@ USERNAME = "MLFLOW_TRACKING_USERNAME"
 PASSWORD = "MLFLOW_TRACKING_PASSWORD"
 ALLOW_OPEN = "ALLOW_UNAUTHENTICATED"
 MIN_PASSWORD = 12  # MLflow refuses shorter passwords (mlflow.utils.validation._validate_password)
+SIGN_IN_CACHE_S = 60
 
 
 def is_loopback(host: str) -> bool:
@@ -92,6 +93,10 @@ def auth_environment(
         "database_uri": f"sqlite:///{users_db.resolve()}",
         "admin_username": username,
         "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        # A password check is scrypt, about 0.1 s of the server's CPU, and a run sends a request
+        # per batch of metrics: uncached, a short run's requests cost the server 20 s instead of 1.
+        # A successful sign-in is kept for a minute (a changed password takes that long to apply).
+        "auth_cache_ttl_seconds": str(SIGN_IN_CACHE_S),
     }
     ini = auth_dir / "basic_auth.ini"  # no password in it: that goes through the environment
     with open(ini, "w") as f:
