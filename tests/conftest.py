@@ -1,5 +1,6 @@
-"""Shared fixtures: configs composed from conf/ with every path under tmp_path, a helper to run
-the real CLI in a subprocess, and an MLflow client on the test's own store."""
+"""Shared fixtures: configs composed from conf/ with every path under tmp_path, helpers that run
+the command line (in this process, or in a process of its own), and an MLflow client on the
+test's own store."""
 
 from __future__ import annotations
 
@@ -9,10 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from hydra import compose, initialize_config_dir
+# pytest-xdist runs a test file per core at once: each worker takes its share of the cores for
+# torch (read when torch is imported, after this), as a parallel launcher's jobs do
+# (seqlab.train._set_threads). Two workers each running torch on every core oversubscribe the
+# machine: the suite took 5 min 45 s instead of 4 min 50 s on the 2-core VM.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
-import seqlab.schema  # noqa: F401  registers the schema the configs build on
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+import seqlab.schema  # noqa: E402,F401  registers the schema the configs build on
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
