@@ -175,9 +175,6 @@ def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) ->
 
     if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
         start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
-        from seqlab.replayed_steps import logged_through
-
-        tracker.replayed = logged_through(tracker.client, cfg.resume)  # steps trained again are stored once
         return start_from, tracker.client.get_run(cfg.resume).info.run_name
     # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
     import mlflow

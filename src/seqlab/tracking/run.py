@@ -126,6 +126,9 @@ class MlflowTracker:
                 all_tags["mlflow.note.content"] = description
         all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
         if resume_run_id:
+            from seqlab.replayed_steps import logged_through
+
+            self.replayed = logged_through(client, resume_run_id)  # steps trained again are stored once
             # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
             client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in all_tags.items()])
             client.update_run(resume_run_id, status="RUNNING")
