@@ -116,8 +116,9 @@ def _cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def run_cli(tmp_path):
     """Run train.py's command line as a user would, with every path under tmp_path, inside this
     process (tests/inprocess.py: the same entry, argv, folder and environment; exit status and
-    output as a process gives them). A Python start costs 8-12 s; tests about the process itself
-    (signals, kill, parallel launchers, interpreter exit) use run_process."""
+    output as a process gives them). A new Python spends 5-8 s on imports; tests about the
+    process itself (signals, kill, parallel launchers, interpreter exit) use run_process or
+    start_cli."""
     from inprocess import run_in_process
 
     def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
