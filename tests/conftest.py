@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 # pytest-xdist runs a test file per core at once: each worker takes its share of the cores for
@@ -107,7 +106,9 @@ def store(tmp_path):
     return mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
 
 
-def _cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without what would steer a command line elsewhere (a
+    developer's MLFLOW_TRACKING_URI, Hydra's variables from a surrounding run), plus `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
     return {**base, **(env or {})}
 
@@ -122,7 +123,7 @@ def run_cli(tmp_path):
     from inprocess import run_in_process
 
     def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(env))
+        return run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env))
 
     return _run
 
@@ -134,7 +135,7 @@ def run_process(tmp_path):
     import zygote
 
     def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return zygote.run([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(env),
+        return zygote.run([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env),
                           timeout=timeout)
 
     return _run
@@ -145,7 +146,7 @@ def start_cli(tmp_path, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PI
     process of its own (tests/zygote.py): a Popen-like handle."""
     import zygote
 
-    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, _cli_env(),
+    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
                         stdout=stdout, stderr=stderr, new_session=new_session)
 
 

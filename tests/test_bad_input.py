@@ -3,13 +3,12 @@ fix, a non-zero exit, no traceback, and no MLflow run left RUNNING."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
 import pytest
 
-from conftest import TINY, no_runs
+from conftest import TINY, cli_env, no_runs
 from inprocess import run_in_process
 
 
@@ -99,7 +98,7 @@ def bad_data_sweeps(tmp_path_factory, _empty_store):
         proc = run_in_process(
             ["-m", f"data={fmt}", f"data.path={files}", "data.batch_size=64", "data.val_fraction=0",
              "trainer.max_epochs=1", f"paths.root_dir={root}"],
-            root, {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+            root, cli_env(),
         )
         assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # a sweep with failed jobs
         output += proc.stdout + proc.stderr

@@ -4,14 +4,12 @@ truncated checkpoint behind."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import time
 
 import pytest
 
-from conftest import ROOT, runs_of
+from conftest import ROOT, cli_env, runs_of
 from seqlab.train import train
 
 # 410 training samples: 13 steps an epoch, in items of 5 steps (see test_robust's exact resume)
@@ -115,8 +113,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def _run_with_fault(tmp_path, mode, *args, timeout=600):
     import zygote
 
-    return zygote.run([mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path,
-                      {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))},
+    return zygote.run([mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
                       timeout=timeout, code=FAULT)
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, runs_of, start_cli
+from conftest import ROOT, start_cli
 from inprocess import run_script
 from seqlab import ghosts
 

@@ -137,12 +137,10 @@ def test_a_file_s_dataset_source_is_its_path(compose_cfg, store, tmp_path):
 # -- predict.py ---------------------------------------------------------------------------------
 def _cli(root, *args):
     """`python predict.py ARGS...` as a user runs it, in this process (tests/inprocess.py)."""
-    import os
-
+    from conftest import cli_env
     from inprocess import run_in_process
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-    return run_in_process([*args, f"paths.root_dir={root}"], root, env, script="predict.py")
+    return run_in_process([*args, f"paths.root_dir={root}"], root, cli_env(), script="predict.py")
 
 
 def _new_data(n=48, seed=7):

@@ -4,7 +4,6 @@ command, and bad search-space entries refused in one line before anything trains
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import artifact_paths, runs_of, start_cli
+from conftest import artifact_paths, cli_env, runs_of, start_cli
 from inprocess import run_in_process
 
 TINY = ["data.n_samples=256", "trainer.max_epochs=2", "logger.system_metrics=false"]
@@ -182,8 +181,7 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
-    again = run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, env)  # the same command line, in this process
+    again = run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env())  # the same command line, in this process
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "3 of 4 trials finished, continuing" in again.stdout
     assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout

@@ -195,9 +195,10 @@ class Child:
 class Zygote:
     def __init__(self) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+        # Its own environment reaches only what its imports read (OMP_NUM_THREADS): each child
+        # gets the environment its request gives.
         self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL, env=env)
+                                     stdin=subprocess.DEVNULL)
         theirs.close()
         self.lock = threading.Lock()
         ready = self.sock.recv(64)  # sent once the imports are done
