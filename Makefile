@@ -44,7 +44,7 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
 
 server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, with sign-in; PORT=...) that stores runs and serves artifacts
-	$(PY) -m seqlab.server --host $(HOST) --port $(PORT) \
+	$(PY) -m seqlab.store.server --host $(HOST) --port $(PORT) \
 		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)') \
 		$(if $(ADMIN_PASSWORD_FILE),--admin-password-file '$(ADMIN_PASSWORD_FILE)')
 

@@ -63,7 +63,7 @@ def _migrated_store(request, tmp_path, _empty_store):
 def mlflow_server(tmp_path_factory):
     """One MLflow tracking server for the whole test run (starting one costs seconds). Tests that
     use it keep to an experiment of their own; tests that stop a server start their own."""
-    from seqlab.server import LocalServer
+    from seqlab.store.server import LocalServer
 
     root = tmp_path_factory.mktemp("server")
     with LocalServer(f"sqlite:///{root}/mlflow.db", str(root / "artifacts")) as server:

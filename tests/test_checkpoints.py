@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from conftest import ROOT, cli_env, runs_of
+from seqlab import SeqlabError
 from seqlab.train import train
 
 # 410 training samples: 13 steps an epoch, in items of 5 steps (see test_robust's exact resume)
@@ -30,14 +31,14 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
     """A fake clock passes interval_s during step `trigger`: the checkpoint is taken at the next step
     boundary (the next Lightning call), is the run's resume point while it trains, and training
     continued from it ends with the same weights as the run that never stopped."""
-    from seqlab import checkpoints
+    from seqlab.resume import checkpoints, points
     from seqlab.tracking import StepLog
 
     now = [0.0]
     monkeypatch.setattr(checkpoints, "_clock", lambda: now[0])
     add = StepLog.add
     tags_at_checkpoint = {}
-    publish = checkpoints.publish_resume_point
+    publish = points.publish_resume_point
 
     def publish_and_look(tracker, path, step):
         publish(tracker, path, step)
@@ -49,7 +50,7 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
             now[0] += 1000.0
 
     monkeypatch.setattr(StepLog, "add", add_then_tick)
-    monkeypatch.setattr(checkpoints, "publish_resume_point", publish_and_look)
+    monkeypatch.setattr(points, "publish_resume_point", publish_and_look)
     train(compose_cfg(*EXACT))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FINISHED"
@@ -82,8 +83,8 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
 FAULT = """
 import os, resource, runpy, signal, sys
 mode = sys.argv.pop(1); sys.argv.pop(0)
-from seqlab import checkpoints
-publish, save = checkpoints.publish_resume_point, checkpoints.save_checkpoint
+from seqlab.resume import checkpoints, points
+publish, save = points.publish_resume_point, checkpoints.save_checkpoint
 published = []
 
 def publish_then_fault(tracker, path, step):
@@ -104,7 +105,7 @@ def one_second_per_read():  # read once per Lightning call: the checkpoints fall
     ticks[0] += 1.0
     return ticks[0]
 
-checkpoints.publish_resume_point, checkpoints.save_checkpoint = publish_then_fault, save_or_die
+points.publish_resume_point, checkpoints.save_checkpoint = publish_then_fault, save_or_die
 checkpoints._clock = one_second_per_read
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -195,8 +196,8 @@ def _tracker(tmp_path):
 def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whole(tmp_path, store, monkeypatch):
     import errno
 
-    from seqlab.checkpoints import store_checkpoint
-    from seqlab.safe_writes import WriteFailed
+    from seqlab.resume.points import store_checkpoint
+    from seqlab.resume.safe_writes import WriteFailed
 
     tracker = _tracker(tmp_path)
     ckpt = tmp_path / "interrupted.ckpt"
@@ -223,7 +224,7 @@ def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whol
 def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, store, monkeypatch):
     import errno
 
-    from seqlab.safe_writes import WriteFailed
+    from seqlab.resume.safe_writes import WriteFailed
 
     tracker = _tracker(tmp_path)
     png = tmp_path / "training_curves.png"
@@ -237,3 +238,44 @@ def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, stor
     with pytest.raises(WriteFailed, match=rf"^could not write {target}: Permission denied; free space there"):
         tracker.log_artifact(png)
     tracker.end("FAILED")
+
+
+def test_a_run_recorded_before_the_modules_moved_resumes(compose_cfg, store, tmp_path, monkeypatch):
+    """A run recorded before src/seqlab was sorted into packages holds `_target_` params with the
+    old module paths (seqlab.module.SeqRegressor, ...): resume= takes them as the classes they
+    are now and continues the run, every step stored once."""
+    from seqlab.resume import checkpoints
+    from seqlab.tracking import StepLog
+
+    old_paths = ["module._target_=seqlab.module.SeqRegressor", "callbacks.timer._target_=seqlab.timing.EpochTimer",
+                 "callbacks.best._target_=seqlab.output_network.OutputNetwork"]
+    now = [0.0]
+    monkeypatch.setattr(checkpoints, "_clock", lambda: now[0])
+    add = StepLog.add
+
+    def add_then_tick(self, loss, step, lr):
+        add(self, loss, step, lr)
+        if step == 20:
+            now[0] += 1000.0  # a time-based checkpoint at the next step boundary (step 25)
+
+    monkeypatch.setattr(StepLog, "add", add_then_tick)
+    train(compose_cfg(*EXACT, *old_paths))  # as the old version recorded it: its own module paths
+    (run,) = runs_of(store, "seqlab")
+    assert run.data.params["module._target_"] == "seqlab.module.SeqRegressor"
+    assert run.data.params["callbacks.best._target_"] == "seqlab.output_network.OutputNetwork"
+    # As if killed right after that checkpoint: KILLED, its resume point tagged.
+    store.set_terminated(run.info.run_id, "KILLED")
+    store.set_tag(run.info.run_id, "interrupted_at_step", "25")
+
+    monkeypatch.setattr(StepLog, "add", add)
+    result = train(compose_cfg(*EXACT, f"resume={run.info.run_id}"))  # today's paths
+    assert result.status == "FINISHED" and result.run_id == run.info.run_id
+    (resumed,) = runs_of(store, "seqlab")
+    assert resumed.info.status == "FINISHED"
+    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps == list(range(1, 4 * 13 + 1))  # steps 26.. trained again are stored once
+
+    store.set_terminated(run.info.run_id, "KILLED")
+    store.set_tag(run.info.run_id, "interrupted_at_step", "25")
+    with pytest.raises(SeqlabError, match=r"this config differs from the run's: model.hidden_size=8 \(the run had 24\)"):
+        train(compose_cfg(*EXACT, "model.hidden_size=8", f"resume={run.info.run_id}"))  # a real difference still counts

@@ -163,8 +163,8 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
 
     from seqlab import SeqlabError
     from seqlab.callbacks import build
-    from seqlab.progress import ProgressLine
-    from seqlab.timing import EpochTimer, TimeToTarget
+    from seqlab.callbacks.progress import ProgressLine
+    from seqlab.callbacks.timing import EpochTimer, TimeToTarget
 
     from seqlab.tracking import MetricHistory
 
@@ -181,7 +181,7 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
     assert not built["progress"].enabled  # perf=naive: Lightning's bar instead
     assert built["epoch_checkpoint"].every_n_epochs == 1  # perf=naive checkpoints every epoch
 
-    nodes = OmegaConf.create({"timer": None, "progress": {"_target_": "seqlab.progress.ProgressLine", "_partial_": True}})
+    nodes = OmegaConf.create({"timer": None, "progress": {"_target_": "seqlab.callbacks.progress.ProgressLine", "_partial_": True}})
     with pytest.raises(SeqlabError) as caught:
         build(nodes, tracker=tracker)
     assert str(caught.value) == ("callbacks.progress needs 'timer', which no callback above it is named and the run "

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, start_cli
 from inprocess import run_script
-from seqlab import ghosts
+from seqlab.store import ghosts
 
 HERE = socket.gethostname()
 NOW = 1_800_000_000.0  # the fake clock's time

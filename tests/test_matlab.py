@@ -16,9 +16,9 @@ from inprocess import run_script
 from matfiles import MatCell, write_v5, write_v73
 from seqlab import SeqlabError
 from seqlab.data import SeqDataModule, load_mat, load_npz, synthetic_daily_load
-from seqlab.gradients import GradientTreatment, clip_, l2_parameters
+from seqlab.training.gradients import GradientTreatment, clip_, l2_parameters
 from seqlab.model import CNNLSTM
-from seqlab.module import population_bn_statistics_
+from seqlab.training.module import population_bn_statistics_
 from seqlab.schema import validate
 from seqlab.train import train
 
@@ -157,7 +157,7 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
     import pytorch_lightning as pl
 
     from seqlab.data import TensorBatches
-    from seqlab.module import half_mse
+    from seqlab.training.module import half_mse
 
     cfg = compose_cfg("experiment=matlab_seed")
     torch.manual_seed(0)

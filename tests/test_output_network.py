@@ -10,7 +10,7 @@ import torch
 from pytorch_lightning.trainer.states import TrainerFn
 
 from conftest import runs_of
-from seqlab.output_network import OutputNetwork
+from seqlab.callbacks.output_network import OutputNetwork
 from seqlab.train import train
 
 

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from conftest import ROOT, runs_of
 from inprocess import run_script
-from seqlab.module import half_mse
+from seqlab.training.module import half_mse
 from seqlab.train import train
 
 
@@ -66,7 +66,7 @@ def test_matlab_settings_on_the_fast_path_match_a_plain_matlab_loop(compose_cfg,
     against a hand-written loop applying the same treatment."""
     import pytorch_lightning as pl
 
-    from seqlab.gradients import GradientTreatment
+    from seqlab.training.gradients import GradientTreatment
 
     cfg = compose_cfg("experiment=matlab_seed", "data.n_samples=700", "data.val_fraction=0.2",
                       "trainer.max_epochs=3", "trainer.val_check_interval=4", "model.dropout=0")
@@ -123,7 +123,7 @@ def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partia
 def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatch):
     """Every way a tensor's value reaches the host is counted while the fused loop runs;
     per-step metrics are read back only when flushed, outside the loop here."""
-    from seqlab.loop import FusedLoop
+    from seqlab.training.loop import FusedLoop
 
     inside = {"loop": False, "reads": [], "calls": 0}
     for name in ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu"):
@@ -171,7 +171,7 @@ def _eager_capture(step, inputs, replays=None):
 
 
 def test_graphed_step_warms_up_captures_and_leaves_partial_batches_eager():
-    from seqlab.cudagraph import GraphedStep
+    from seqlab.training.cudagraph import GraphedStep
 
     calls = []
 
@@ -191,7 +191,7 @@ def test_graphed_step_warms_up_captures_and_leaves_partial_batches_eager():
 
 
 def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
-    from seqlab.cudagraph import GraphedStep
+    from seqlab.training.cudagraph import GraphedStep
 
     def broken_capture(step, inputs):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -207,8 +207,8 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
 def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose_cfg, store, monkeypatch):
     """The module's graph path (static buffers, step counting for Lightning, recording) with
     replays standing in for CUDA: the same losses, the same step count as the eager path."""
-    from seqlab.cudagraph import GraphedStep
-    from seqlab.loop import FusedLoop
+    from seqlab.training.cudagraph import GraphedStep
+    from seqlab.training.loop import FusedLoop
 
     overrides = ("data.n_samples=700", "trainer.max_epochs=2", "scheduler=none")
     train(compose_cfg(*overrides, "logger.experiment_name=eager"))
@@ -271,7 +271,7 @@ def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, 
 def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
     """Synchronising calls raise inside the fused loop, from its second call on (the first
     warms up and captures), with per-step metrics flushed outside it."""
-    from seqlab.loop import FusedLoop
+    from seqlab.training.loop import FusedLoop
 
     run, calls, strict_steps = FusedLoop.run, [], []
 
@@ -360,7 +360,7 @@ def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
     ],
 )
 def test_steps_per_call_keeps_validation_on_its_iteration(wanted, batches, interval, expected):
-    from seqlab.perf import steps_per_call
+    from seqlab.training.perf import steps_per_call
 
     assert steps_per_call(wanted, batches, interval) == expected
 
@@ -373,8 +373,8 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     """FusedLoop built directly (no Lightning), against the benchmark's `bare` math written out:
     zeroed gradients, the one-step shortcut, fused Adam, (L2 and threshold), clipping. The same
     losses and the same weights after 12 steps in items of 4."""
-    from seqlab.gradients import GradientTreatment
-    from seqlab.loop import FusedLoop
+    from seqlab.training.gradients import GradientTreatment
+    from seqlab.training.loop import FusedLoop
     from seqlab.model import CNNLSTM
     from seqlab.tracking import StepLog
 
@@ -417,7 +417,7 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
 
 
 def test_the_fused_loop_stops_at_max_steps_inside_an_item():
-    from seqlab.loop import FusedLoop
+    from seqlab.training.loop import FusedLoop
     from seqlab.model import CNNLSTM
     from seqlab.tracking import StepLog
 

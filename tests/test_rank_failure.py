@@ -12,7 +12,7 @@ import pytest
 
 from conftest import runs_of, start_cli
 from seqlab import SeqlabError
-from seqlab.rank_watch import RankWatch, describe_exit
+from seqlab.ddp.rank_watch import RankWatch, describe_exit
 
 
 def _rank_process(parent: psutil.Process, rank: int, timeout_s: float = 120) -> psutil.Process:

@@ -125,7 +125,7 @@ def test_resume_names_a_run_in_a_single_run_and_a_sweep_in_a_multirun(run_cli, s
 
 
 def test_a_job_run_again_counts_once_by_its_newest_run(store):
-    from seqlab.compare import find_runs
+    from seqlab.sweeps.runs import find_runs
 
     exp = store.create_experiment("rerun")
     store.create_run(exp, tags={"sweep_id": "s1", "sweep_role": "parent"}, run_name="sweep-s1", start_time=1)
@@ -142,7 +142,7 @@ def test_a_job_run_again_counts_once_by_its_newest_run(store):
 def test_a_sweep_still_running_is_told_from_one_that_died():
     import socket
 
-    from seqlab.sweep import _alive
+    from seqlab.sweeps.callback import _alive
 
     here = socket.gethostname()
     assert _alive({"sweep_host": here, "sweep_pid": str(os.getppid())})  # a live process

@@ -265,7 +265,7 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
 def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     import torch
 
-    from seqlab.interrupt import check_checkpoint
+    from seqlab.resume.interrupt import check_checkpoint
 
     model = torch.nn.Linear(2, 1)
     not_a_checkpoint = tmp_path / "notes.ckpt"
@@ -341,7 +341,7 @@ def outage(monkeypatch, caplog):
     `stop_after` and (optionally) starts again at the end of epoch `back_after`, once the run has
     said that the server does not answer: the outage is known to span whole epochs of training,
     with no sleep that the run could outlast. Records the wall clock (ms) at the stop and restart."""
-    from seqlab.timing import EpochTimer
+    from seqlab.callbacks.timing import EpochTimer
 
     for key in OUTAGE_KEYS:  # the tracker sets MLflow's retry settings for a server; undone afterwards
         monkeypatch.setenv(key, os.environ.get(key, ""))
@@ -379,7 +379,7 @@ def _steps_between(client, run_id: str, start_ms: int, end_ms: int) -> list[int]
 def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, compose_cfg, outage, caplog):
     import mlflow
 
-    from seqlab.server import LocalServer, free_port
+    from seqlab.store.server import LocalServer, free_port
 
     port, db, artifacts = free_port(), f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
     handle = SimpleNamespace(port=port, db=db, artifacts=artifacts, server=LocalServer(db, artifacts, port=port).start())
@@ -404,7 +404,7 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, comp
 
 @pytest.mark.slow
 def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(tmp_path, store, compose_cfg, outage, caplog):
-    from seqlab.server import LocalServer
+    from seqlab.store.server import LocalServer
 
     handle = SimpleNamespace(server=LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start())
     clock = outage(handle, stop_after=2)  # gone for good from epoch 3 on

@@ -216,7 +216,7 @@ def test_predict_on_csv_and_mat_by_registered_version(trained, tmp_path):
         assert done.metrics["rmse"] == pytest.approx(float(np.sqrt(((expected - y) ** 2).mean())), rel=1e-4)
         assert client.get_run(done.run_id).data.tags["model_uri"] == f"models:/{REGISTERED}/1"
     # a comparison of the experiment's runs leaves the evaluation runs out
-    from seqlab.compare import find_runs
+    from seqlab.sweeps.runs import find_runs
 
     compared = {r.info.run_id for r in find_runs(client, "seqlab")[0]}
     assert result.run_id in compared and done.run_id not in compared
@@ -330,7 +330,7 @@ def test_predict_cli_misspelled_key_and_missing_model_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(compose_cfg, tmp_path, caplog, capfd):
-    from seqlab.server import LocalServer
+    from seqlab.store.server import LocalServer
 
     caplog.set_level("INFO", logger="seqlab")
     server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start()
@@ -350,7 +350,7 @@ def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(c
 
 
 def test_links_leave_out_credentials():
-    from seqlab.ui import run_link
+    from seqlab.store.ui import run_link
 
     assert run_link("3", "abc", base="https://me:secret@mlflow.example.org/") == \
         "https://mlflow.example.org/#/experiments/3/runs/abc?workflowType=machine_learning"
@@ -370,7 +370,7 @@ def test_two_jobs_logging_the_same_dataset_at_once_both_record_it():
     from mlflow.exceptions import MlflowException
     from omegaconf import OmegaConf
 
-    from seqlab.datasets import dataset, log_inputs
+    from seqlab.tracking.datasets import dataset, log_inputs
 
     calls = []
 

@@ -18,8 +18,8 @@ from conftest import CONF_DIR, TINY, artifact_paths, no_runs, runs_of
 from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
-from seqlab.job import cpu_count
-from seqlab.server import LocalServer, check_backend
+from seqlab.sweeps.job import cpu_count
+from seqlab.store.server import LocalServer, check_backend
 
 N_TRAIN = 205  # TINY: 256 samples, 20% held out for validation
 
@@ -41,7 +41,7 @@ def _port_closed(uri: str) -> bool:
 def test_a_server_store_must_be_a_database():
     with pytest.raises(SeqlabError, match="needs a database"):
         check_backend("./mlruns")
-    proc = run_script("seqlab.server", ["--backend-store-uri", "file:./mlruns"])
+    proc = run_script("seqlab.store.server", ["--backend-store-uri", "file:./mlruns"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --backend-store-uri file:./mlruns: MLflow 3 needs a database here "
@@ -156,7 +156,7 @@ def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_ser
 def test_the_sweep_callback_travels_to_launcher_workers_without_its_server():
     import pickle
 
-    from seqlab.sweep import MlflowSweepCallback
+    from seqlab.sweeps.callback import MlflowSweepCallback
 
     callback = MlflowSweepCallback()
     callback.server = object()  # stands for a process handle, which does not pickle
@@ -234,7 +234,7 @@ def postgres():
     import shutil
     import tempfile
 
-    from seqlab.server import free_port
+    from seqlab.store.server import free_port
 
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
@@ -271,7 +271,7 @@ def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from seqlab.sweep import MlflowSweepCallback
+    from seqlab.sweeps.callback import MlflowSweepCallback
 
     callback = MlflowSweepCallback()
     callback.tracker = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -282,7 +282,7 @@ def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
 
 
 def test_ranks_other_than_the_first_process_are_never_zero(monkeypatch):
-    from seqlab.job import process_rank
+    from seqlab.ddp.ranks import process_rank
 
     for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "NODE_RANK"):
         monkeypatch.delenv(key, raising=False)

@@ -108,7 +108,7 @@ def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tm
     assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1", "2"]
     assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
     assert {t.data.tags["trial_state"] for t in trials} <= {"COMPLETE", "PRUNED"}
-    from seqlab.job import cpu_count
+    from seqlab.sweeps.job import cpu_count
 
     share = str(max(1, cpu_count() // 2))  # each job takes its share of the cores
     assert all(t.data.tags["torch_threads"] == share for t in trials)
@@ -232,7 +232,7 @@ def test_hydra_finds_the_sweeper_plugin():
 
 
 def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
-    from seqlab.search import flatten_space, overrides_for, parse_space
+    from seqlab.sweeps.study import flatten_space, overrides_for, parse_space
 
     space = parse_space(flatten_space({
         "optimizer": {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
@@ -259,7 +259,7 @@ def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
     ],
 )
 def test_each_kind_of_bad_entry_is_named(spec, message):
-    from seqlab.search import SearchError, parse_space
+    from seqlab.sweeps.study import SearchError, parse_space
 
     with pytest.raises(SearchError, match="^hydra.sweeper.params.model.dropout: ") as error:
         parse_space({"model.dropout": spec})

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import TINY, runs_of
 from seqlab import secrets
-from seqlab.server_auth import client_credentials
+from seqlab.store.server_auth import client_credentials
 
 
 @pytest.fixture(autouse=True)

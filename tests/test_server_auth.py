@@ -17,8 +17,8 @@ import requests
 from conftest import TINY, artifact_paths, no_runs, runs_of
 from inprocess import run_script
 from seqlab import SeqlabError
-from seqlab.server import free_port, wait_until_up
-from seqlab.server_auth import auth_environment
+from seqlab.store.server import free_port, wait_until_up
+from seqlab.store.server_auth import auth_environment
 
 ADMIN, PASSWORD = "alice", "s3cret-passw0rd"  # MLflow wants 12 characters or more
 
@@ -31,12 +31,12 @@ def _server_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
-    """`python -m seqlab.server --auth` on a free loopback port: the same sign-in as a shared
+    """`python -m seqlab.store.server --auth` on a free loopback port: the same sign-in as a shared
     server's, reachable from this machine only."""
     base = tmp_path_factory.mktemp("auth-server")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqlab.server", "--auth", "--admin-username", ADMIN, "--port", str(port),
+        [sys.executable, "-m", "seqlab.store.server", "--auth", "--admin-username", ADMIN, "--port", str(port),
          "--backend-store-uri", f"sqlite:///{base}/mlflow.db", "--artifacts-destination", str(base / "artifacts")],
         stdout=open(base / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
         env=_server_env(MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD),
@@ -59,7 +59,7 @@ def _signed_in(uri: str, monkeypatch) -> mlflow.MlflowClient:
 def test_a_shared_server_without_an_admin_password_refuses_to_start(tmp_path):
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "seqlab.server", "--host", "0.0.0.0", "--port", str(port),
+        [sys.executable, "-m", "seqlab.store.server", "--host", "0.0.0.0", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path}/server/mlflow.db"],
         capture_output=True, text=True, timeout=60, env=_server_env(),
     )

@@ -7,8 +7,10 @@ import math
 
 import pytest
 
-from seqlab.compare import RunRow, crossover_detail, fastest_to_target, group_runs, table, to_csv, verdict
-from seqlab.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best
+from seqlab.sweeps.compare import table, to_csv
+from seqlab.sweeps.runs import RunRow
+from seqlab.sweeps.verdict import crossover_detail, fastest_to_target, group_runs, verdict
+from seqlab.sweeps.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best
 
 
 def test_mean_sd_and_the_student_t_interval():

@@ -1,4 +1,4 @@
-"""Per-step metrics written by the helper process (seqlab.step_writer): every row arrives, also
+"""Per-step metrics written by the helper process (seqlab.tracking.step_writer): every row arrives, also
 when the helper dies mid-run, and the run's status comes after its metrics."""
 
 from __future__ import annotations

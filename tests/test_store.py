@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import TINY, runs_of, start_cli
-from seqlab.store import StoreError, half_created, lock_path, open_client, store_lock
+from seqlab.store.local import StoreError, half_created, lock_path, open_client, store_lock
 
 
 def _sql(db, *statements):

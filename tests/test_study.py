@@ -8,7 +8,9 @@ from matplotlib.image import imread
 
 from conftest import ROOT, artifact_paths, runs_of
 from inprocess import run_script
-from seqlab.compare import RunRow, compare, crossover, fastest_to_target, table, verdict
+from seqlab.sweeps.compare import compare, table
+from seqlab.sweeps.runs import RunRow
+from seqlab.sweeps.verdict import crossover, fastest_to_target, verdict
 from seqlab.train import train
 
 

@@ -146,8 +146,8 @@ def test_per_step_rmse_agrees_with_the_epochs_torchmetrics_rmse(compose_cfg, sto
 def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     """On a fake clock that only training and validation steps move: each training call takes
     1 s, each validation batch 100 s. The epochs' times hold exactly the training seconds."""
-    from seqlab import timing
-    from seqlab.module import SeqRegressor
+    from seqlab.callbacks import timing
+    from seqlab.training.module import SeqRegressor
 
     clock = {"now": 0.0, "train_calls": 0}
 

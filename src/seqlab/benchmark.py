@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from seqlab.devices import cpu_name, synchronize
+from seqlab.training.devices import cpu_name, synchronize
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -99,7 +99,7 @@ def _setup(cfg, device: str):
     """What both hand-written loops start from: the config's data and model on the device, its loss."""
     from hydra.utils import instantiate
 
-    from seqlab.module import LOSS_FUNCTIONS
+    from seqlab.training.module import LOSS_FUNCTIONS
 
     torch.manual_seed(cfg.seed)
     dev = torch.device("cuda" if device == "gpu" else device)
@@ -141,7 +141,7 @@ def bare_loop(cfg, device: str) -> list[float]:
     per epoch."""
     from hydra.utils import instantiate
 
-    from seqlab.perf import optimizer_factory
+    from seqlab.training.perf import optimizer_factory
 
     dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())

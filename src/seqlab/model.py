@@ -52,7 +52,7 @@ class CNNLSTM(nn.Module):
 
     def forward_one_step(self, x: torch.Tensor) -> torch.Tensor:
         """The same function for a single step, in fewer and larger operations (the training
-        loop takes it for one-step data, perf.exact_shortcuts; seqlab.loop):
+        loop takes it for one-step data, perf.exact_shortcuts; seqlab.training.loop):
         - with one step and 'same' padding, every convolution tap but one only ever multiplies
           the zero padding, so the convolution is a linear map through that one tap;
         - an LSTM step from a zero state has no recurrent term and no forget-gate term:

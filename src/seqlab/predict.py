@@ -156,10 +156,10 @@ def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per download: noise here
 
-    from seqlab.model_logging import run_scope
+    from seqlab.tracking.model_logging import run_scope
 
-    from seqlab.ghosts import end_dead_runs
-    from seqlab.server_auth import client_credentials
+    from seqlab.store.ghosts import end_dead_runs
+    from seqlab.store.server_auth import client_credentials
     from seqlab.tracking.connect import client_for
 
     out = Path(output_dir or cfg.paths.output_dir)
@@ -193,10 +193,10 @@ def _record(cfg: DictConfig, client: Any, model: Any, result: Predictions, x: np
     evaluation data as a dataset input, the predictions and the plot."""
     from mlflow.entities import Metric, RunTag
 
-    from seqlab.datasets import base_name, dataset, log_inputs
+    from seqlab.tracking.datasets import base_name, dataset, log_inputs
     from seqlab.plots import predicted_vs_actual
     from seqlab.tracking import ensure_experiment
-    from seqlab.ui import run_link
+    from seqlab.store.ui import run_link
 
     training = client.get_run(result.training_run_id) if result.training_run_id else None
     if training is not None:

@@ -25,7 +25,7 @@ Init = _choices("Init", "pytorch", "matlab")
 Loss = _choices("Loss", "half_mse", "mse")
 ThresholdMethod = _choices("ThresholdMethod", "l2norm", "global-l2norm", "absolute-value")
 BnStatistics = _choices("BnStatistics", "moving", "population")
-# MATLAB's OutputNetwork: 'last-iteration', 'best-validation-loss' (seqlab.output_network)
+# MATLAB's OutputNetwork: 'last-iteration', 'best-validation-loss' (seqlab.callbacks.output_network)
 OutputNetworkChoice = _choices("OutputNetworkChoice", "last", "best")
 Loader = _choices("Loader", "tensor", "dataloader")
 OptimizerImpl = _choices("OptimizerImpl", "fused", "foreach", "default")
@@ -84,7 +84,7 @@ class ModuleConfig:
     """How the LightningModule trains: the settings MATLAB's trainNetwork fixes and PyTorch leaves
     to the user (see docs/matlab.md)."""
 
-    _target_: str = "seqlab.module.SeqRegressor"
+    _target_: str = "seqlab.training.module.SeqRegressor"
     _partial_: bool = True
     loss: Loss = Loss.half_mse
     l2_regularization: float = 0.0
@@ -131,7 +131,7 @@ class LoggerConfig:
     system_metrics_interval_s: float = 2.0
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
-    step_writer: StepWriterKind = StepWriterKind.process  # per-step metrics into a local store: process | inline (seqlab.step_writer)
+    step_writer: StepWriterKind = StepWriterKind.process  # a local store's per-step metrics: tracking/step_writer.py
     register_as: Optional[str] = None  # also register the logged model as a new version of this name
 
 
@@ -161,7 +161,7 @@ class PerfConfig:
 @dataclass
 class CheckpointConfig:
     # A checkpoint every this many seconds of training, at a step boundary, that resume=RUN_ID
-    # continues from after a kill -9 (seqlab.checkpoints); 0: off.
+    # continues from after a kill -9 (seqlab.resume.checkpoints); 0: off.
     interval_s: float = 600.0
 
 
@@ -197,8 +197,7 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     notes: str = ""
-    # A single run: an MLflow run id, continue that interrupted run from its checkpoint. A
-    # multirun (-m): `latest` or a sweep id, continue that sweep (seqlab.sweep).
+    # An MLflow run id: continue that interrupted run; in a multirun, `latest` or a sweep id (seqlab.sweeps.job).
     resume: Optional[str] = None
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
 

@@ -4,8 +4,6 @@ glue (`main`). Heavy imports happen inside the functions so `train.py --help` st
 from __future__ import annotations
 
 import logging
-import socket
-import subprocess
 import time
 import warnings
 from dataclasses import dataclass
@@ -16,67 +14,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
-from seqlab.job import Job, JobResult, fmt, routed_tracking_uri
 from seqlab.schema import validate
+from seqlab.sweeps.job import Job, JobResult, SweepInfo, check_single_run_resume, continue_job, fmt
 
 log = logging.getLogger("seqlab")
-
-# Overrides already shown by the first part of a run name, or that say where, not what.
-_NAME_SKIP = ("trainer.accelerator", "data.batch_size", "logger.", "paths.", "hydra.")
-
-
-def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
-    """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ... In a sweep, only the
-    swept keys count (what differs between its runs); in a single run, every override."""
-    parts = [accelerator, f"bs{cfg.data.batch_size}"]
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if swept is not None and key not in swept:
-            continue
-        if not key.startswith(_NAME_SKIP) and key not in _NAME_SKIP:
-            parts.append(f"{key.split('.')[-1]}={value}")
-    return "-".join(parts)[:250]
-
-
-def _git_commit(root: Path) -> Optional[str]:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def _run_tags(cfg: DictConfig, job: Job, device, sweep: dict) -> dict[str, str]:
-    import mlflow
-    import pytorch_lightning
-    import torch
-
-    tags = {
-        "accelerator_requested": cfg.trainer.accelerator,
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda or "none",
-        "lightning_version": pytorch_lightning.__version__,
-        "mlflow_version": mlflow.__version__,
-        "host": socket.gethostname(),
-        "hydra_overrides": " ".join(job.overrides),
-        "data": cfg.data.name,
-        "mlflow.source.name": "train.py",
-        "mlflow.source.type": "LOCAL",
-    }
-    if device is not None:
-        tags.update(accelerator=device.accelerator, device_name=device.name)
-    commit = _git_commit(Path(cfg.paths.root_dir))
-    if commit:
-        tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
-    if job.multirun:
-        from seqlab.trial import trial_tags
-
-        tags.update(sweep_id=sweep.get("sweep_id", job.sweep_dir.name), job_num=str(job.num))
-        tags.update(trial_tags())  # a search's trial: its study, number and state
-    return tags
-
 
 def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     """Train one configuration and record it in MLflow. Raises on failure, after the run has
@@ -87,8 +28,6 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
 
     guard(cfg)  # from here on, its credentials show as *** on the console and in train.log
     if cfg.resume:
-        from seqlab.sweep import check_single_run_resume, continue_job
-
         if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
             done = continue_job(cfg, job)
             if done is not None:
@@ -96,10 +35,12 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         else:
             check_single_run_resume(cfg.resume)
 
-    from seqlab import devices
-    from seqlab.checkpoints import drop_resume_point
-    from seqlab.ghosts import heartbeat, identity
-    from seqlab.ranks import process_group_scope
+    from seqlab.ddp.ranks import process_group_scope
+    from seqlab.resume.interrupt import start_point
+    from seqlab.resume.points import drop_resume_point
+    from seqlab.store.ghosts import heartbeat, identity
+    from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
+    from seqlab.training import devices
 
     try:
         device, device_error = devices.resolve(cfg.trainer.accelerator), None
@@ -108,12 +49,12 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     sweep = job.sweep_info()
     tracker = _open_tracker(cfg, job, sweep)
     accelerator = device.accelerator if device else cfg.trainer.accelerator
-    name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.get("swept_keys"))
-    tags = _run_tags(cfg, job, device, sweep)
+    name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
+    tags = run_tags(cfg, job, device, sweep)
     tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
-    params = _params(cfg)
-    start_from, name = _start_point(cfg, job, tracker, params, name)
-    parent = sweep.get("parent_run_id") if sweep.get("tracking_uri") == tracker.tracking_uri else None
+    params = run_params(cfg)
+    start_from, name = start_point(cfg, job, tracker, params, name)
+    parent = sweep.parent_run_id if sweep.tracking_uri == tracker.tracking_uri else None
 
     with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume), \
             heartbeat(tracker):
@@ -121,7 +62,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         job.write(JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
                             accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size))
         try:
-            _record_config(cfg, job, tracker, params)
+            record_config(cfg, job, tracker, params)
             if device_error is not None:
                 raise device_error
             with process_group_scope(cfg.trainer):
@@ -136,7 +77,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     return _result(cfg, job, tracker, name, tags, outcome)
 
 
-def _open_tracker(cfg: DictConfig, job: Job, sweep: dict):
+def _open_tracker(cfg: DictConfig, job: Job, sweep: SweepInfo):
     """The run's tracker, from conf/logger/; in a parallel sweep over a local store, pointed at
     the sweep's own server. Processes 1..N-1 of a DDP job send nothing (rank 0 records the job)."""
     from hydra.utils import instantiate
@@ -144,52 +85,14 @@ def _open_tracker(cfg: DictConfig, job: Job, sweep: dict):
     tracker = instantiate(cfg.logger, rank=job.rank)
     if job.rank > 0:
         log.setLevel(logging.WARNING)  # rank 0 reports the job
-    routed = routed_tracking_uri(sweep, tracker.tracking_uri)
+    routed = sweep.routed(tracker.tracking_uri)
     if routed != tracker.tracking_uri:
-        from seqlab.server import wait_until_up
+        from seqlab.store.server import wait_until_up
 
         # The sweep's own server may still be starting.
         wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log")
         tracker.tracking_uri = routed
     return tracker
-
-
-def _params(cfg: DictConfig) -> dict[str, str]:
-    """Every resolved key as an MLflow param, masked (so that resume= compares like with like),
-    except a callback's folder: made from paths.output_dir, it differs from job to job and would
-    make repeats of one configuration look like different ones (paths.output_dir says it once)."""
-    from seqlab.secrets import mask_flat
-    from seqlab.tracking import flatten
-
-    raw = flatten(OmegaConf.to_container(cfg, resolve=False))
-    return mask_flat({k: v for k, v in flatten(cfg).items()
-                      if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
-
-
-def _start_point(cfg: DictConfig, job: Job, tracker, params: dict, name: str) -> tuple[Optional[Path], str]:
-    """The checkpoint training starts from (None: from scratch) and the run's name (a resumed
-    run keeps its own)."""
-    if not cfg.resume:
-        return (Path(cfg.ckpt_path) if cfg.ckpt_path else None), name
-    from seqlab.interrupt import fetch_checkpoint, prepare_resume
-
-    if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
-        start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
-        return start_from, tracker.client.get_run(cfg.resume).info.run_name
-    # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
-    import mlflow
-
-    client = mlflow.MlflowClient(tracker.tracking_uri)
-    return fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}"), name
-
-
-def _record_config(cfg: DictConfig, job: Job, tracker, params: dict) -> None:
-    if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
-        tracker.log_params(params)
-    path = job.output_dir / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tracker.log_artifact(path)
 
 
 @dataclass
@@ -221,18 +124,20 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     """Build, train, evaluate the network kept, save it: the job's work inside its MLflow run."""
     import pytorch_lightning as pl
 
-    from seqlab.checkpoints import save_checkpoint, store_checkpoint
-    from seqlab.interrupt import check_checkpoint
+    from seqlab.resume.checkpoints import save_checkpoint
+    from seqlab.resume.interrupt import check_checkpoint
+    from seqlab.resume.points import store_checkpoint
+    from seqlab.training.devices import use_cores
 
     _quiet_libraries(cfg)
-    _set_threads(cfg, job, device)
+    use_cores(device, cfg.deterministic, job.cpu_share())
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     parts = _build(cfg, job, tracker, device)
     baseline = parts.datamodule.baseline_val_rmse()
     model = parts.module.model
     log.info("data      %s", parts.datamodule.describe())
     if job.rank == 0:  # the training and validation sets as the run's dataset inputs (the UI's Dataset column)
-        from seqlab.datasets import log_training_data
+        from seqlab.tracking.datasets import log_training_data
 
         log_training_data(tracker, cfg.data, parts.datamodule)
     log.info("model     %s, %s parameters, init=%s", type(model).__name__,
@@ -263,7 +168,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
         if tracker.log_checkpoint:
             store_checkpoint(tracker, ckpt)
         tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
-        from seqlab.model_logging import log_network  # the network kept, as an MLflow model
+        from seqlab.tracking.model_logging import log_network  # the network kept, as an MLflow model
 
         model_uri = log_network(tracker, parts.module.model, parts.datamodule.train.x, parts.trainer.global_step,
                                 tracker.register_as, tags=kept)
@@ -293,19 +198,6 @@ def _quiet_libraries(cfg: DictConfig) -> None:
         warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
 
 
-def _set_threads(cfg: DictConfig, job: Job, device) -> None:
-    import torch
-
-    if device.accelerator == "gpu":
-        torch.backends.cudnn.benchmark = not cfg.deterministic
-    if job.concurrent_jobs > 1:
-        # Jobs running side by side share the cores: each takes its part instead of all of them
-        # (torch's default), which would oversubscribe the machine and slow every job down.
-        from seqlab.job import cpu_count
-
-        torch.set_num_threads(max(1, cpu_count() // job.concurrent_jobs))
-
-
 def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     """The data module, the LightningModule with its training loop, the callbacks and the Trainer,
     each from its config group."""
@@ -314,15 +206,16 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     from seqlab import callbacks as callback_group
-    from seqlab.checkpoints import TimedCheckpoint, publish_resume_point
-    from seqlab.interrupt import CHECKPOINT, GracefulStop
-    from seqlab.loop import FusedLoop
-    from seqlab.module import LOSS_TO_MSE
-    from seqlab.perf import optimizer_factory, steps_per_call
-    from seqlab.rank_watch import RankWatch
-    from seqlab.ranks import multi_process, start_ranks_as_this_job
+    from seqlab.ddp.rank_watch import RankWatch
+    from seqlab.ddp.ranks import multi_process, start_ranks_as_this_job
+    from seqlab.resume.checkpoints import TimedCheckpoint
+    from seqlab.resume.interrupt import GracefulStop
+    from seqlab.resume.points import CHECKPOINT, publish_resume_point
+    from seqlab.sweeps.pruning import trial_callbacks
     from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
-    from seqlab.trial import trial_callbacks
+    from seqlab.training.loop import FusedLoop
+    from seqlab.training.module import LOSS_TO_MSE
+    from seqlab.training.perf import optimizer_factory, steps_per_call
 
     perf, ddp = cfg.perf, multi_process(cfg.trainer)
     datamodule = instantiate(cfg.data)
@@ -348,7 +241,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
         optimizer=optimizer_factory(instantiate(cfg.optimizer), perf.optimizer_impl, capturable=graphs),
         scheduler=instantiate(cfg.scheduler) if cfg.scheduler and "_target_" in cfg.scheduler else None,
         step_log=recorder.steps,
-        # The default training loop (seqlab.loop); None: Lightning's automatic optimisation (perf=naive, DDP).
+        # The default training loop (seqlab.training.loop); None: Lightning's automatic optimisation (perf=naive, DDP).
         loop=partial(FusedLoop, batch_size=cfg.data.batch_size, exact_shortcuts=perf.exact_shortcuts,
                      cuda_graph=str(perf.cuda_graph), clip_val=cfg.trainer.gradient_clip_val) if fused else None,
         loss_on_progress_bar=perf.progress == "bar",
@@ -407,14 +300,14 @@ def _build_trainer(cfg: DictConfig, device, callbacks: list, logger, fused: bool
 def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) -> None:
     """trainer.fit; on Ctrl-C or SIGTERM the graceful stop saved a checkpoint: it goes to the run,
     with the command that continues it."""
-    from seqlab.checkpoints import publish_resume_point
-    from seqlab.interrupt import resume_command
+    from seqlab.resume.points import publish_resume_point
+    from seqlab.resume.interrupt import resume_command
 
     trainer, stop = parts.trainer, parts.stop
     try:
         trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=start_from)
     except BaseException as error:
-        from seqlab.rank_watch import rank_that_died
+        from seqlab.ddp.rank_watch import rank_that_died
 
         died = rank_that_died(trainer, error)
         if died is not None:
@@ -432,7 +325,7 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
 def _final_metrics(cfg: DictConfig, parts: Parts, tracker, wall: float, baseline: Optional[float]) -> dict[str, float]:
     """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation), and the
     run's medians; logged at the last step."""
-    from seqlab.module import evaluate, population_bn_statistics_
+    from seqlab.training.module import evaluate, population_bn_statistics_
 
     module, datamodule = parts.module, parts.datamodule
     if cfg.module.bn_statistics == "population":
@@ -498,10 +391,10 @@ def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
     ]
-    from seqlab.ui import run_link  # opens the model-training view of the UI
+    from seqlab.store.ui import run_link  # opens the model-training view of the UI
 
     # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
-    store = job.sweep_info().get("store_uri") if tracker.is_server else tracker.tracking_uri
+    store = job.sweep_info().store_uri if tracker.is_server else tracker.tracking_uri
     if str(store).startswith("sqlite:"):
         lines.append(f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}")
     elif tracker.is_server:
@@ -523,7 +416,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         result = train(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        result = job.result or JobResult(status, job.num, job.sweep_info().get("sweep_id"), job.overrides)
+        result = job.result or JobResult(status, job.num, job.sweep_info().sweep_id, job.overrides)
         result.status, result.reason = status, one_line(error)
         job.write(result)
         if status == "KILLED":

@@ -1,4 +1,4 @@
-"""Hydra's Sweeper API in front of `seqlab.search`: Hydra builds this from `hydra.sweeper`, hands it
+"""Hydra's Sweeper API in front of `seqlab.sweeps.search`: Hydra builds this from `hydra.sweeper`, hands it
 the launcher's context, and calls `sweep` with the command line's overrides."""
 
 from __future__ import annotations
@@ -43,6 +43,6 @@ class SeqlabOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: List[str]) -> Any:
-        from seqlab.search import Search
+        from seqlab.sweeps.search import Search
 
         return Search(self, arguments, **self.settings).run()

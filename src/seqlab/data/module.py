@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
-from seqlab.lightning_private import batches_done_in_epoch
-from seqlab.profiling import phase
+from seqlab.training.lightning_private import batches_done_in_epoch
+from seqlab.training.profiling import phase
 from seqlab.schema import DataConfig as _Defaults
 
 log = logging.getLogger("seqlab")

@@ -22,7 +22,7 @@ def is_server(uri: str) -> bool:
 def client_for(uri: str) -> mlflow.MlflowClient:
     """A client for `uri`: a server is checked first (MLflow's own client retries for minutes
     before it gives up); a local store's folder is created, and a new store is created by one
-    process at a time (seqlab.store)."""
+    process at a time (seqlab.store.local)."""
     if is_server(uri):
         check_server(uri)
         # The outbox retries on its own schedule; MLflow's default (7 retries with a doubling
@@ -31,13 +31,13 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         # MLflow prints its own run links (without the UI's model-training view) as each run
-        # ends; the report prints one that opens the runs (seqlab.ui).
+        # ends; the report prints one that opens the runs (seqlab.store.ui).
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # While a server is away, the outbox says so once; urllib3 would warn per retry.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    from seqlab.store import open_client
+    from seqlab.store.local import open_client
 
     return open_client(uri)
 
@@ -55,7 +55,7 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
         ) from None
     if response.status_code != 200:
         raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
-    from seqlab.server_auth import check_credentials
+    from seqlab.store.server_auth import check_credentials
 
     check_credentials(uri)  # a server with sign-in: a wrong password is one line, before any run opens
 
@@ -70,7 +70,7 @@ def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: s
 
 
 def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
-    from seqlab.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
+    from seqlab.store.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
 
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:

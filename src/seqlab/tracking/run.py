@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from seqlab import SeqlabError, one_line
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.secrets import mask_flat
-from seqlab.server_auth import client_credentials
+from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
 from seqlab.tracking.history import MetricHistory
+from seqlab.tracking.mlflow_private import system_metrics_monitor
 from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
 
 log = logging.getLogger("seqlab")
@@ -85,7 +86,7 @@ class MlflowTracker:
         self.experiment_id: Optional[str] = None
         self.history = MetricHistory()
         self.sender: Any = None
-        # A resumed run: the last step each metric was stored at (seqlab.replayed_steps).
+        # A resumed run: the last step each metric was stored at (seqlab.tracking.replayed_steps).
         self.replayed: dict[str, int] = {}
         self._artifact_dir: Optional[Path] = None
 
@@ -95,7 +96,7 @@ class MlflowTracker:
 
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
-            from seqlab.ghosts import end_dead_runs
+            from seqlab.store.ghosts import end_dead_runs
 
             self.client = client_for(self.tracking_uri)
             end_dead_runs(self.client)  # runs whose process died without closing them
@@ -126,7 +127,7 @@ class MlflowTracker:
                 all_tags["mlflow.note.content"] = description
         all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
         if resume_run_id:
-            from seqlab.replayed_steps import logged_through
+            from seqlab.tracking.replayed_steps import logged_through
 
             self.replayed = logged_through(client, resume_run_id)  # steps trained again are stored once
             # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
@@ -148,11 +149,7 @@ class MlflowTracker:
         does not switch MLflow's monitor on; it is started here for the run's id."""
         if not self.system_metrics or self.monitor is not None or self.rank > 0:
             return
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        self.monitor = SystemMetricsMonitor(
-            self.run_id, sampling_interval=self.system_metrics_interval_s, tracking_uri=self.tracking_uri
-        )
+        self.monitor = system_metrics_monitor(self.run_id, self.system_metrics_interval_s, self.tracking_uri)
         self.monitor.start()
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
@@ -234,7 +231,7 @@ class MlflowTracker:
     def _send(self, metrics: list[Metric]) -> None:
         self.history.add(metrics)
         if self.replayed:
-            from seqlab.replayed_steps import not_yet_logged
+            from seqlab.tracking.replayed_steps import not_yet_logged
 
             metrics = not_yet_logged(metrics, self.replayed)
         self.sender.metrics(metrics)

@@ -1,10 +1,10 @@
 """How a run's records reach the store. One interface, three ways:
 
 - `DirectSender`: a local store (or `synchronous`): MLflow's client, and while the run is open the
-  metrics go through the step-writer process (seqlab.step_writer) so that no ORM write runs in
+  metrics go through the step-writer process (seqlab.tracking.step_writer) so that no ORM write runs in
   the training process.
 - `OutboxSender`: a tracking server, which may go away mid-run: writes wait in the outbox
-  (seqlab.outbox); at the end the run waits up to `outage_wait_s` for it, else the whole run is
+  (seqlab.tracking.outbox); at the end the run waits up to `outage_wait_s` for it, else the whole run is
   copied to the fallback store.
 - `NullSender`: processes 1..N-1 of a DDP job: process 0 owns the job's one run.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
-from seqlab.outbox import Outbox, transient
+from seqlab.tracking.outbox import Outbox, transient
 
 log = logging.getLogger("seqlab")
 
@@ -39,7 +39,7 @@ def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path:
             else:
                 client.log_artifact(run_id, str(path), artifact_path)
     except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
-        from seqlab.safe_writes import is_write_failure, write_failed
+        from seqlab.resume.safe_writes import is_write_failure, write_failed
 
         if not is_write_failure(error):
             raise
@@ -72,7 +72,7 @@ class DirectSender:
         self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
         self.writer = None
         if step_writer == "process":
-            from seqlab.step_writer import StepWriter
+            from seqlab.tracking.step_writer import StepWriter
 
             self.writer = StepWriter(client.tracking_uri, run_id)
 

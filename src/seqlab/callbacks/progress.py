@@ -1,0 +1,64 @@
+"""A progress line that does not slow training. Lightning's bar reads every logged metric with
+.item() on each refresh; this one counts steps on the host and reads the loss back only when it
+redraws (at most a few times a second), and otherwise prints one line per epoch."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Mapping, Optional, TextIO
+
+import pytorch_lightning as pl
+
+from seqlab.callbacks.timing import EpochTimer
+
+
+class ProgressLine(pl.Callback):
+    """style: perf.progress; only "line" draws (Lightning's bar is the other style). Only the
+    process that reports a job (rank 0) draws."""
+
+    def __init__(self, timer: EpochTimer, style: str = "line", stream: Optional[TextIO] = None, refresh_s: float = 0.5) -> None:
+        self.enabled = style == "line"
+        self.timer = timer
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.refresh_s = refresh_s
+        self.last_draw = 0.0
+        self.last_loss: Any = None
+
+    def _write(self, text: str, end: str) -> None:
+        self.stream.write(("\r\033[K" if self.live else "") + text + end)
+        self.stream.flush()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.enabled or not trainer.is_global_zero:
+            return
+        self.last_loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
+        if not self.live:
+            return
+        now = time.perf_counter()
+        if now - self.last_draw < self.refresh_s:
+            return
+        self.last_draw = now
+        elapsed = max(now - (self.timer.start or now), 1e-9)
+        self._write(
+            f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}  "
+            f"{self.timer.steps(trainer) / elapsed:,.0f} it/s  loss {float(self.last_loss):.4g}",
+            end="",
+        )
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.enabled or not trainer.is_global_zero:
+            return
+        row = self.timer.epochs[-1] if self.timer.epochs else {}
+        parts = [
+            f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}",
+            f"{row.get('it_per_s', 0):,.0f} it/s",
+            f"{row.get('samples_per_s', 0):,.0f} samples/s",
+        ]
+        if self.last_loss is not None:
+            parts.append(f"train_loss {float(self.last_loss):.4g}")
+        val = trainer.callback_metrics.get("val_rmse")
+        if val is not None:
+            parts.append(f"val_rmse {float(val):.4g}")
+        self._write("  ".join(parts), end="\n")

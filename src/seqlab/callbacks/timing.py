@@ -1,0 +1,129 @@
+"""Honest epoch throughput: the device is synchronised before each clock read, and validation is
+left out. The numbers land in MLflow as epoch_time_s, it_per_s and samples_per_s."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+import pytorch_lightning as pl
+from pytorch_lightning.trainer.states import TrainerFn
+
+from seqlab.training.devices import synchronize
+from seqlab.tracking import MlflowTracker
+
+
+class EpochTimer(pl.Callback):
+    """Training time per epoch as the sum of its training segments: a segment runs from the
+    epoch's start, or from the first batch after a validation, to the next validation or the
+    epoch's end. Validation, and the epoch-end work that follows a validation closing the
+    epoch, are left out."""
+
+    def __init__(self, tracker: Optional[MlflowTracker] = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.tracker = tracker
+        self.clock = clock  # seconds; tests pass a fake one
+        self.start: Optional[float] = None  # the epoch's start (the progress line's clock too)
+        self.segment_start: Optional[float] = None  # None while training is paused
+        self.epoch_s = 0.0  # training time of this epoch's finished segments
+        self.trained_s = 0.0  # training time of the finished epochs
+        self.trained_s_at_val = 0.0  # training time when the latest validation started
+        self.first_step = 0
+        self.first_sample = 0
+        self.epochs: list[dict[str, float]] = []  # one row per finished epoch
+
+    def _now(self, pl_module: pl.LightningModule) -> float:
+        synchronize(pl_module.device)
+        return self.clock()
+
+    def _pause(self, pl_module: pl.LightningModule) -> None:
+        if self.segment_start is not None:
+            self.epoch_s += self._now(pl_module) - self.segment_start
+            self.segment_start = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.first_step = trainer.global_step
+        self.first_sample = getattr(pl_module, "samples_trained", 0)
+        self.epoch_s = 0.0
+        self.start = self.segment_start = self._now(pl_module)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.segment_start is None:  # training resumes after a validation
+            self.segment_start = self._now(pl_module)
+
+    def steps(self, trainer: pl.Trainer) -> int:
+        """Optimizer steps so far this epoch (a fused-loop batch holds many)."""
+        return trainer.global_step - self.first_step
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning marks the trainer as validating here, even inside fit.
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.start is not None:
+            self._pause(pl_module)
+            self.trained_s_at_val = self.trained_s + self.epoch_s
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pause(pl_module)
+        seconds = max(self.epoch_s, 1e-9)
+        row = {
+            "epoch_time_s": seconds,
+            "it_per_s": self.steps(trainer) / seconds,
+            # Every process trains as many samples as this one (DDP shards are equal).
+            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) * trainer.world_size / seconds,
+        }
+        self.epochs.append(row)
+        self.trained_s += seconds
+        if self.tracker is not None:
+            self.tracker.log_metrics(row, trainer.global_step)
+
+    # Saved in checkpoints, so that a resumed run's training time continues.
+    def state_dict(self) -> dict[str, Any]:
+        return {"trained_s": self.trained_s, "epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trained_s = state.get("trained_s", 0.0)
+        self.epochs = list(state.get("epochs", []))
+
+    def median(self, key: str, skip_first: bool = True) -> Optional[float]:
+        """Median over epochs; the first epoch (warm-up, allocator growth) is left out when
+        there are others."""
+        rows = self.epochs[1:] if skip_first and len(self.epochs) > 1 else self.epochs
+        if not rows:
+            return None
+        values = sorted(r[key] for r in rows)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+class TimeToTarget(pl.Callback):
+    """Time to quality (as MLPerf reports time-to-train): the training time, from the timer's
+    synchronised clock with validation left out, at which val_rmse first reached the target;
+    also the step and epoch. Runs that never reach it are tagged target_reached=false. A target
+    of None: nothing is tracked."""
+
+    def __init__(self, timer: EpochTimer, target_rmse: Optional[float], tracker: Optional[MlflowTracker] = None) -> None:
+        self.timer = timer
+        self.target = target_rmse
+        self.tracker = tracker
+        self.reached: Optional[dict[str, float]] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reached": self.reached}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reached = state.get("reached")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.target is None or self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        value = trainer.callback_metrics.get("val_rmse")
+        if value is not None and float(value) <= self.target:
+            self.reached = {
+                "time_to_target_s": self.timer.trained_s_at_val,
+                "steps_to_target": float(trainer.global_step),
+                "epochs_to_target": float(trainer.current_epoch + 1),
+            }
+            if self.tracker is not None:
+                self.tracker.log_metrics(self.reached, trainer.global_step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.target is not None and self.tracker is not None:
+            self.tracker.set_tags({"target_rmse": self.target, "target_reached": str(self.reached is not None).lower()})

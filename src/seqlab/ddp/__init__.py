@@ -1,0 +1,5 @@
+"""Several processes training one model (DDP).
+
+- `ranks`:      which process this is, whether a config starts several, their process group, how they start
+- `rank_watch`: a rank that dies ends the run FAILED with one line naming it
+"""

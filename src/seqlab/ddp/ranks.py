@@ -1,0 +1,95 @@
+"""Ranks and processes: which process of a multi-process (DDP) job this is, whether the trainer
+settings start more than one, the scope a DDP job's process group lives in, and how Lightning's
+launcher starts the other processes as this job. Light imports only (job.py uses it on the CLI's
+start-up path)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from seqlab import SeqlabError
+
+
+def process_rank() -> int:
+    """Which process of a multi-process (DDP) job this is: 0 for the one that started the job.
+    The variables Lightning's launchers, torchrun and SLURM set, in Lightning's order; on a
+    node other than the first (NODE_RANK > 0, without a global RANK), never 0."""
+    rank = 0
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            rank = int(os.environ[key])
+            break
+    node = int(os.environ.get("NODE_RANK") or 0)
+    if node > 0 and "RANK" not in os.environ:
+        return node * 100_000 + rank
+    return rank
+
+
+def multi_process(trainer_cfg: Any) -> bool:
+    """Whether the trainer settings (cfg.trainer) start more than one training process (DDP)."""
+    from omegaconf import OmegaConf
+
+    devices = trainer_cfg.devices
+    one_device = devices in (1, "1") or (OmegaConf.is_list(devices) and len(devices) == 1)
+    return trainer_cfg.strategy != "auto" or trainer_cfg.num_nodes > 1 or not one_device
+
+
+@contextmanager
+def process_group_scope(trainer_cfg: Any) -> Iterator[None]:
+    """A DDP job leaves its process group and the launcher's variables (MASTER_PORT, ...) behind;
+    the next job of a sweep in the same process would join that dead group. Both end with the job."""
+    if not multi_process(trainer_cfg):
+        yield
+        return
+    keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK")
+    saved = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
+    """Lightning's DDP launcher starts ranks 1..N-1 by running the command line again, which in a
+    multirun would start the whole sweep again (and from a launcher's worker, not train.py at
+    all). Each rank is started as a single run of this job instead: train.py with the job's
+    overrides, in the job's output folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from seqlab.training.lightning_private import set_ddp_process_command
+
+    if not HydraConfig.initialized():
+        raise SeqlabError(
+            "multi-process training (trainer.devices > 1 or trainer.strategy=ddp) starts through the CLI: "
+            "python train.py trainer.devices=N trainer.strategy=ddp ..."
+        )
+    hc = HydraConfig.get()
+    entry = os.environ.get("SEQLAB_ENTRY") or str(Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py")
+    # The same config: its name, where it was found, and any added search path.
+    config = ["--config-name", hc.job.config_name]
+    for source in hc.runtime.config_sources:
+        if source.schema == "file" and source.provider in ("main", "command-line"):
+            config += ["--config-path" if source.provider == "main" else "--config-dir", source.path]
+    config += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
+
+    def command(local_rank: int) -> tuple[list[str], str]:
+        return [
+            sys.executable, entry, *config, *overrides,
+            f'hydra.run.dir="{output_dir}"',
+            f"hydra.job.name=train_ddp_process_{local_rank}",
+            "hydra.output_subdir=null",  # rank 0 wrote .hydra/
+        ], hc.runtime.cwd
+
+    set_ddp_process_command(command)

@@ -1,0 +1,244 @@
+"""The MLflow tracking server, started one way for three users: `make server` (a shared server
+for a team or a machine), a parallel sweep's own loopback server (see sweep.py), and the tests.
+
+The server owns the store (SQLite by default, PostgreSQL in production) and serves artifacts
+itself (`--serve-artifacts`), so its clients need only its address, no shared disk.
+
+`python -m seqlab.store.server --help` lists the options; nothing heavy is imported to answer it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from seqlab import SeqlabError
+from seqlab.store import server_auth
+from seqlab.secrets import mask_uris
+
+# What `make server` uses unless told otherwise: its own store beside the local one, so runs sent
+# to the server get artifact locations the server serves (mlflow-artifacts:/...), never paths on
+# one client's disk.
+DEFAULT_DIR = "mlruns/server"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_backend(backend_store_uri: str) -> None:
+    """Refuse, in one line, a store the server could not open (MLflow would say so in a long trace)."""
+    scheme = backend_store_uri.split(":", 1)[0].split("+", 1)[0]
+    if scheme == "postgresql":
+        try:
+            import psycopg  # noqa: F401  (SQLAlchemy 2.1's default PostgreSQL driver)
+        except ImportError:
+            raise SeqlabError(
+                f"--backend-store-uri {backend_store_uri}: PostgreSQL needs its driver; "
+                "install it with .venv/bin/pip install -e '.[postgres]'"
+            ) from None
+    elif scheme == "sqlite":
+        path = backend_store_uri[len("sqlite:///") :]
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    elif scheme not in ("mysql", "mssql"):
+        raise SeqlabError(
+            f"--backend-store-uri {backend_store_uri}: MLflow 3 needs a database here "
+            "(sqlite:///path/mlflow.db or postgresql://user:password@host/db), not a folder"
+        )
+
+
+def command(
+    backend_store_uri: str,
+    artifacts_destination: str,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    workers: int = 1,
+    app_name: Optional[str] = None,
+) -> list[str]:
+    mlflow_cli = Path(sys.executable).parent / "mlflow"
+    return [
+        str(mlflow_cli) if mlflow_cli.exists() else "mlflow",
+        "server",
+        "--backend-store-uri", backend_store_uri,
+        "--artifacts-destination", artifacts_destination,
+        "--serve-artifacts",
+        "--host", host,
+        "--port", str(port),
+        # One worker process: a SQLite store takes one writer at a time, and one process with
+        # its own pool is what keeps concurrent clients from "database is locked".
+        "--workers", str(workers),
+        *(["--app-name", app_name] if app_name else []),
+    ]
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before it starts: end when the process that started it ends,
+    however that ends (Linux; elsewhere the stop() calls and atexit do it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def wait_until_up(
+    uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None
+) -> None:
+    import requests
+
+    def last_line() -> str:
+        lines = log_path.read_text(errors="replace").strip().splitlines() if log_path and log_path.is_file() else []
+        return f": {lines[-1]} (see {log_path})" if lines else ""
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if proc is not None and proc.poll() is not None:
+            detail = last_line()
+            raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}")
+        if time.monotonic() > deadline:
+            raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}")
+        time.sleep(0.3)
+
+
+class LocalServer:
+    """An MLflow server in a child process on a loopback port, stopped on `stop()` or at the end
+    of a `with` block. Its output goes to `log_path` (or nowhere)."""
+
+    def __init__(
+        self,
+        backend_store_uri: str,
+        artifacts_destination: str,
+        port: Optional[int] = None,
+        host: str = "127.0.0.1",
+        log_path: Optional[Path] = None,
+        auth_env: Optional[dict[str, str]] = None,
+    ) -> None:
+        check_backend(backend_store_uri)
+        self.host = host
+        self.port = port or free_port(host)
+        self.uri = f"http://{host}:{self.port}"
+        # auth_env (server_auth.auth_environment): the server signs users in.
+        self.auth_env = auth_env or {}
+        self.cmd = command(backend_store_uri, artifacts_destination, host, self.port,
+                           app_name=server_auth.APP_NAME if auth_env else None)
+        self.log_path = log_path
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self, wait: bool = True) -> "LocalServer":
+        """Start the server; with wait, return once it answers (else see `wait_until_up`)."""
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Its own process group, so that its workers stop with it; MLflow's background
+                # job runner is not needed for tracking.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **self.auth_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        if wait:
+            try:
+                wait_until_up(self.uri, self.proc, log_path=self.log_path)
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _auth_dir(backend_store_uri: str) -> Path:
+    """Where a server with sign-in keeps its users: beside its SQLite store, else in mlruns/server."""
+    if backend_store_uri.startswith("sqlite:///"):
+        return Path(backend_store_uri[len("sqlite:///"):]).parent
+    return Path(DEFAULT_DIR).resolve()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m seqlab.store.server",
+        description="Start an MLflow tracking server that stores runs in a database and serves their "
+        "artifacts, so that clients need only its address (logger=mlflow_server or "
+        "MLFLOW_TRACKING_URI=http://HOST:PORT).",
+    )
+    parser.add_argument("--backend-store-uri", default=f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
+                        help="sqlite:///path/mlflow.db (default: %(default)s) or postgresql://user:password@host:5432/db")
+    parser.add_argument("--artifacts-destination", default=str(Path(DEFAULT_DIR).resolve() / "artifacts"),
+                        help="a folder or s3://bucket/path where the server keeps artifacts (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: users sign in; "
+                        f"the admin's password from {server_auth.ADMIN_PASSWORD} or --admin-password-file, "
+                        f"or {server_auth.ALLOW_OPEN}=1 to serve it open)")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (default 1; more only with PostgreSQL: SQLite takes one writer at a time)")
+    parser.add_argument("--auth", action="store_true",
+                        help="sign users in on a loopback host too (always on for other hosts)")
+    parser.add_argument("--admin-password-file", default=None,
+                        help=f"a file whose first line is the admin's password (else {server_auth.ADMIN_PASSWORD}); "
+                        "needed on the first start with sign-in, when the admin user is created")
+    parser.add_argument("--admin-username", default=None,
+                        help=f"the admin user created on the first start (default: {server_auth.ADMIN_USERNAME} or admin)")
+    args = parser.parse_args(argv)
+    try:
+        check_backend(args.backend_store_uri)
+        auth_env = server_auth.auth_environment(
+            args.host, _auth_dir(args.backend_store_uri), args.auth, args.admin_password_file, args.admin_username
+        )
+    except SeqlabError as error:
+        # The store's address as given may hold its password; the message's own examples do not.
+        print(f"error: {str(error).replace(args.backend_store_uri, mask_uris(args.backend_store_uri))}", file=sys.stderr)
+        return 2
+    cmd = command(args.backend_store_uri, args.artifacts_destination, args.host, args.port, args.workers,
+                  app_name=server_auth.APP_NAME if auth_env else None)
+    address = f"http://{args.host}:{args.port}"
+    print(f"MLflow server on {address} (store {mask_uris(args.backend_store_uri)}, "
+          f"artifacts {mask_uris(args.artifacts_destination)})", flush=True)
+    if auth_env:
+        print(f"sign-in   on (MLflow basic-auth; users in {Path(auth_env[server_auth.CONFIG_PATH]).parent}/basic_auth.db); "
+              f"clients set {server_auth.USERNAME} and {server_auth.PASSWORD}", flush=True)
+    elif not server_auth.is_loopback(args.host):
+        print(f"warning   no sign-in ({server_auth.ALLOW_OPEN}=1): anyone who reaches {address} can read and change "
+              "every run", flush=True)
+    print(f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri={address}", flush=True)
+    env = {**os.environ, **(auth_env or {}), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    os.execvpe(cmd[0], cmd, env)  # the server in the foreground: Ctrl-C stops it
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Every use of Optuna's private API, in one place. Each is something the public API does not offer:
+setting a user attribute on a trial this process did not ask for (a RUNNING trial left by a search
+that was killed outright: only the `Trial` that `study.ask()` returned has a public setter), and
+whether a value lies inside a distribution (the starting config's value, before it is enqueued).
+An Optuna upgrade can break them, so each call checks first that the installed Optuna is one
+these were tested with, and says so in one line if not."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from seqlab import SeqlabError
+
+if TYPE_CHECKING:
+    import optuna
+
+# The Optuna releases these uses were read against and tested with (pyproject.toml holds optuna
+# below the next major one).
+TESTED = ("5.",)
+
+
+@functools.cache
+def check_version() -> None:
+    import optuna
+
+    if not optuna.__version__.startswith(TESTED):
+        raise SeqlabError(
+            f"optuna {optuna.__version__} is installed, but seqlab uses Optuna internals tested only with "
+            f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
+        )
+
+
+def set_trial_user_attr(study: optuna.Study, trial: optuna.trial.FrozenTrial, key: str, value: Any) -> None:
+    """A user attribute on a trial read back from the study (a FrozenTrial), through its storage id."""
+    check_version()
+    study._storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def contains(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    """Whether `value` (as a config holds it) is a value the distribution can give: inside the
+    range and on its step, or one of the choices."""
+    check_version()
+    try:
+        return distribution._contains(distribution.to_internal_repr(value))
+    except (ValueError, TypeError):
+        return False

@@ -1,0 +1,399 @@
+"""Hyperparameter search with Optuna, run by the seqlab_optuna Hydra sweeper (`hparams_search=optuna`).
+
+The sweeper process owns the study: it checks the search space, asks the study for trials, launches
+them through Hydra's launcher (one job per trial, batches of n_jobs side by side), reads each
+trial's objective from its MLflow run and tells the study. Each job reports its epochs to its trial
+and asks the pruner itself (seqlab.sweeps.trial). The study lives in a database (paths.optuna_storage), so
+the same command run again continues it; at the end the sweep's parent run gets the best config,
+a ready override line, Optuna's plots and the verdict."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from seqlab import SeqlabError, one_line
+from seqlab.sweeps import optuna_private
+from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
+from seqlab.sweeps.study import (
+    INTERRUPTED, RETRY_OF, STARTING, SearchError, flatten_space, make_pruner, make_sampler, override_value,
+    overrides_for, parse_space, storage_for,
+)
+from seqlab.sweeps.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_AT
+
+OBJECTIVES = ("best_val_rmse", "final_val_rmse")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "hyperband", "none")
+_MISSING = object()  # OmegaConf.select's answer for a key the config does not have
+
+
+@dataclass
+class Outcome:
+    number: int
+    state: str  # COMPLETE | PRUNED | FAIL
+    value: Optional[float]
+    run_id: Optional[str]
+    run_name: Optional[str]
+    note: str = ""
+
+
+class Search:
+    """One invocation of the search: continues the study up to n_trials finished trials."""
+
+    def __init__(self, sweeper: Any, arguments: Sequence[str], *, objective: str, n_trials: int,
+                 n_jobs: Optional[int], study_name: Optional[str], storage: Optional[str],
+                 sampler: DictConfig, pruner: DictConfig, params: DictConfig) -> None:
+        self.sweeper = sweeper
+        self.config: DictConfig = sweeper.config
+        self.arguments = list(arguments)
+        self.objective = objective
+        self.n_trials = n_trials
+        self.n_jobs = n_jobs
+        self.study_name = study_name
+        self.storage_url = storage
+        self.sampler_spec = OmegaConf.to_container(sampler, resolve=True)
+        self.pruner_spec = OmegaConf.to_container(pruner, resolve=True)
+        self.params = flatten_space(OmegaConf.to_container(params, resolve=True) if params is not None else {})
+        self.sweep_dir = Path(self.config.hydra.sweep.dir)
+        self.job_idx = 0
+        self.in_flight: list[optuna.trial.Trial] = []
+        self.stop_signal: Optional[int] = None
+        self.started = time.monotonic()
+
+    # -- checks, before anything trains ----------------------------------------------------
+    def check(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        if self.objective not in OBJECTIVES:
+            raise SearchError(f"hydra.sweeper.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
+        if not isinstance(self.n_trials, int) or self.n_trials < 1:
+            raise SearchError(f"hydra.sweeper.n_trials must be a positive integer, got {self.n_trials}")
+        if self.sampler_spec.get("name") not in SAMPLERS:
+            raise SearchError(f"hydra.sweeper.sampler.name must be one of {', '.join(SAMPLERS)}; got {self.sampler_spec.get('name')!r}")
+        if self.pruner_spec.get("name") not in PRUNERS:
+            raise SearchError(f"hydra.sweeper.pruner.name must be one of {', '.join(PRUNERS)}; got {self.pruner_spec.get('name')!r}")
+        if not self.storage_url:
+            raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
+                              "paths.optuna_storage, an SQLite file next to the MLflow store)")
+        swept = [a for a in self.arguments if self._is_sweep(a)]
+        if swept:
+            raise SearchError(f"{swept[0]}: a search takes its ranges from hydra.sweeper.params, not from "
+                              "comma lists or sweep functions on the command line")
+        space = parse_space(self.params)
+        groups = set(self.config.hydra.runtime.choices.keys())
+        for key, distribution in space.items():
+            if key.startswith("hydra.") or "/" in key:
+                raise SearchError(f"hydra.sweeper.params.{key}: only keys of the training config can be searched")
+            if key in groups:
+                if not isinstance(distribution, optuna.distributions.CategoricalDistribution):
+                    raise SearchError(f"hydra.sweeper.params.{key}: {key} is a config group: search it with type: categorical "
+                                      "and option names as choices")
+                continue
+            if OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False) is _MISSING:
+                parent = key.rpartition(".")[0]
+                raise SearchError(f"hydra.sweeper.params.{key}: {key} is not a config key"
+                                  + (f" ({parent} has: {', '.join(self._keys(parent))})" if parent and self._keys(parent) else ""))
+        self._compose_extremes(space)
+        return space
+
+    def _keys(self, parent: str) -> list[str]:
+        node = OmegaConf.select(self.config, parent, default=None)
+        return sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
+
+    @staticmethod
+    def _is_sweep(argument: str) -> bool:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        try:
+            (parsed,) = OverridesParser.create().parse_overrides([argument])
+        except Exception:  # noqa: BLE001 - Hydra reports bad syntax itself
+            return False
+        return parsed.is_sweep_override()
+
+    def _compose_extremes(self, space: Mapping[str, Any]) -> None:
+        """Every trial's config must compose and pass the schema's checks: each key is tried at
+        both ends of its range and at every choice, the rest as the command gives them, as a job
+        would compose it, so that a bad value is named before anything trains."""
+        from seqlab.schema import validate
+
+        for key, d in space.items():
+            if isinstance(d, optuna.distributions.CategoricalDistribution):
+                values = [("a choice", c) for c in d.choices]
+            else:
+                values = [("low", d.low), ("high", d.high)]
+            for what, value in values:
+                override = overrides_for({key: value})[0]
+                try:
+                    cfg = self.compose([override])
+                    validate(cfg)
+                except SeqlabError as error:
+                    message = one_line(error)
+                except Exception as error:  # Hydra's composition and OmegaConf's type errors
+                    message = one_line(error).split(" full_key:")[0]
+                else:
+                    continue
+                raise SearchError(f"hydra.sweeper.params.{key}: {override} ({what}) does not make a valid config: {message}")
+
+    def compose(self, overrides: Sequence[str]) -> DictConfig:
+        """A job's config: this command's arguments and `overrides`, composed as the launcher composes it."""
+        return self.sweeper.hydra_context.config_loader.load_sweep_config(self.config, [*self.arguments, *overrides])
+
+    # -- the study ---------------------------------------------------------------------------
+    def _name(self) -> str:
+        """Runs of the same command share a study; another search space or other fixed overrides
+        get their own (the number of trials, the launcher and hydra.* settings do not count)."""
+        if self.study_name:
+            return self.study_name
+        fixed = sorted(a for a in self.arguments if not a.startswith("paths."))
+        digest = hashlib.sha1(json.dumps([self.objective, self.params, fixed], sort_keys=True, default=str).encode())
+        return f"{self.config.logger.experiment_name}-{digest.hexdigest()[:8]}"
+
+    def _batch_size(self) -> int:
+        if self.n_jobs:
+            return max(1, int(self.n_jobs))
+        launcher = self.config.hydra.launcher
+        target = launcher.get("_target_", "")
+        if "joblib" in target:
+            from seqlab.sweeps.job import cpu_count
+
+            n = int(launcher.get("n_jobs") or 1)
+            return n if n > 0 else max(1, cpu_count() + 1 + n)
+        if "submitit" in target:
+            return max(1, int(launcher.get("array_parallelism") or 1))
+        return 1
+
+    def _open(self, space: Mapping[str, Any], batch: int) -> optuna.Study:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = storage_for(self.storage_url)
+        name = self._name()
+        found = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == name]
+        existing = found[0].n_trials if found else 0
+        seed = self.sampler_spec.get("seed")
+        # A resumed study draws on from where it stopped, not the same values again.
+        seed = None if seed is None else int(seed) + existing
+        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True,
+                                    sampler=make_sampler(self.sampler_spec, seed, batch > 1),
+                                    pruner=make_pruner(self.pruner_spec))
+        study.set_user_attr("seqlab_pruner", self.pruner_spec)  # each job builds the pruner from these
+        study.set_user_attr("seqlab_objective", self.objective)
+        return study
+
+    def _finished(self, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+        states = optuna.trial.TrialState
+        return [t for t in study.get_trials(deepcopy=False)
+                if t.state in (states.COMPLETE, states.PRUNED) or (t.state == states.FAIL and not t.user_attrs.get(INTERRUPTED))]
+
+    def _prepare(self, study: optuna.Study, space: Mapping[str, Any]) -> None:
+        """Trial 0 is the config's own values; trials a stop interrupted run again with theirs."""
+        states = optuna.trial.TrialState
+        for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+            # Left running by a search that was killed outright (kill -9): nothing trains it now.
+            optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
+            study.tell(t.number, state=states.FAIL)
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+        for t in trials:
+            if t.state == states.FAIL and t.user_attrs.get(INTERRUPTED) and t.number not in retried and set(t.params) == set(space):
+                study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)})
+        start, outside = {}, []
+        for key, distribution in space.items():
+            value = self._starting_value(key)
+            if optuna_private.contains(distribution, value):
+                start[key] = value
+            else:
+                outside.append(f"{key}={override_value(value)}")
+        if outside:
+            print(f"search    the starting config's {', '.join(outside)} lies outside the search space: trial 0 samples "
+                  "that part, and the verdict makes no comparison with the starting config", flush=True)
+        if start:
+            study.enqueue_trial(start, user_attrs={STARTING: not outside}, skip_if_exists=True)
+
+    def _starting_value(self, key: str) -> Any:
+        choices = self.config.hydra.runtime.choices
+        if key in choices:
+            return choices[key]
+        return OmegaConf.select(self.config, key)
+
+    # -- running trials ----------------------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # While a job trains in this process, Lightning's handler runs first and stops it at a
+        # step boundary, then calls this one (it keeps handlers it finds): only note it then.
+        if signal.getsignal(signal.SIGTERM) is not self._sigterm_handler:
+            self.stop_signal = signum
+            return
+        raise SystemExit(128 + signum)
+
+    def run(self) -> list:
+        try:
+            space = self.check()
+        except SearchError as error:
+            print(f"error: {error}", flush=True)
+            raise SystemExit(1) from None
+        batch = self._batch_size()
+        study = self._open(space, batch)
+        self._prepare(study, space)
+        done = len(self._finished(study))
+        tracking = self._tracking()
+        progress = (f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}" if done < self.n_trials else
+                    f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)")
+        print(f"search    study '{study.study_name}' in {self.storage_url}: {progress}; objective {self.objective} (minimised), sampler "
+              f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
+              + (f", {batch} trials at a time" if batch > 1 else ""), flush=True)
+        self._sigterm_handler = self._on_sigterm
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, self._sigterm_handler)
+        returns = []
+        try:
+            while done < self.n_trials:
+                trials = [study.ask(space) for _ in range(min(batch, self.n_trials - done))]
+                self.in_flight = trials
+                overrides = [self._trial_overrides(study, t) for t in trials]
+                for t in trials:
+                    shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in t.params.items()}
+                    print(f"trial {t.number:<3} {' '.join(overrides_for(shown))}", flush=True)
+                batch_returns = self.sweeper.launcher.launch(overrides, initial_job_idx=self.job_idx)
+                self.job_idx += len(batch_returns)
+                returns.append(batch_returns)
+                for t, ret in zip(trials, batch_returns):
+                    outcome = self._tell(study, t, ret, tracking)
+                    # A pruned trial's value is its last reported val_rmse, not the objective.
+                    measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
+                    print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
+                          f"{'-' if outcome.value is None else f'{outcome.value:.4g}'}  run {outcome.run_name or '-'}"
+                          + (f"  ({outcome.note})" if outcome.note else ""), flush=True)
+                self.in_flight = []
+                if self.stop_signal is not None:
+                    raise SystemExit(128 + self.stop_signal)
+                done = len(self._finished(study))
+        except BaseException as error:
+            self._interrupted(study, tracking)
+            if isinstance(error, KeyboardInterrupt):
+                raise SystemExit(130) from None
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        from seqlab.sweeps.search_report import SearchRan, report
+
+        ran = SearchRan(self.objective, self.storage_url, self.arguments, self.sweep_dir,
+                        time.monotonic() - self.started, self.compose)
+        report(ran, study, tracking)
+        return returns
+
+    def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
+        env = {ENV_STORAGE: self.storage_url, ENV_STUDY: study.study_name, ENV_TRIAL: trial.number}
+        return [
+            *self.arguments,
+            *overrides_for(trial.params),
+            f"logger.run_name=trial-{trial.number}",
+            *(f"++hydra.job.env_set.{k}={override_value(str(v))}" for k, v in env.items()),
+        ]
+
+    def _tracking(self) -> Optional["_Tracking"]:
+        sweep = SweepInfo.read(self.sweep_dir)
+        if sweep.tracking_uri is None:  # the sweep callback is not configured: no MLflow parent run
+            return None
+        return _Tracking(sweep)
+
+    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["_Tracking"]) -> Outcome:
+        states = optuna.trial.TrialState
+        result = _job_result(ret)
+        run = tracking.run_of(study.study_name, trial.number) if tracking else None
+        run_id = run.info.run_id if run else (result.run_id if result else None)
+        run_name = run.info.run_name if run else (result.run_name if result else None)
+        frozen = _trial_of(study, trial.number)  # as the job left it (its pruned_at_epoch)
+        status = run.info.status if run else (result.status if result else "FAILED")
+        if status != "FINISHED":
+            state, value = states.FAIL, None
+            note = (result.reason if result and result.reason else f"run {status}")
+        elif PRUNED_AT in frozen.user_attrs:
+            state, value = states.PRUNED, None
+            note = f"pruned at epoch {frozen.user_attrs[PRUNED_AT]}"
+        else:
+            value = run.data.metrics.get(self.objective) if run else (result.val_rmse if result and self.objective == "final_val_rmse" else None)
+            if value is None or not math.isfinite(value):
+                state, value, note = states.FAIL, None, f"the run recorded no finite {self.objective}"
+            else:
+                state, note = states.COMPLETE, ""
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        study.tell(trial.number, value if state == states.COMPLETE else None, state=state)
+        if state == states.PRUNED:
+            value = _trial_of(study, trial.number).value  # Optuna's: the last value the job reported
+        if tracking and run_id:
+            tracking.tag(run_id, {"trial_state": state.name})
+        return Outcome(trial.number, state.name, value, run_id, run_name, note)
+
+    def _interrupted(self, study: optuna.Study, tracking: Optional["_Tracking"]) -> None:
+        """The trials that were training when the search stopped are not counted as finished:
+        they fail, marked for a run again with the same values when the command is repeated, and
+        their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
+        states = optuna.trial.TrialState
+        for trial in self.in_flight:
+            try:
+                if _trial_of(study, trial.number).state.is_finished():
+                    continue
+                trial.set_user_attr(INTERRUPTED, True)
+                study.tell(trial.number, state=states.FAIL)
+                if tracking:
+                    tracking.kill(study.study_name, trial.number)
+                print(f"trial {trial.number:<3} INTERRUPTED: not counted; the same command runs it again", flush=True)
+            except Exception as error:  # noqa: BLE001 - the stop goes on
+                print(f"trial {trial.number:<3} could not be marked interrupted: {one_line(error)}", flush=True)
+        self.in_flight = []
+
+
+def _trial_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    """The trial as the study's storage holds it now (get_trials reads unfinished trials afresh:
+    a job in another process reports to them)."""
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _job_result(ret: Any) -> Optional[JobResult]:
+    """The job's own result file (seqlab_job.json), if it got as far as writing one."""
+    try:
+        out = Path(ret.hydra_cfg.hydra.runtime.output_dir) / JOB_FILE
+        return JobResult.read(out) if out.is_file() else None
+    except Exception:  # noqa: BLE001 - a job that failed to compose has no hydra_cfg
+        return None
+
+
+class _Tracking:
+    """The sweep's MLflow side: the jobs' store (or the sweep's loopback server over it) and the
+    parent run the sweep callback opened."""
+
+    def __init__(self, sweep: SweepInfo) -> None:
+        import mlflow
+
+        self.client = mlflow.MlflowClient(sweep.tracking_uri)
+        # The parent run is written to the store itself (the callback's choice, see seqlab.sweeps.callback).
+        self.parent_client = mlflow.MlflowClient(sweep.store_uri or sweep.tracking_uri)
+        self.parent_run_id = sweep.parent_run_id
+        self.experiment_id = sweep.experiment_id
+
+    def runs_of(self, study: str, number: Optional[int] = None) -> list:
+        query = f"tags.optuna_study = '{study}'" + (f" and tags.optuna_trial = '{number}'" if number is not None else "")
+        return self.client.search_runs([self.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=5000)
+
+    def run_of(self, study: str, number: int) -> Any:
+        runs = self.runs_of(study, number)
+        return runs[0] if runs else None
+
+    def tag(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, str(value))
+
+    def kill(self, study: str, number: int) -> None:
+        for run in self.runs_of(study, number):
+            if run.info.status == "RUNNING":  # a job in another process (joblib) that was not told
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            self.client.set_tag(run.info.run_id, "trial_state", "FAIL")

@@ -1,0 +1,66 @@
+"""The end-of-sweep table: every job's result file (seqlab_job.json) read back, one row a job, as
+printed to the console and stored on the parent run as sweep_summary.txt and .csv."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Optional
+
+from seqlab.sweeps.job import JOB_FILE, JobResult, PlannedJob, fmt, job_key
+
+
+def collect(sweep_dir: Path, sweep_id: str | None = None) -> list[JobResult]:
+    """Every job of the sweep that got as far as writing its result file, in job order (files
+    of another sweep that used the same folder are left out)."""
+    results = [JobResult.read(p) for p in sweep_dir.glob(f"**/{JOB_FILE}")]
+    results = [r for r in results if sweep_id is None or r.sweep_id == sweep_id]
+    return sorted(results, key=lambda r: (r.job is None, r.job))
+
+
+def _status(result: JobResult, plan: Optional[dict[str, PlannedJob]]) -> str:
+    """The job's status; in a resumed sweep, also whether it was done before or continued."""
+    before = (plan or {}).get(job_key(result.overrides))
+    if before is None or before.run_id != result.run_id:
+        return result.status
+    if before.status == "FINISHED":
+        return "FINISHED (done before: skipped)"
+    return f"{result.status} (continued)"
+
+
+def summary_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> list[dict[str, str]]:
+    return [
+        {
+            "job": fmt(r.job, "d"),
+            "overrides": " ".join(o for o in r.overrides if not o.startswith("resume=")) or "(defaults)",
+            "status": _status(r, plan),
+            "it/s": fmt(r.it_per_s, ",.0f"),
+            "val_rmse": fmt(r.val_rmse, ".4g"),
+            "best": fmt(r.best_val_rmse, ".4g"),  # the lowest val_rmse of the run
+            "run": r.run_name or "-",
+        }
+        for r in results
+    ]
+
+
+def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> str:
+    rows = summary_rows(results, plan)
+    if not rows:
+        return "no job results found"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(row[c].ljust(widths[c]) for c in columns) for row in rows]
+    lines += [f"job {r.job}: {r.reason}" for r in results if r.reason]
+    return "\n".join(lines)
+
+
+def summary_csv(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> str:
+    rows = summary_rows(results, plan)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[*rows[0], "reason"] if rows else ["job"])
+    writer.writeheader()
+    for row, result in zip(rows, results):
+        writer.writerow({**row, "reason": result.reason or ""})
+    return out.getvalue()

@@ -1,0 +1,55 @@
+"""A search trial as the job that trains it sees it. The sweeper (seqlab.sweeps.search) asks the study for
+the trial and tells it the result; the job, which may run in another process (hydra/launcher=joblib)
+or on another machine, reaches the same trial through the study's storage, named in its
+environment (hydra.job.env_set), to report each epoch's val_rmse and to ask the pruner whether
+to go on. Light to import: every job of a multirun asks whether it is a trial."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+ENV_STORAGE = "SEQLAB_OPTUNA_STORAGE"
+ENV_STUDY = "SEQLAB_OPTUNA_STUDY"
+ENV_TRIAL = "SEQLAB_OPTUNA_TRIAL"  # the trial's number in its study
+PRUNED_AT = "pruned_at_epoch"
+
+
+@dataclass
+class TrialLink:
+    storage: str
+    study: str
+    number: int
+
+    def tags(self) -> dict[str, str]:
+        return {"optuna_study": self.study, "optuna_trial": str(self.number), "trial_state": "RUNNING"}
+
+
+def current() -> Optional[TrialLink]:
+    """The trial this process trains, if it is a search's job."""
+    number = os.environ.get(ENV_TRIAL)
+    if not number:
+        return None
+    return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number))
+
+
+def trial_tags() -> dict[str, str]:
+    link = current()
+    return link.tags() if link else {}
+
+
+def open_trial(link: TrialLink):
+    """The trial, bound to its study with the study's pruner (which the storage does not keep:
+    the sweeper stores its settings with the study)."""
+    import optuna
+
+    from seqlab.sweeps.study import make_pruner, storage_for
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = storage_for(link.storage)
+    study_id = storage.get_study_id_from_name(link.study)
+    pruner = make_pruner(storage.get_study_user_attrs(study_id).get("seqlab_pruner") or {"name": "none"})
+    study = optuna.load_study(study_name=link.study, storage=storage, pruner=pruner)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, link.number)
+    return optuna.trial.Trial(study, trial_id)

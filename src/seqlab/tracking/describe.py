@@ -1,0 +1,92 @@
+"""What a training run says about itself in MLflow: its name (what differs: cpu-bs64,
+gpu-bs256-optimizer=sgdm), its tags (versions, device, host, overrides, git commit, its sweep and
+trial), its params (every resolved key, masked) and its config as config.yaml."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from seqlab.secrets import mask_flat
+from seqlab.sweeps.job import Job, SweepInfo
+from seqlab.tracking.run import flatten
+
+# Overrides already shown by the first part of a run name, or that say where, not what.
+_NAME_SKIP = ("trainer.accelerator", "data.batch_size", "logger.", "paths.", "hydra.")
+
+
+def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
+    """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ... In a sweep, only the
+    swept keys count (what differs between its runs); in a single run, every override."""
+    parts = [accelerator, f"bs{cfg.data.batch_size}"]
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if swept is not None and key not in swept:
+            continue
+        if not key.startswith(_NAME_SKIP) and key not in _NAME_SKIP:
+            parts.append(f"{key.split('.')[-1]}={value}")
+    return "-".join(parts)[:250]
+
+
+def git_commit(root: Path) -> Optional[str]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, str]:
+    import mlflow
+    import pytorch_lightning
+    import torch
+
+    tags = {
+        "accelerator_requested": cfg.trainer.accelerator,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "none",
+        "lightning_version": pytorch_lightning.__version__,
+        "mlflow_version": mlflow.__version__,
+        "host": socket.gethostname(),
+        "hydra_overrides": " ".join(job.overrides),
+        "data": cfg.data.name,
+        "mlflow.source.name": "train.py",
+        "mlflow.source.type": "LOCAL",
+    }
+    if device is not None:
+        tags.update(accelerator=device.accelerator, device_name=device.name)
+    commit = git_commit(Path(cfg.paths.root_dir))
+    if commit:
+        tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
+    if job.multirun:
+        from seqlab.sweeps.trial import trial_tags
+
+        tags.update(sweep_id=sweep.sweep_id or job.sweep_dir.name, job_num=str(job.num))
+        tags.update(trial_tags())  # a search's trial: its study, number and state
+    return tags
+
+
+def run_params(cfg: DictConfig) -> dict[str, str]:
+    """Every resolved key as an MLflow param, masked (so that resume= compares like with like),
+    except a callback's folder: made from paths.output_dir, it differs from job to job and would
+    make repeats of one configuration look like different ones (paths.output_dir says it once)."""
+    raw = flatten(OmegaConf.to_container(cfg, resolve=False))
+    return mask_flat({k: v for k, v in flatten(cfg).items()
+                      if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
+
+
+def record_config(cfg: DictConfig, job: Job, tracker, params: dict) -> None:
+    """The params (a new run's: a resumed run has them, and MLflow keeps a param's first value)
+    and the resolved config as config.yaml."""
+    if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
+        tracker.log_params(params)
+    path = job.output_dir / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tracker.log_artifact(path)

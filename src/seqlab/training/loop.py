@@ -1,0 +1,149 @@
+"""The default training loop (perf=fast), in one place.
+
+Lightning calls `SeqRegressor.training_step` once per item of K mini-batches (the data module
+serves them as one tensor); the module hands the item to `FusedLoop.run`, which runs the K
+optimizer steps itself, as a bare PyTorch loop would:
+
+    zero the gradients -> forward -> loss -> backward -> L2 and threshold -> clip -> update
+
+Everything Lightning would do per step (closures, hooks, progress counters, logging) is paid
+once per item instead; nothing in the loop reads a value back to the host, so a GPU never
+waits. What a step leaves behind is a reference to its loss (the step log, sent to MLflow by
+`tracking.StepMetricsRecorder` between items) and to its predictions (the epoch's train
+metrics, computed once at the epoch's end). `scripts/benchmark.py` holds this loop to a bare
+loop of the same math (its `bare` row).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from seqlab.training.gradients import GradientTreatment
+from seqlab.training.profiling import phase
+
+log = logging.getLogger("seqlab")
+
+class FusedLoop:
+    """Runs the optimizer steps of one item. Built by the module when training starts (the
+    optimizer exists only then), from the perf settings bound in train.py:
+
+    - `exact_shortcuts`: one-step inputs take `model.forward_one_step`, the same function in
+      fewer operations (see its docstring). Its gradients are kept as zeroed tensors (never
+      None), so parameters the shortcut leaves unused still get their zero gradient, L2 term
+      and optimizer update, as on the full path.
+    - `cuda_graph`: auto | on | off: replay each full step as one CUDA graph (seqlab.training.cudagraph).
+    - `clip_val`: trainer.gradient_clip_val (Lightning clips only in automatic optimisation).
+    - `optimizer_step` / `backward`: the raw optimizer's step and a plain backward, unless the
+      precision plugin must see them (loss scaling): then Lightning's, which count the step
+      themselves (`counts_steps`)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        step_log: Any,
+        batch_size: int,
+        gradients: Optional[GradientTreatment] = None,
+        clip_val: Optional[float] = None,
+        exact_shortcuts: bool = True,
+        cuda_graph: str = "auto",
+        optimizer_step: Optional[Callable[[], Any]] = None,
+        backward: Optional[Callable[[torch.Tensor], None]] = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.step_log = step_log
+        self.batch_size = batch_size
+        self.gradients = gradients if gradients is not None and gradients.active else None
+        self.clip_val = clip_val
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shortcut = exact_shortcuts and getattr(model, "forward_one_step", None) is not None
+        self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
+        self.optimizer_step = optimizer_step or optimizer.step
+        self.backward = backward or torch.Tensor.backward
+        self.grads = self.gradient_buffers()
+        self.epoch_preds: list[torch.Tensor] = []
+        self.epoch_targets: list[torch.Tensor] = []
+        self.graphed = self._graphed_step(str(cuda_graph).lower())
+
+    def _graphed_step(self, cuda_graph: str):
+        asked = cuda_graph in ("on", "true")
+        if not asked and cuda_graph != "auto":
+            return None
+        device = self.params[0].device
+        capturable = all(group.get("capturable", False) for group in self.optimizer.param_groups)
+        if device.type == "cuda" and not self.counts_steps and capturable:
+            from seqlab.training.cudagraph import GraphedStep
+
+            return GraphedStep(lambda x, y, lengths: self.step(x, y, lengths, self.shortcut and x.shape[1] == 1),
+                               self.batch_size)
+        if asked:
+            log.warning(
+                "perf      perf.cuda_graph=on needs one CUDA device, full precision and a capturable "
+                "optimizer (Adam, AdamW): training eagerly"
+            )
+        return None
+
+    def gradient_buffers(self) -> list[torch.Tensor]:
+        """Every trainable parameter's gradient tensor, made as zeros where missing (Lightning
+        may free them around validation); zeroed in place, so a captured graph's stay live."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [p.grad for p in self.params]
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], first_step: int,
+            max_steps: Optional[int] = None) -> tuple[int, torch.Tensor]:
+        """The steps of one item (at most `max_steps` of them), numbered from `first_step`.
+        Returns how many ran and the last step's loss (a device tensor)."""
+        self.grads = self.gradient_buffers()  # the same tensors unless Lightning freed them
+        lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
+        if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
+            lr = lr.detach().clone()
+        bs = self.batch_size
+        stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * bs)
+        shortcut = self.shortcut and x.shape[1] == 1
+        loss, n = x.new_zeros(()), 0
+        for start in range(0, stop, bs):
+            xb, yb = x[start : start + bs], y[start : start + bs]
+            lb = None if lengths is None else lengths[start : start + bs]
+            out = self.graphed(xb, yb, lb) if self.graphed is not None else None
+            loss, pred = out if out is not None else self.step(xb, yb, lb, shortcut)
+            # References only: the values are read back together when the log is flushed, and
+            # the predictions folded into the epoch's metrics once, at the epoch's end.
+            self.step_log.add(loss.detach(), first_step + n, lr)
+            self.epoch_preds.append(pred.detach())
+            self.epoch_targets.append(yb)
+            n += 1
+        return n, loss.detach()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor],
+             shortcut: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
+        torch._foreach_zero_(self.grads)
+        with phase("forward"):
+            pred = self.model.forward_one_step(x[:, 0]) if shortcut else self.model(x, lengths)
+            loss = self.loss_fn(pred, y)
+        with phase("backward"):
+            self.backward(loss)
+        with phase("optimizer"):
+            if self.gradients is not None:
+                self.gradients()
+            if self.clip_val:
+                torch.nn.utils.clip_grad_norm_(self.params, self.clip_val, foreach=True)
+            self.optimizer_step()
+        return loss, pred
+
+    def take_epoch(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's predictions and targets so far, in one tensor each (None if none)."""
+        if not self.epoch_preds:
+            return None
+        preds, targets = torch.cat(self.epoch_preds), torch.cat(self.epoch_targets)
+        self.epoch_preds, self.epoch_targets = [], []
+        return preds, targets

@@ -1,0 +1,200 @@
+"""The house's floor plan (issue 21): packages named for what they hold, no import circle (imports
+inside functions count: a circle hidden in a function body is still one), small modules, and the
+paths a user already has (old `_target_`s, `python -m seqlab.server`) still working."""
+
+from __future__ import annotations
+
+import ast
+import io
+import runpy
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli_env
+
+SRC = ROOT / "src"
+MAX_TOP_LEVEL_MODULES = 12
+MAX_LINES = 450
+
+
+def modules(src: Path, package: str = "seqlab") -> dict[str, Path]:
+    """Every module of `package` under `src`, by dotted name (a package by its __init__.py)."""
+    found = {}
+    for path in (src / package).rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(src: Path, package: str = "seqlab") -> dict[str, set[str]]:
+    """module -> the modules of the package it imports anywhere in its source (at the top, in a
+    function body, under TYPE_CHECKING). `from a.b import c` names the module a.b.c if there is
+    one, else a.b; a module importing its own parent package is no edge (Python runs a package's
+    __init__ before its modules anyway)."""
+    mods = modules(src, package)
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package this module is in
+                    here = name.split(".") if is_package else name.split(".")[:-1]
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                found = owner(target)
+                if found and found != name and not name.startswith(found + "."):
+                    graph[name].add(found)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_seqlab_has_no_import_circle():
+    graph = import_graph(SRC)
+    assert len(graph) > 50  # the walk found the packages' modules
+    assert "seqlab.resume.points" in graph["seqlab.store.ghosts"]  # an import inside a function counts
+    assert circles(graph) == []
+
+
+def test_a_circle_hidden_in_a_function_body_is_found(tmp_path):
+    """The check can fail: two modules of a package that import each other, one of them only
+    inside a function (as sweep.py and search.py did), and a third reached through a package's
+    __init__ re-export."""
+    pkg = tmp_path / "seqlab"
+    (pkg / "sweeps").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sweeps" / "__init__.py").write_text("from seqlab.sweeps.job import Job\n")
+    (pkg / "sweeps" / "job.py").write_text("class Job:\n    pass\n")
+    (pkg / "search.py").write_text("from seqlab import report\n\nVERDICT = 'v'\n")
+    (pkg / "report.py").write_text("def report():\n    from seqlab.search import VERDICT\n    return VERDICT\n")
+    (pkg / "train.py").write_text("from seqlab.sweeps import Job\n")
+    graph = import_graph(tmp_path)
+    assert graph["seqlab.train"] == {"seqlab.sweeps"} and graph["seqlab.sweeps"] == {"seqlab.sweeps.job"}
+    assert circles(graph) == [["seqlab.report", "seqlab.search"]]
+    (pkg / "sweeps" / "job.py").write_text("def later():\n    from seqlab import train\n")
+    assert sorted(circles(graph := import_graph(tmp_path))) == [
+        ["seqlab.report", "seqlab.search"], ["seqlab.sweeps", "seqlab.sweeps.job", "seqlab.train"]]
+
+
+def test_the_top_level_holds_few_modules_and_no_module_is_long():
+    top = sorted(p.name for p in (SRC / "seqlab").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    long = {str(p.relative_to(SRC)): n for p in modules(SRC).values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_the_light_modules_stay_light():
+    """What every multirun (the sweep callback), every job (its sweep and trial) and the store's
+    reaper import pulls in neither torch, Lightning, MLflow nor Optuna: a new Python, as Hydra
+    starts one."""
+    code = ("import sys\n"
+            "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
+            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.train\n"
+            "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+# -- the paths a user already has ------------------------------------------------------------------
+def test_an_old_module_path_is_the_module_where_it_is_now():
+    import importlib
+
+    from seqlab import moved
+
+    for old, new in moved.MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert moved.now(new) == new  # a path as it is now stays as it is
+    from seqlab.module import SeqRegressor
+    from seqlab.training.module import SeqRegressor as Now
+
+    assert SeqRegressor is Now and sys.modules["seqlab.training.module"].__spec__.name == "seqlab.training.module"
+    assert moved.now("seqlab.output_network.OutputNetwork") == "seqlab.callbacks.output_network.OutputNetwork"
+    assert moved.now("seqlab.sweeps.callback.MlflowSweepCallback") == "seqlab.sweeps.callback.MlflowSweepCallback"
+    assert moved.param_now("module._target_", "seqlab.module.SeqRegressor") == "seqlab.training.module.SeqRegressor"
+    assert moved.param_now("notes", "seqlab.module") == "seqlab.module"  # only a _target_ is a path
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("seqlab.no_such_module")
+
+
+def test_python_m_with_an_old_path_runs_the_module(monkeypatch):
+    """`python -m seqlab.server` (the README's and make server's until the move) runs
+    seqlab.store.server: runpy takes the code from the old path's loader."""
+    monkeypatch.setattr(sys, "argv", ["seqlab.server", "--help"])
+    monkeypatch.delitem(sys.modules, "seqlab.server", raising=False)  # as in a new Python: not imported yet
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        runpy.run_module("seqlab.server", run_name="__main__", alter_sys=True)
+    assert exited.value.code == 0
+    assert "--backend-store-uri" in out.getvalue()
+
+
+def test_every_target_in_conf_names_a_current_path():
+    """The shipped configs name each class where it is now, and each resolves."""
+    import yaml
+    from hydra.utils import get_object
+
+    from seqlab import moved
+
+    targets = set()
+    for path in (ROOT / "conf").rglob("*.yaml"):
+        def walk(node):
+            if isinstance(node, dict):
+                targets.update(v for k, v in node.items() if k == "_target_" and isinstance(v, str))
+                for v in node.values():
+                    walk(v)
+        walk(yaml.safe_load(path.read_text()))
+    ours = sorted(t for t in targets if t.startswith("seqlab."))
+    assert "seqlab.training.module.SeqRegressor" in ours and "seqlab.sweeps.callback.MlflowSweepCallback" in ours
+    assert [t for t in ours if moved.now(t) != t] == []
+    for target in ours:
+        get_object(target)
