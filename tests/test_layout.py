@@ -105,6 +105,19 @@ def test_seqlab_has_no_import_circle():
     assert circles(graph) == []
 
 
+def test_no_two_packages_import_each_other():
+    """The rooms too: a package that imports another is not imported by it (resume/ and sweeps/,
+    say, each reaching into the other through different modules), so each can be read on its own."""
+    graph = import_graph(SRC)
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        room = ".".join(module.split(".")[:2])
+        rooms.setdefault(room, set()).update(".".join(t.split(".")[:2]) for t in targets)
+    rooms = {room: targets - {room, "seqlab"} for room, targets in rooms.items()}
+    assert rooms["seqlab.train"] >= {"seqlab.training", "seqlab.resume", "seqlab.sweeps", "seqlab.tracking"}
+    assert circles(rooms) == []
+
+
 def test_a_circle_hidden_in_a_function_body_is_found(tmp_path):
     """The check can fail: two modules of a package that import each other, one of them only
     inside a function (as sweep.py and search.py did), and a third reached through a package's
@@ -198,3 +211,45 @@ def test_every_target_in_conf_names_a_current_path():
     assert [t for t in ours if moved.now(t) != t] == []
     for target in ours:
         get_object(target)
+
+
+def test_sweep_json_is_written_and_read_as_one_dataclass(tmp_path):
+    """The sweep callback's hand-over to its jobs: a field renamed on one side fails where it is
+    read, instead of reading as None; a resumed sweep's plan comes back as PlannedJobs."""
+    from seqlab.sweeps.job import Job, PlannedJob, SweepInfo
+
+    plan = {"data.batch_size=32 seed=0": PlannedJob("a" * 32, "cpu-bs32", "KILLED", True, batch_size=32, val_rmse=0.1)}
+    SweepInfo("s-1", "b" * 32, "http://127.0.0.1:5001", "sqlite:///m.db", "1", ["seed"], plan).write(tmp_path)
+    info = Job(tmp_path / "0", ["seed=0"], sweep_dir=tmp_path, num=0).sweep_info()
+    assert info.resume_plan == plan and info.swept_keys == ["seed"]
+    assert info.routed("sqlite:///m.db") == "http://127.0.0.1:5001" and info.routed("sqlite:///other.db") == "sqlite:///other.db"
+    assert Job(tmp_path / "single").sweep_info() == SweepInfo()  # no sweep: nothing known, every override names the run
+    assert SweepInfo().swept_keys is None
+
+    stored = __import__("json").loads((tmp_path / "sweep.json").read_text())
+    (tmp_path / "sweep.json").write_text(__import__("json").dumps({**stored, "parent_run": stored.pop("parent_run_id")}))
+    with pytest.raises(TypeError, match="parent_run"):
+        SweepInfo.read(tmp_path)
+
+
+@pytest.mark.parametrize("quarantine, library, name", [
+    ("seqlab.training.lightning_private", "pytorch_lightning", "pytorch-lightning"),
+    ("seqlab.sweeps.optuna_private", "optuna", "optuna"),
+    ("seqlab.tracking.mlflow_private", "mlflow", "mlflow"),
+])
+def test_a_library_release_the_internals_were_not_tested_with_is_one_line(monkeypatch, quarantine, library, name):
+    import importlib
+
+    from seqlab import SeqlabError
+
+    check = importlib.import_module(quarantine).check_version
+    check.cache_clear()
+    monkeypatch.setattr(importlib.import_module(library), "__version__", "99.0.0")
+    try:
+        with pytest.raises(SeqlabError, match=rf"^{name} 99.0.0 is installed, but seqlab uses \w+ internals tested only with "
+                                              r".*x: install that version \(make install does: requirements.lock\)$"):
+            check()
+    finally:
+        check.cache_clear()
+    monkeypatch.undo()
+    check()  # the installed release passes

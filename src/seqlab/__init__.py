@@ -19,3 +19,13 @@ def one_line(error: BaseException) -> str:
     """An error as one line of at most 500 characters, for consoles, tags and summaries."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= 500 else text[:497] + "..."
+
+
+def require_tested(package: str, version: str, tested: tuple[str, ...], name: str) -> None:
+    """Before seqlab uses a library's internals (training/lightning_private.py, sweeps/optuna_private.py,
+    tracking/mlflow_private.py): one line if the installed release is not one they were tested with."""
+    if not version.startswith(tested):
+        raise SeqlabError(
+            f"{package} {version} is installed, but seqlab uses {name} internals tested only with "
+            f"{', '.join(v + 'x' for v in tested)}: install that version (make install does: requirements.lock)"
+        )

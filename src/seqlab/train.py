@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, SweepInfo, check_single_run_resume, continue_job, fmt
+from seqlab.sweeps.job import Job, JobResult, SweepInfo, check_single_run_resume, continue_job, fmt, resume_command
 
 log = logging.getLogger("seqlab")
 
@@ -301,7 +301,6 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
     """trainer.fit; on Ctrl-C or SIGTERM the graceful stop saved a checkpoint: it goes to the run,
     with the command that continues it."""
     from seqlab.resume.points import publish_resume_point
-    from seqlab.resume.interrupt import resume_command
 
     trainer, stop = parts.trainer, parts.stop
     try:

@@ -165,12 +165,3 @@ def start_point(cfg: Any, job: Any, tracker: Any, params: Mapping[str, str], nam
 
     client = mlflow.MlflowClient(tracker.tracking_uri)
     return fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}"), name
-
-
-def resume_command(overrides: list[str], run_id: str) -> str:
-    from seqlab.sweeps.trial import current
-
-    if current() is not None:  # a search's trial is not resumed on its own: the search runs its values again
-        return "the search's own command again (python train.py -m hparams_search=...): it runs this trial's values anew"
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
-    return " ".join(["python train.py", *kept, f"resume={run_id}"])

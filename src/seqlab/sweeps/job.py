@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from seqlab import SeqlabError
 from seqlab.ddp.ranks import process_rank
 from seqlab.secrets import mask_text
+from seqlab.sweeps.trial import current
 
 log = logging.getLogger("seqlab")
 
@@ -224,3 +225,11 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         log.info("rerun     job %s: its run %s ended %s%s; it runs again", job.num, entry.run_id, entry.status,
                  " without a checkpoint" if entry.status == "KILLED" else "")
     return None
+
+
+def resume_command(overrides: list[str], run_id: str) -> str:
+    """The command that continues a single run stopped with a checkpoint."""
+    if current() is not None:  # a search's trial is not resumed on its own: the search runs its values again
+        return "the search's own command again (python train.py -m hparams_search=...): it runs this trial's values anew"
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
+    return " ".join(["python train.py", *kept, f"resume={run_id}"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from seqlab import SeqlabError
+from seqlab import require_tested
 
 if TYPE_CHECKING:
     import optuna
@@ -24,11 +24,7 @@ TESTED = ("5.",)
 def check_version() -> None:
     import optuna
 
-    if not optuna.__version__.startswith(TESTED):
-        raise SeqlabError(
-            f"optuna {optuna.__version__} is installed, but seqlab uses Optuna internals tested only with "
-            f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
-        )
+    require_tested("optuna", optuna.__version__, TESTED, "Optuna")
 
 
 def set_trial_user_attr(study: optuna.Study, trial: optuna.trial.FrozenTrial, key: str, value: Any) -> None:

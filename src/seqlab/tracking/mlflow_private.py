@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
-from seqlab import SeqlabError
+from seqlab import require_tested
 
 # The MLflow releases these uses were read against and tested with (pyproject.toml holds mlflow
 # below the next major one).
@@ -22,11 +22,7 @@ TESTED = ("3.",)
 def check_version() -> None:
     import mlflow
 
-    if not mlflow.__version__.startswith(TESTED):
-        raise SeqlabError(
-            f"mlflow {mlflow.__version__} is installed, but seqlab uses MLflow internals tested only with "
-            f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
-        )
+    require_tested("mlflow", mlflow.__version__, TESTED, "MLflow")
 
 
 def dataset_input(dataset: Any, context: str) -> Any:

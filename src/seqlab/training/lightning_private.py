@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from seqlab import SeqlabError
+from seqlab import require_tested
 
 # The Lightning releases these uses were read against and tested with (pyproject.toml holds
 # pytorch-lightning below the next one).
@@ -19,12 +19,7 @@ TESTED = ("2.6.",)
 def check_version() -> None:
     import pytorch_lightning
 
-    version = pytorch_lightning.__version__
-    if not version.startswith(TESTED):
-        raise SeqlabError(
-            f"pytorch-lightning {version} is installed, but seqlab uses Lightning internals tested only with "
-            f"{', '.join(v + 'x' for v in TESTED)}: install that version (make install does: requirements.lock)"
-        )
+    require_tested("pytorch-lightning", pytorch_lightning.__version__, TESTED, "Lightning")
 
 
 def set_ddp_process_observer(start: Callable[[list], None]) -> None:
