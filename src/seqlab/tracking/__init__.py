@@ -3,21 +3,38 @@
 - `run`:        the run's lifecycle (`MlflowTracker`: open, records, end FINISHED/FAILED/KILLED)
 - `senders`:    how records travel: direct (+ the step-writer process), through the outbox to a
                 server (+ the fallback copy), or nowhere (a DDP job's other processes)
+- `step_writer`, `outbox`: the helper process that writes a local store's metrics; the queue to a server
 - `connect`:    reaching a store and its experiment
 - `history`:    every point logged, kept for the plot and the report
 - `steps`:      per-step metrics without a per-step synchronisation (`StepLog`, `StepMetricsRecorder`)
 - `divergence`: a NaN/Inf loss stops the run (`DivergenceCheck`)
 - `lightning`:  the module's self.log metrics into the tracker (`LightningBridge`, `StepClock`)
+- `describe`:   what a run says about itself: its name, tags, params and config
+- `datasets`, `model_logging`, `replayed_steps`: dataset inputs, the logged model, a resumed run's steps stored once
+- `mlflow_private`: every use of MLflow's non-public API, behind a version check
+
+The names below (`seqlab.tracking.MlflowTracker`, the configs' `_target_`s) are loaded when first
+used: the step writer's helper process imports `seqlab.tracking.step_writer`, and a package that
+imported MLflow, torch and Lightning on the way would cost it seconds at every run's start.
 """
 
-from seqlab.tracking.connect import check_server, ensure_experiment
-from seqlab.tracking.divergence import Diverged, DivergenceCheck
-from seqlab.tracking.history import MetricHistory
-from seqlab.tracking.lightning import LightningBridge, StepClock
-from seqlab.tracking.run import MlflowTracker, flatten
-from seqlab.tracking.steps import StepLog, StepMetricsRecorder
+import importlib
+from typing import Any
 
-__all__ = [
-    "Diverged", "DivergenceCheck", "LightningBridge", "MetricHistory", "MlflowTracker", "StepClock",
-    "StepLog", "StepMetricsRecorder", "check_server", "ensure_experiment", "flatten",
-]
+_HOMES = {
+    "check_server": "connect", "ensure_experiment": "connect",
+    "Diverged": "divergence", "DivergenceCheck": "divergence",
+    "MetricHistory": "history",
+    "LightningBridge": "lightning", "StepClock": "lightning",
+    "MlflowTracker": "run", "flatten": "run",
+    "StepLog": "steps", "StepMetricsRecorder": "steps",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value  # looked up once
+    return value
