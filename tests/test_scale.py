@@ -340,3 +340,39 @@ def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
     assert logged["steps"] == [1, 2, 3]
     assert logged["train_loss"] == pytest.approx([1.0, 1.0, 3.5])
     assert logged["train_rmse"] == pytest.approx([math.sqrt(2.0), math.sqrt(2.0), math.sqrt(7.0)])
+
+
+@pytest.mark.slow
+def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, monkeypatch):
+    """A loopback server's port is chosen free, then bound seconds later by the server: another
+    program (here one that answers /health too, as a served model does) can take it in between.
+    The server is not taken to be up on the other program's answer; it starts again on a new port."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from seqlab.store import server as server_module
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    squatter = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    taken = squatter.server_address[1]
+    try:
+        db, art = f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
+        with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} exited with status"):
+            LocalServer(db, art, port=taken, log_path=tmp_path / "given.log").start()  # a port given is kept
+
+        ports = iter([taken])
+        free = server_module.free_port
+        monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or free(host))
+        with LocalServer(db, art, log_path=tmp_path / "chosen.log") as server:
+            assert server.port != taken
+            assert mlflow.MlflowClient(server.uri).search_experiments()[0].name == "Default"  # MLflow, not the other program
+    finally:
+        squatter.shutdown()

@@ -9,6 +9,7 @@ itself (`--serve-artifacts`), so its clients need only its address, no shared di
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+from urllib.parse import urlparse
 
 from seqlab import SeqlabError
 from seqlab.store import server_auth
@@ -101,9 +103,13 @@ def wait_until_up(
         return f": {lines[-1]} (see {log_path})" if lines else ""
 
     deadline = time.monotonic() + timeout_s
+    port = urlparse(uri).port
     while True:
         try:
-            if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+            # With the process at hand, the answer must come from it: another program may have
+            # taken the port between free_port() and the server's start (a scoring server's
+            # /health answers too).
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200 and (proc is None or _listens(proc, port)):
                 return
         except requests.RequestException:
             pass
@@ -113,6 +119,33 @@ def wait_until_up(
         if time.monotonic() > deadline:
             raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}")
         time.sleep(0.3)
+
+
+def _listens(proc: subprocess.Popen, port: Optional[int]) -> bool:
+    """Whether `proc` or a process it started listens on `port`."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for member in family:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in member.net_connections("tcp")):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
+
+
+def _taken(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 class LocalServer:
@@ -130,17 +163,39 @@ class LocalServer:
     ) -> None:
         check_backend(backend_store_uri)
         self.host = host
-        self.port = port or free_port(host)
-        self.uri = f"http://{host}:{self.port}"
+        self.chose_port = port is None  # a port of its own choosing can be chosen again
         # auth_env (server_auth.auth_environment): the server signs users in.
         self.auth_env = auth_env or {}
-        self.cmd = command(backend_store_uri, artifacts_destination, host, self.port,
-                           app_name=server_auth.APP_NAME if auth_env else None)
         self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
+        self._command = functools.partial(command, backend_store_uri, artifacts_destination, host,
+                                          app_name=server_auth.APP_NAME if auth_env else None)
+        self._use(port or free_port(host))
+
+    def _use(self, port: int) -> None:
+        self.port = port
+        self.uri = f"http://{self.host}:{port}"
+        self.cmd = self._command(port)
 
     def start(self, wait: bool = True) -> "LocalServer":
-        """Start the server; with wait, return once it answers (else see `wait_until_up`)."""
+        """Start the server; with wait, return once it answers (else see `wait_until_up`). A port
+        it chose that another program took before the server bound it is chosen again (twice)."""
+        for attempt in range(3):
+            self._spawn()
+            if not wait:
+                return self
+            try:
+                wait_until_up(self.uri, self.proc, log_path=self.log_path)
+                return self
+            except BaseException:
+                self.stop()
+                exited = self.proc.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL)
+                if not (self.chose_port and exited and attempt < 2 and _taken(self.host, self.port)):
+                    raise
+                self._use(free_port(self.host))
+        return self
+
+    def _spawn(self) -> None:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
@@ -156,13 +211,6 @@ class LocalServer:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
-        if wait:
-            try:
-                wait_until_up(self.uri, self.proc, log_path=self.log_path)
-            except BaseException:
-                self.stop()
-                raise
-        return self
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
