@@ -4,6 +4,7 @@ and the 1440 x 1 shape, at one or more batch sizes.
 
     python scripts/benchmark.py                      # the full table (a few minutes on 2 cores)
     python scripts/benchmark.py --shapes seed --batch-sizes 64,512,4096 --loops bare,default
+    python scripts/benchmark.py --shapes seed --loops bare,packed --pack 1,3,8,32   # many networks in one step
     python scripts/benchmark.py --smoke --out b.json # seconds: checks that it all runs
     python scripts/benchmark.py --mlflow             # also stored as a run in experiment seqlab-benchmark
 """
@@ -18,6 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _integers(text: str) -> tuple[int, ...]:
+    """'64,512' -> (64, 512); () where any part is not a whole number."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        return ()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", help="comma-separated: cpu,gpu (default: every device present)")
@@ -26,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                              "feature), study (the seed shape in epochs of 4 batches, as sweep=device_batch at batch 4096)")
     parser.add_argument("--batch-sizes", default="64", help="comma-separated, e.g. 64,512,4096")
     parser.add_argument("--loops", default=",".join(("plain", "bare", "naive", "default")),
-                        help="comma-separated among plain,bare,naive,default (ratios need plain and bare)")
+                        help="comma-separated among plain,bare,naive,default,packed (ratios need plain and bare)")
+    parser.add_argument("--pack", help="comma-separated member counts for the packed loop, e.g. 1,3,8,32 (adds packed to "
+                                       "--loops; default 8 where --loops names packed)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny runs, one repeat: checks it runs, measures nothing")
     parser.add_argument("--out", type=Path, help="write the table as JSON here")
@@ -40,10 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     devices = args.devices.split(",") if args.devices else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
     shapes = args.shapes.split(",")
     loops = tuple(args.loops.split(","))
-    try:
-        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-    except ValueError:
-        batch_sizes = ()
+    if args.pack and "packed" not in loops:
+        loops += ("packed",)
+    batch_sizes, packs = _integers(args.batch_sizes), _integers(args.pack or "8")
     if [s for s in shapes if s not in benchmark.SHAPES] or [l for l in loops if l not in benchmark.LOOPS]:
         print(f"error: --shapes must be among {','.join(benchmark.SHAPES)}, --loops among {','.join(benchmark.LOOPS)}",
               file=sys.stderr)
@@ -51,14 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     if not batch_sizes or min(batch_sizes) < 1 or args.repeats < 1:
         print("error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive", file=sys.stderr)
         return 2
+    if not packs or min(packs) < 1:
+        print("error: --pack must be positive integers, e.g. 1,3,8,32", file=sys.stderr)
+        return 2
     if "gpu" in devices and not torch.cuda.is_available():
         print("error: --devices gpu asked for a CUDA GPU, but none is present", file=sys.stderr)
         return 2
     repeats = 1 if args.smoke else args.repeats
     settings = {"batch_sizes": args.batch_sizes, "repeats": repeats, "smoke": args.smoke, "shapes": args.shapes,
-                "loops": ",".join(loops)}
+                "loops": ",".join(loops), **({"pack": ",".join(map(str, packs))} if "packed" in loops else {})}
     print(f"machine: {benchmark.machine()}")
-    rows = benchmark.run(devices, shapes, batch_sizes, repeats, args.smoke, loops=loops)
+    rows = benchmark.run(devices, shapes, batch_sizes, repeats, args.smoke, loops=loops, packs=packs)
     print("\n" + benchmark.table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,11 @@
 (a) `plain`: the loop people write by hand; (b) `bare`: the default's own math (exact one-step
 shortcuts, fused optimizer, data on the device) as a bare Python loop, no Lightning, no tracking:
 the limit the default is held to; (c) `naive`: perf=naive; (d) `default` (perf=fast), with MLflow
-tracking on for (c) and (d). Runs alternate (a, b, c, d, a, b, ...) so that a noisy machine slows
-all of them alike; each figure is the median over repeats of the median epoch, the first epoch
-(warm-up) left out, the device synchronised before every clock read."""
+tracking on for (c) and (d); (e) `packed`: K networks of the bare loop's math as one packed step
+(seqlab.packing), whose model-steps/s (K x its steps/s) is set against `bare`'s, which is what K
+bare loops one after another give. Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
+machine slows all of them alike; each figure is the median over repeats of the median epoch, the
+first epoch (warm-up) left out, the device synchronised before every clock read."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"seed": (["data=synthetic"], 4, 2), "profile": (["data=daily_profile"], 2, 2),
                 "study": (["data=synthetic"], 2, 2)}
-LOOPS = ("plain", "bare", "naive", "default")
+LOOPS = ("plain", "bare", "naive", "default", "packed")
+DEFAULT_LOOPS = LOOPS[:4]
 
 
 @dataclass
@@ -50,9 +53,11 @@ class Row:
     steps_per_epoch: int
     it_per_s: float
     samples_per_s: float
-    ratio_to_plain: float = 0.0
-    ratio_to_bare: float = 0.0
+    ratio_to_plain: float = 0.0  # model-steps/s over plain's
+    ratio_to_bare: float = 0.0  # model-steps/s over bare's (for a pack: over K bare loops one after another)
     runs: list[float] = field(default_factory=list)  # it/s of each repeat
+    members: int = 1  # networks trained by each step (a pack's K)
+    model_steps_per_s: float = 0.0  # members x it_per_s; samples_per_s is this x batch_size
 
 
 def machine() -> dict[str, str]:
@@ -169,6 +174,52 @@ def bare_loop(cfg, device: str) -> list[float]:
     return rates
 
 
+class Unpackable(ValueError):
+    """Data a pack does not train (more than one step): its row is left out, with a line saying why."""
+
+
+def packed_loop(cfg, device: str, members: int) -> list[float]:
+    """`members` networks of the config trained as one packed step (seqlab.packing): the bare
+    loop's math for each (the one-step shortcut, the fused optimizer over the packed tensors,
+    zeroed gradients kept), member k built from seed cfg.seed + k and shuffled in an order of its
+    own each epoch, each step gathering every member's own batch. Returns the pack's steps/s
+    per epoch (model-steps/s: members x that). One-step data only."""
+    from hydra.utils import instantiate
+
+    from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+    from seqlab.training.perf import optimizer_factory
+
+    dev, x, y, _, _ = _setup(cfg, device)
+    if x.shape[1] != 1:
+        raise Unpackable(f"a pack trains one-step data only; this data has {x.shape[1]} steps")
+    nets = []
+    for k in range(members):
+        torch.manual_seed(cfg.seed + k)
+        nets.append(instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]))
+    model = PackedCNNLSTM(nets).to(dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(params)
+    grads = []
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    loss_fn = MEMBER_LOSSES[cfg.module.loss]
+    steps, bs = x[:, 0], cfg.data.batch_size
+    rates = []
+    for _ in range(cfg.trainer.max_epochs):
+        synchronize(dev)
+        start = time.perf_counter()
+        orders = torch.argsort(torch.rand(members, len(x), device=dev), dim=1)  # K permutations in one go
+        for i in range(len(x) // bs):
+            idx = orders[:, i * bs : (i + 1) * bs]
+            torch._foreach_zero_(grads)
+            loss_fn(model.forward_one_step(steps[idx]), y[idx]).sum().backward()
+            optimizer.step()
+        synchronize(dev)
+        rates.append((len(x) // bs) / (time.perf_counter() - start))
+    return rates
+
+
 def framework_loop(cfg) -> list[float]:
     """seqlab's own training (train()), tracking into a throw-away MLflow store."""
     from seqlab.train import train
@@ -198,49 +249,69 @@ def run(
     repeats: int = 3,
     smoke: bool = False,
     progress=print,
-    loops: tuple[str, ...] = LOOPS,
+    loops: tuple[str, ...] = DEFAULT_LOOPS,
+    packs: tuple[int, ...] = (8,),
 ) -> list[Row]:
+    """`packs`: the member counts the `packed` loop runs (one row each); one-step shapes only."""
     quiet = logging.getLogger("seqlab")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # each run's own report is not the benchmark's
     try:
-        return _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops)
+        return _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs)
     finally:
         quiet.setLevel(level)
 
 
-def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops) -> list[Row]:
+def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="seqlab-bench-") as tmp:
         root = Path(tmp)
         for device, shape, batch_size in itertools.product(devices, shapes, batch_sizes):
             overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
             configs = {loop: _compose([*overrides, "perf=naive"] if loop == "naive" else overrides) for loop in loops}
-            bare_math = [loop for loop in loops if loop in ("plain", "bare")]
-            runs: dict[str, list[float]] = {loop: [] for loop in loops}
+            # (loop, members): each pack size is a loop of its own.
+            variants = [(loop, k) for loop in loops for k in (packs if loop == "packed" else (1,))]
+            runs: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
             for repeat in range(repeats):
-                for loop in loops:
+                for loop, k in list(variants):
                     cfg = configs[loop]
-                    rates = _BARE_LOOPS[loop](cfg, device) if loop in bare_math else framework_loop(cfg)
-                    runs[loop].append(_epoch_median(rates))
-                    progress(f"  {device:4} {shape:8} bs{batch_size:<5} {loop:8} repeat {repeat + 1}/{repeats}: "
-                             f"{runs[loop][-1]:,.1f} it/s")
-            medians = {loop: statistics.median(values) for loop, values in runs.items()}
-            for loop in loops:
-                it = medians[loop]
-                rows.append(Row(device, shape, loop, batch_size, batches, it, it * batch_size,
-                                it / medians["plain"] if "plain" in medians else float("nan"),
-                                it / medians["bare"] if "bare" in medians else float("nan"), runs[loop]))
+                    try:
+                        if loop == "packed":
+                            rates = packed_loop(cfg, device, k)
+                        else:
+                            rates = _BARE_LOOPS[loop](cfg, device) if loop in _BARE_LOOPS else framework_loop(cfg)
+                    except Unpackable as reason:
+                        progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} skipped: {reason}")
+                        variants.remove((loop, k))
+                        del runs[(loop, k)]
+                        continue
+                    runs[(loop, k)].append(_epoch_median(rates))
+                    progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} repeat {repeat + 1}/{repeats}: "
+                             f"{runs[(loop, k)][-1]:,.1f} it/s")
+            medians = {v: statistics.median(values) for v, values in runs.items()}
+            plain, bare = medians.get(("plain", 1), float("nan")), medians.get(("bare", 1), float("nan"))
+            for (loop, k), it in medians.items():
+                model_steps = it * k
+                rows.append(Row(device, shape, loop, batch_size, batches, it, model_steps * batch_size,
+                                model_steps / plain, model_steps / bare, runs[(loop, k)], k, model_steps))
     return rows
 
 
+def _label(loop: str, members: int) -> str:
+    return f"packed{members}" if loop == "packed" else loop
+
+
 def table(rows: list[Row]) -> str:
-    lines = [f"{'device':6} {'shape':8} {'batch':>5} {'loop':8} {'it/s':>9} {'samples/s':>11} {'vs plain':>8} {'vs bare':>8}"]
+    lines = [f"{'device':6} {'shape':8} {'batch':>5} {'loop':9} {'it/s':>9} {'model-steps/s':>13} {'samples/s':>11} "
+             f"{'vs plain':>8} {'vs bare':>8}"]
     for r in rows:
         lines.append(
-            f"{r.device:6} {r.shape:8} {r.batch_size:5} {r.loop:8} {r.it_per_s:9,.1f} {r.samples_per_s:11,.0f} "
-            f"{r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
+            f"{r.device:6} {r.shape:8} {r.batch_size:5} {_label(r.loop, r.members):9} {r.it_per_s:9,.1f} "
+            f"{r.model_steps_per_s:13,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
         )
+    if any(r.members > 1 for r in rows):
+        lines.append("packedK: K networks in one step; it/s is the pack's steps/s, model-steps/s K x that; "
+                     "vs bare: over K bare loops one after another")
     return "\n".join(lines)
 
 
@@ -255,9 +326,9 @@ def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_r
     with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):
         tracker.log_params({k: str(v) for k, v in settings.items()})
         tracker.log_metrics(
-            {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.it_per_s": r.it_per_s for r in rows}
-            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.ratio_to_plain": r.ratio_to_plain for r in rows}
-            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{r.loop}.ratio_to_bare": r.ratio_to_bare for r in rows},
+            {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.it_per_s": r.it_per_s for r in rows}
+            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_plain": r.ratio_to_plain for r in rows}
+            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_bare": r.ratio_to_bare for r in rows},
             step=0,
         )
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,124 @@
+"""K members of the CNN-LSTM (seqlab.model.CNNLSTM) as one module: every parameter carries a
+leading member dimension, and one packed step trains all K at once. A step of one such network
+leaves almost all of a CPU or GPU idle (its cost is kernel launches and Python, not arithmetic);
+packed, each launch and each Python operation is paid once for K members.
+
+Written out rather than derived: `nn.LSTM` cannot be vmapped (pytorch#105982), and vmap over
+`stack_module_state` reached about half the speed of the written-out step on this project's 2-core
+VM (issue 22's table). Member k is a plain CNNLSTM on the way in (the constructor) and a plain
+CNNLSTM state dict on the way out and back (`member`, `load_member`), so a member's checkpoint and
+logged model can be the ones its run alone would have. One-step data only (the seed shape), where
+the network is the exact shortcut of CNNLSTM.forward_one_step.
+
+Each member's mathematics is its own: BatchNorm statistics over its own batch, its own dropout
+masks (from its own generator, as CPU dropout draws them), and a loss whose gradient for its
+parameters is that member's alone (the sum over members of each member's loss)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from seqlab.model import CNNLSTM
+
+# A CNNLSTM state dict key -> this module's packed parameter or buffer.
+_KEYS = {
+    "conv.weight": "conv_weight", "conv.bias": "conv_bias",
+    "bn.weight": "bn_weight", "bn.bias": "bn_bias",
+    "bn.running_mean": "bn_running_mean", "bn.running_var": "bn_running_var",
+    "bn.num_batches_tracked": "bn_num_batches_tracked",
+    "lstm.weight_ih_l0": "lstm_weight_ih", "lstm.weight_hh_l0": "lstm_weight_hh",
+    "lstm.bias_ih_l0": "lstm_bias_ih", "lstm.bias_hh_l0": "lstm_bias_hh",
+    "fc.weight": "fc_weight", "fc.bias": "fc_bias",
+}
+_BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+# Each loss of seqlab.training.module.LOSS_FUNCTIONS member by member: (K, batch, responses) -> (K,).
+# Their sum is the pack's loss: member k's parameters get member k's gradient alone.
+MEMBER_LOSSES = {
+    "half_mse": lambda pred, target: 0.5 * (pred - target).pow(2).sum(dim=2).mean(dim=1),
+    "mse": lambda pred, target: (pred - target).pow(2).mean(dim=(1, 2)),
+}
+
+
+class PackedCNNLSTM(nn.Module):
+    """K CNNLSTMs of one shape, built from the members themselves: each member is made exactly
+    as its run alone makes its network (its seed, its initialisation), then packed."""
+
+    def __init__(self, members: Sequence[CNNLSTM]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("a pack needs at least one member")
+        first = members[0]
+        shapes = {k: tuple(v.shape) for k, v in first.state_dict().items()}
+        for m in members[1:]:
+            other = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+            if other != shapes:
+                raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
+        self.k = len(members)
+        self.kernel_size = first.conv.kernel_size[0]
+        self.dropout = first.drop.p
+        self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum
+        states = [m.state_dict() for m in members]
+        for key, name in _KEYS.items():
+            stacked = torch.stack([s[key].detach().clone() for s in states])
+            if key in _BUFFERS:
+                self.register_buffer(name, stacked)
+            else:
+                # A parameter frozen in the members (MATLAB's second LSTM bias) stays frozen.
+                trainable = dict(first.named_parameters())[key].requires_grad
+                self.register_parameter(name, nn.Parameter(stacked, requires_grad=trainable))
+
+    def member(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k as a CNNLSTM state dict (copies)."""
+        return {key: getattr(self, name)[k].detach().clone() for key, name in _KEYS.items()}
+
+    @torch.no_grad()
+    def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
+        """Put a CNNLSTM state dict back as member k."""
+        for key, name in _KEYS.items():
+            getattr(self, name)[k].copy_(state[key])
+
+    def forward_one_step(self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+        """x: (K, batch, features), one step per sample; returns (K, batch, outputs). Member k's
+        output is CNNLSTM.forward_one_step of its own network on x[k] (see that method for why
+        one step needs only the convolution's centre tap and the LSTM's first step). In training,
+        member k's dropout mask is drawn from generators[k] where given (its run alone draws it
+        from its own stream)."""
+        tap = (self.kernel_size - 1) // 2
+        h = torch.baddbmm(self.conv_bias.unsqueeze(1), x, self.conv_weight[:, :, :, tap].transpose(1, 2))
+        h = torch.relu(self._batch_norm(h))
+        bias = self.lstm_bias_ih + self.lstm_bias_hh
+        i, _, g, o = torch.baddbmm(bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2)).chunk(4, dim=2)
+        c = torch.sigmoid(i) * torch.tanh(g)
+        h = self._dropout(torch.sigmoid(o) * torch.tanh(c), generators)
+        return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
+
+    def _batch_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """BatchNorm1d per member over its own batch (dimension 1), as nn.BatchNorm1d computes it:
+        the batch's biased variance to normalise, the unbiased one into the running estimate."""
+        if self.training:
+            mean = h.mean(dim=1, keepdim=True)
+            var = h.var(dim=1, unbiased=False, keepdim=True)
+            n = h.shape[1]
+            with torch.no_grad():
+                m = self.bn_momentum
+                self.bn_running_mean.mul_(1 - m).add_(mean.squeeze(1), alpha=m)
+                self.bn_running_var.mul_(1 - m).add_(var.squeeze(1) * (n / max(n - 1, 1)), alpha=m)
+                self.bn_num_batches_tracked.add_(1)
+        else:
+            mean, var = self.bn_running_mean.unsqueeze(1), self.bn_running_var.unsqueeze(1)
+        scale = self.bn_weight.unsqueeze(1) * torch.rsqrt(var + self.bn_eps)
+        return (h - mean) * scale + self.bn_bias.unsqueeze(1)
+
+    def _dropout(self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]) -> torch.Tensor:
+        p = self.dropout
+        if not self.training or p == 0.0:
+            return h
+        if generators is None:
+            return nn.functional.dropout(h, p, True)
+        # What CPU dropout computes, member by member from each member's stream.
+        keep = torch.stack([torch.empty_like(h[k]).bernoulli_(1 - p, generator=g) for k, g in enumerate(generators)])
+        return h * keep / (1 - p)

@@ -1,0 +1,143 @@
+"""Issue 22, point 1 and the model's part of point 5: K members of the CNN-LSTM packed into one
+module compute, member by member, what each network computes alone, and train as each would
+alone: the same initial weights, data order and dropout masks give the same losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqlab.model import CNNLSTM
+from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.training.module import LOSS_FUNCTIONS
+
+SHAPE = dict(n_features=16, n_outputs=1, filters=3, kernel_size=5, hidden_size=8)
+
+
+def _members(seeds, dropout=0.0, init="matlab"):
+    """Each member built as its run alone builds it (its seed, then its init); its random stream
+    then goes on from where the build left the global one, as the run's would."""
+    members, streams = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        members.append(CNNLSTM(**SHAPE, dropout=dropout, init=init))
+        stream = torch.Generator()
+        stream.set_state(torch.get_rng_state())
+        streams.append(stream)
+    return members, streams
+
+
+def _data(n=96, seed=123):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, SHAPE["n_features"], generator=g)
+    return x, x[:, 0, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g)
+
+
+def test_each_member_computes_what_its_network_computes_alone():
+    members, _ = _members([0, 1, 2, 3])
+    packed = PackedCNNLSTM(members)
+    x = torch.randn(4, 32, SHAPE["n_features"])
+    for training in (True, False):  # batch statistics, then the running ones
+        packed.train(training)
+        out = packed.forward_one_step(x)
+        assert out.shape == (4, 32, 1)
+        for k, member in enumerate(members):
+            member.train(training)
+            torch.testing.assert_close(out[k], member.forward_one_step(x[k]), rtol=1e-5, atol=1e-6)
+    for k, member in enumerate(members):  # the BatchNorm statistics the training pass updated, per member
+        torch.testing.assert_close(packed.bn_running_var[k], member.bn.running_var, rtol=1e-5, atol=1e-7)
+        assert int(packed.bn_num_batches_tracked[k]) == int(member.bn.num_batches_tracked) == 1
+
+
+def test_a_member_comes_out_as_a_plain_network_and_goes_back():
+    members, _ = _members([5, 6])
+    packed = PackedCNNLSTM(members)
+    alone = CNNLSTM(**SHAPE)
+    alone.load_state_dict(packed.member(1))  # strict: every key of a CNNLSTM, in its shapes
+    assert all(torch.equal(alone.state_dict()[key], value) for key, value in members[1].state_dict().items())
+    assert not packed.lstm_bias_hh.requires_grad  # MATLAB's second LSTM bias stays frozen, as in the members
+    packed.load_member(0, members[1].state_dict())
+    assert torch.equal(packed.conv_weight[0], packed.conv_weight[1])
+    with pytest.raises(ValueError, match="one shape"):
+        PackedCNNLSTM([members[0], CNNLSTM(**{**SHAPE, "hidden_size": 9})])
+
+
+@pytest.mark.parametrize("loss", ["half_mse", "mse"])
+def test_a_member_loss_is_the_loss_of_its_network_alone(loss):
+    pred, target = torch.randn(5, 32, 2), torch.randn(5, 32, 2)
+    per_member = MEMBER_LOSSES[loss](pred, target)
+    assert per_member.shape == (5,)
+    for k in range(5):
+        torch.testing.assert_close(per_member[k], LOSS_FUNCTIONS[loss](pred[k], target[k]))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25], ids=["no-dropout", "dropout"])
+def test_packed_training_equals_each_member_trained_alone(dropout):
+    """100 Adam steps, batch 16, each member its own seed: its data order and dropout masks from
+    its own stream, drawn in the order its run alone draws them (a permutation an epoch, a mask a
+    step). One fused Adam over the packed tensors is K Adams (Adam is elementwise)."""
+    seeds, steps, bs = [0, 1, 2], 100, 16
+    x, y = _data()
+    batches = len(x) // bs
+
+    def alone(seed):
+        members, _ = _members([seed], dropout)
+        model = members[0]
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
+        losses = []
+        while len(losses) < steps:
+            order = torch.randperm(len(x))  # the global stream, where the build left it
+            for i in range(batches):
+                idx = order[i * bs:(i + 1) * bs]
+                optimizer.zero_grad()
+                loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[idx, 0]), y[idx])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        return losses[:steps]
+
+    expected = [alone(seed) for seed in seeds]
+
+    members, streams = _members(seeds, dropout)
+    packed = PackedCNNLSTM(members)
+    optimizer = torch.optim.Adam([p for p in packed.parameters() if p.requires_grad], lr=1e-2, fused=True)
+    losses = []
+    while len(losses) < steps:
+        orders = torch.stack([torch.randperm(len(x), generator=g) for g in streams])
+        for i in range(batches):
+            idx = orders[:, i * bs:(i + 1) * bs]  # (K, batch): each member's own batch
+            optimizer.zero_grad()
+            per_member = MEMBER_LOSSES["half_mse"](packed.forward_one_step(x[idx, 0], streams), y[idx])
+            per_member.sum().backward()  # each member's gradient is its own loss's
+            optimizer.step()
+            losses.append(per_member.detach().tolist())
+    got = torch.tensor(losses[:steps]).T
+    torch.testing.assert_close(got, torch.tensor(expected), rtol=1e-4, atol=1e-6)
+    assert got[:, -1].mean() < 0.5 * got[:, 0].mean()  # they trained
+
+
+# -- the benchmark's packed loop --------------------------------------------------------------------
+def test_the_benchmark_runs_packs_beside_bare_and_skips_multi_step_data(tmp_path):
+    import json
+
+    from conftest import ROOT
+    from inprocess import run_script
+
+    out = tmp_path / "bench.json"
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--shapes", "seed,profile", "--loops", "bare",
+                                                          "--pack", "1,3", "--out", str(out)], env={"SEQLAB_ROOT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["shape"], r["loop"], r["members"]) for r in rows) == [
+        ("profile", "bare", 1), ("seed", "bare", 1), ("seed", "packed", 1), ("seed", "packed", 3)]
+    bare = next(r for r in rows if r["shape"] == "seed" and r["loop"] == "bare")
+    for r in rows:
+        assert r["it_per_s"] > 0 and r["model_steps_per_s"] == pytest.approx(r["it_per_s"] * r["members"])
+        assert r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"])
+        if r["shape"] == "seed":  # over K bare loops one after another: bare's own rate
+            assert r["ratio_to_bare"] == pytest.approx(r["model_steps_per_s"] / bare["it_per_s"])
+    assert "profile  bs64    packed3   skipped: a pack trains one-step data only; this data has 1440 steps" in proc.stdout
+    assert "packed3" in proc.stdout and "model-steps/s" in proc.stdout
+
+    bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --pack must be positive integers, e.g. 1,3,8,32"]
