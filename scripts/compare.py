@@ -1,4 +1,4 @@
-"""Compare MLflow runs side by side: a table, plots and a verdict (logic in src/seqlab/compare.py).
+"""Compare MLflow runs side by side: a table, plots and a verdict (logic in src/seqlab/sweeps/: runs.py, verdict.py, compare.py).
 Runs that differ only in `seed` are repeats of one configuration: the table gives n, mean and
 95% interval per configuration, and the verdict ranks configurations only where Welch's t-test
 at 5% tells them apart ("tied within noise" otherwise).

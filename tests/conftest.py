@@ -11,7 +11,7 @@ from pathlib import Path
 
 # pytest-xdist runs a test file per core at once: each worker takes its share of the cores for
 # torch (read when torch is imported, after this), as a parallel launcher's jobs do
-# (seqlab.train._set_threads). Two workers each running torch on every core oversubscribe the
+# (seqlab.sweeps.job.Job.cpu_share). Two workers each running torch on every core oversubscribe the
 # machine: the suite took 5 min 45 s instead of 4 min 50 s on the 2-core VM.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS",

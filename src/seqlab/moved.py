@@ -7,7 +7,12 @@ What a user already has names them:
   answers only for the old names below, and only after Python's own finders found nothing).
 
 `seqlab.store` and `seqlab.callbacks` are packages now under their old names (the store's module
-is `seqlab.store.local`; the callbacks' `build` is still `seqlab.callbacks.build`)."""
+is `seqlab.store.local`; the callbacks' `build` is still `seqlab.callbacks.build`). Modules are
+aliased, not names: the few functions that moved between modules on the way (a resume point's
+publish/drop to `seqlab.resume.points`, `continue_job` and `resume_command` to `seqlab.sweeps.job`,
+the study's helpers to `seqlab.sweeps.study`) are found at their new homes only; no config or
+command line names them. `python -m OLD` runs the module with `__package__` of the old name:
+`seqlab.store.server` and `seqlab.tracking.step_writer` import absolutely, as they must stay."""
 
 from __future__ import annotations
 
@@ -98,6 +103,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def get_code(self, name: str) -> Any:
         """What runpy (python -m OLD) runs: the code of the module where it is now."""
         new = MOVED[name]
+        warnings.warn(f"python -m {name}: it is python -m {new} now", DeprecationWarning, stacklevel=2)
         return importlib.util.find_spec(new).loader.get_code(new)
 
 

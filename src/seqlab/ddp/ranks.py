@@ -1,6 +1,6 @@
 """Ranks and processes: which process of a multi-process (DDP) job this is, whether the trainer
 settings start more than one, the scope a DDP job's process group lives in, and how Lightning's
-launcher starts the other processes as this job. Light imports only (job.py uses it on the CLI's
+launcher starts the other processes as this job. Light imports only (sweeps/job.py uses it on the CLI's
 start-up path)."""
 
 from __future__ import annotations

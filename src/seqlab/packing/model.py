@@ -100,8 +100,7 @@ class PackedCNNLSTM(nn.Module):
         """BatchNorm1d per member over its own batch (dimension 1), as nn.BatchNorm1d computes it:
         the batch's biased variance to normalise, the unbiased one into the running estimate."""
         if self.training:
-            mean = h.mean(dim=1, keepdim=True)
-            var = h.var(dim=1, unbiased=False, keepdim=True)
+            var, mean = torch.var_mean(h, dim=1, unbiased=False, keepdim=True)
             n = h.shape[1]
             with torch.no_grad():
                 m = self.bn_momentum

@@ -1,5 +1,5 @@
 """The MLflow tracking server, started one way for three users: `make server` (a shared server
-for a team or a machine), a parallel sweep's own loopback server (see sweep.py), and the tests.
+for a team or a machine), a parallel sweep's own loopback server (see sweeps/callback.py), and the tests.
 
 The server owns the store (SQLite by default, PostgreSQL in production) and serves artifacts
 itself (`--serve-artifacts`), so its clients need only its address, no shared disk.
@@ -187,8 +187,10 @@ class LocalServer:
             try:
                 wait_until_up(self.uri, self.proc, log_path=self.log_path)
                 return self
-            except BaseException:
+            except BaseException as error:
                 self.stop()
+                if not isinstance(error, SeqlabError):  # Ctrl-C, a bug: no second try
+                    raise
                 exited = self.proc.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL)
                 if not (self.chose_port and exited and attempt < 2 and _taken(self.host, self.port)):
                     raise

@@ -25,7 +25,6 @@ VERDICT_FILE = "search_verdict.txt"  # printed by the sweep callback after its s
 STARTING = "starting_config"  # the config's own values
 INTERRUPTED = "interrupted"  # stopped by Ctrl-C or SIGTERM: run again with the same values
 RETRY_OF = "retry_of"  # on the trial that runs an interrupted one's values again
-_MISSING = object()  # OmegaConf.select's answer for a key the config does not have
 
 
 class SearchError(SeqlabError):
