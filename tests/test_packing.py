@@ -141,3 +141,72 @@ def test_the_benchmark_runs_packs_beside_bare_and_skips_multi_step_data(tmp_path
 
     bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --pack must be positive integers, e.g. 1,3,8,32"]
+
+
+# -- per-member settings ---------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["l2norm", "global-l2norm", "absolute-value"])
+def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method):
+    """Point 2: each member its own optimizer.lr, module.l2_regularization and gradient threshold
+    (None: none); 100 steps of the packed optimizer and treatment against each member with Adam and
+    seqlab.training.gradients alone, the same data order."""
+    from seqlab.packing.optim import PackedAdam, PackedGradientTreatment
+    from seqlab.training.gradients import GradientTreatment
+
+    seeds, lrs, l2s, thresholds = [0, 1, 2], [1e-2, 3e-3, 3e-2], [0.0, 1e-3, 1e-2], [None, 1.0, 0.05]
+    steps, bs = 100, 16
+    x, y = _data()
+    orders = [torch.randperm(len(x), generator=torch.Generator().manual_seed(50 + s)) for s in seeds]
+
+    def batch(k, i):
+        i %= len(x) // bs
+        return orders[k][i * bs:(i + 1) * bs]
+
+    expected = []
+    for k, seed in enumerate(seeds):
+        (model,), _ = _members([seed])
+        optimizer = torch.optim.Adam(model.parameters(), lr=lrs[k], fused=True)
+        treatment = GradientTreatment(model, l2s[k], thresholds[k], method)
+        losses = []
+        for i in range(steps):
+            optimizer.zero_grad()
+            loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[batch(k, i), 0]), y[batch(k, i)])
+            loss.backward()
+            treatment()
+            optimizer.step()
+            losses.append(loss.item())
+        expected.append(losses)
+
+    members, _ = _members(seeds)
+    packed = PackedCNNLSTM(members)
+    params = [p for p in packed.parameters() if p.requires_grad]
+    optimizer = PackedAdam(params, lrs)
+    treatment = PackedGradientTreatment(packed.l2_parameters(), params, l2s, thresholds, method)
+    losses = []
+    for i in range(steps):
+        idx = torch.stack([batch(k, i) for k in range(len(seeds))])
+        optimizer.zero_grad()
+        per_member = MEMBER_LOSSES["half_mse"](packed.forward_one_step(x[idx, 0]), y[idx])
+        per_member.sum().backward()
+        treatment()
+        optimizer.step()
+        losses.append(per_member.detach().tolist())
+    torch.testing.assert_close(torch.tensor(losses).T, torch.tensor(expected), rtol=1e-4, atol=1e-6)
+    assert {n for n, p in packed.named_parameters() if any(p is q for q in packed.l2_parameters())} == {
+        "conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
+
+
+def test_a_scheduler_scales_every_members_rate():
+    from seqlab.packing.optim import PackedAdam
+
+    members, _ = _members([0, 1])
+    packed = PackedCNNLSTM(members)
+    optimizer = PackedAdam([p for p in packed.parameters() if p.requires_grad], [1e-2, 1e-3])
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    group = optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(0.25)  # the schedule's factor after two drops
+    torch.testing.assert_close(group["lr"] * group["member_lr"], torch.tensor([2.5e-3, 2.5e-4]))
+    with pytest.raises(ValueError, match="first dimension must be the 3 members"):
+        PackedAdam(packed.parameters(), [1e-2, 1e-3, 1e-4])

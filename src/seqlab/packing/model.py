@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from seqlab.model import CNNLSTM
+from seqlab.training.gradients import l2_parameters
 
 # A CNNLSTM state dict key -> this module's packed parameter or buffer.
 _KEYS = {
@@ -62,6 +63,9 @@ class PackedCNNLSTM(nn.Module):
         self.dropout = first.drop.p
         self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum
         states = [m.state_dict() for m in members]
+        # Which packed tensors MATLAB's L2 applies to: those of the member's l2_parameters.
+        chosen = {id(p) for p in l2_parameters(first)}
+        self._l2_names = [_KEYS[key] for key, p in first.named_parameters() if id(p) in chosen]
         for key, name in _KEYS.items():
             stacked = torch.stack([s[key].detach().clone() for s in states])
             if key in _BUFFERS:
@@ -70,6 +74,10 @@ class PackedCNNLSTM(nn.Module):
                 # A parameter frozen in the members (MATLAB's second LSTM bias) stays frozen.
                 trainable = dict(first.named_parameters())[key].requires_grad
                 self.register_parameter(name, nn.Parameter(stacked, requires_grad=trainable))
+
+    def l2_parameters(self) -> list[nn.Parameter]:
+        """The packed tensors MATLAB's L2 regularises (seqlab.training.gradients.l2_parameters)."""
+        return [getattr(self, name) for name in self._l2_names]
 
     def member(self, k: int) -> dict[str, torch.Tensor]:
         """Member k as a CNNLSTM state dict (copies)."""

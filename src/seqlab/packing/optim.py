@@ -1,0 +1,112 @@
+"""Per-member training settings of a pack: each member's own learning rate (Adam), and MATLAB's
+coupled L2 and gradient threshold computed member by member (seqlab.training.gradients does them
+for one network). Every tensor here carries the member dimension first, so a setting is a (K,)
+tensor, viewed as (K, 1, ...) against a parameter; nothing loops over members in Python.
+
+One fused Adam over the packed tensors already equals K Adams when the members share one learning
+rate (Adam is elementwise); `PackedAdam` is for members that do not."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from seqlab.schema import ThresholdMethod, choice
+
+
+def per_member(values: Sequence[Optional[float]], like: torch.Tensor, missing: float) -> torch.Tensor:
+    """A (K,) tensor of a setting, on `like`'s device; a member without one gets `missing`."""
+    return torch.tensor([missing if v is None else float(v) for v in values], dtype=like.dtype, device=like.device)
+
+
+def _along(values: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """(K,) -> (K, 1, ..., 1): one value per member, broadcast over a packed tensor."""
+    return values.view(-1, *([1] * (tensor.dim() - 1)))
+
+
+class PackedAdam(torch.optim.Optimizer):
+    """Adam (torch.optim.Adam's update, without weight decay: MATLAB's L2 is coupled into the
+    gradient before the step) with a learning rate per member: member k steps with
+    group["lr"] x group["member_lr"][k]. group["lr"] starts at 1 and is what a torch scheduler
+    changes (a scalar, as schedulers expect), so a schedule (StepLR: MATLAB's piecewise drop)
+    scales every member's own rate by the same factor, as each member's run alone would."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        params = list(params)
+        if not params:
+            raise ValueError("PackedAdam needs parameters")
+        lr_tensor = per_member(lr, params[0], math.nan)
+        if any(p.shape[0] != len(lr) for p in params):
+            raise ValueError(f"every packed parameter's first dimension must be the {len(lr)} members")
+        super().__init__(params, dict(lr=1.0, member_lr=lr_tensor, betas=betas, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            grads, m, v = [p.grad for p in params], [], []
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m.append(state["exp_avg"])
+                v.append(state["exp_avg_sq"])
+            step = self.state[params[0]]["step"]
+            torch._foreach_lerp_(m, grads, 1 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_div_(denom, math.sqrt(1 - beta2 ** step))
+            torch._foreach_add_(denom, group["eps"])
+            step_size = group["lr"] * group["member_lr"] / (1 - beta1 ** step)  # (K,)
+            for p, exp_avg, d in zip(params, m, denom):
+                p.sub_(_along(step_size, p) * exp_avg / d)
+        return loss
+
+
+class PackedGradientTreatment:
+    """MATLAB's coupled L2 (gradient += l2 * w on weights and BatchNorm scale/offset, never biases)
+    and gradient threshold, each member with its own factor and threshold (None: none), with the
+    threshold method all members share (it is a shape of the computation, not a setting)."""
+
+    def __init__(self, l2_params: Sequence[nn.Parameter], params: Sequence[nn.Parameter], l2: Sequence[float],
+                 threshold: Sequence[Optional[float]], method: str = "l2norm") -> None:
+        self.method = choice(ThresholdMethod, method, "module.gradient_threshold_method")
+        self.params, self.l2_params = list(params), list(l2_params)
+        self.l2 = per_member(l2, self.params[0], 0.0)
+        self.threshold = per_member(threshold, self.params[0], math.inf)
+        self.active_l2 = bool(self.l2.any())
+        self.active_threshold = bool(torch.isfinite(self.threshold).any())
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.active_l2:
+            for p in self.l2_params:
+                if p.grad is not None:
+                    p.grad.add_(_along(self.l2, p) * p)
+        if not self.active_threshold:
+            return
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.method == "absolute-value":
+            for g in grads:
+                bound = _along(self.threshold, g)
+                torch.clamp(g, -bound, bound, out=g)
+            return
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads])  # (tensors, K)
+        if self.method == "global-l2norm":
+            norms = norms.norm(dim=0).expand_as(norms)
+        # min(1, threshold / norm) per tensor and member: at or under the threshold untouched.
+        scales = (self.threshold / norms).clamp(max=1.0)
+        for g, scale in zip(grads, scales):
+            g.mul_(_along(scale, g))
