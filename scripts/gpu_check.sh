@@ -3,10 +3,11 @@
 #   1. the GPU tests (pytest -m gpu): CUDA-graph capture, no host synchronisation in the loop;
 #   2. the benchmark with cpu and gpu rows: the seed shape at batch 64, 512 and 4096, every loop
 #      but naive (plain, bare, default), so the default is held to its bare loop on both devices;
-#   3. a short device x batch study (sweep=device_batch: cpu and gpu at batch 64, 512, 4096, the default
+#   3. many networks in one step on the GPU: the packed loop beside bare at batch 64, K = 1, 8, 32, 256;
+#   4. a short device x batch study (sweep=device_batch: cpu and gpu at batch 64, 512, 4096, the default
 #      loop, 2 seeds, 5 s a job: 12 jobs).
 # Everything it writes goes under OUT_DIR (machine.txt, pytest_gpu.txt, benchmark.{txt,json},
-# sweep.txt, and the sweep's MLflow store under OUT_DIR/root/mlruns).
+# packed.{txt,json}, sweep.txt, and the sweep's MLflow store under OUT_DIR/root/mlruns).
 #
 #   scripts/gpu_check.sh OUT_DIR
 #
@@ -39,8 +40,10 @@ if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 step pytest_gpu 120 "$py" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra"
-step benchmark 210 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --loops plain,bare,default --batch-sizes 64,512,4096 \
+step benchmark 180 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --loops plain,bare,default --batch-sizes 64,512,4096 \
   --repeats 2 --out "$out/benchmark.json"
-step sweep 140 "$py" train.py -m sweep=device_batch seed=0,1 data.batch_size=64,512,4096 perf=fast \
+step packed 60 "$py" scripts/benchmark.py --devices gpu --shapes seed --loops bare --pack 1,8,32,256 --batch-sizes 64 \
+  --repeats 2 --out "$out/packed.json"
+step sweep 120 "$py" train.py -m sweep=device_batch seed=0,1 data.batch_size=64,512,4096 perf=fast \
   "trainer.max_time=00:00:00:05" paths.root_dir="$out/root"
 exit $status
