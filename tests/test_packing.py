@@ -195,6 +195,71 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
         "conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
 
 
+@pytest.mark.parametrize("name", ["adam", "sgdm", "rmsprop"])
+def test_each_configured_optimizer_packs_with_a_rate_per_member(name):
+    """The config's optimizer (conf/optimizer/NAME.yaml) packed, each member its own learning rate
+    and the piecewise schedule (StepLR) over them all: 60 steps against each member with that
+    optimizer and schedule alone."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from conftest import CONF_DIR
+    from seqlab.packing.optim import packed_optimizer
+
+    partial = instantiate(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
+    seeds, lrs, steps, bs = [0, 1], [1e-3, 4e-3], 60, 16
+    x, y = _data()
+
+    def batch(i):
+        i %= len(x) // bs
+        return torch.arange(i * bs, (i + 1) * bs)
+
+    expected = []
+    for k, seed in enumerate(seeds):
+        (model,), _ = _members([seed])
+        optimizer = partial(params=model.parameters(), lr=lrs[k])
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
+        losses = []
+        for i in range(steps):
+            optimizer.zero_grad()
+            loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[batch(i), 0]), y[batch(i)])
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+        expected.append(losses)
+
+    members, _ = _members(seeds)
+    packed = PackedCNNLSTM(members)
+    optimizer = packed_optimizer(partial, [p for p in packed.parameters() if p.requires_grad], lrs)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
+    losses = []
+    for i in range(steps):
+        idx = batch(i).expand(len(seeds), -1)
+        optimizer.zero_grad()
+        per_member = MEMBER_LOSSES["half_mse"](packed.forward_one_step(x[idx, 0]), y[idx])
+        per_member.sum().backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(per_member.detach().tolist())
+    torch.testing.assert_close(torch.tensor(losses).T, torch.tensor(expected), rtol=1e-4, atol=1e-6)
+
+
+def test_an_optimizer_setting_a_pack_cannot_train_is_one_line():
+    import functools
+
+    from seqlab import SeqlabError
+    from seqlab.packing.optim import packed_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(2, 3))]
+    with pytest.raises(SeqlabError, match=r"^optimizer.weight_decay cannot be packed: .*set optimizer.weight_decay=0$"):
+        packed_optimizer(functools.partial(torch.optim.Adam, weight_decay=1e-4), params, [1e-3, 1e-3])
+    with pytest.raises(SeqlabError, match=r"^optimizer.nesterov=True cannot be packed \(only False\): pack=off to train it$"):
+        packed_optimizer(functools.partial(torch.optim.SGD, momentum=0.9, nesterov=True), params, [1e-3, 1e-3])
+    with pytest.raises(SeqlabError, match=r"^optimizer Adagrad cannot be packed"):
+        packed_optimizer(functools.partial(torch.optim.Adagrad), params, [1e-3, 1e-3])
+
+
 def test_a_scheduler_scales_every_members_rate():
     from seqlab.packing.optim import PackedAdam
 

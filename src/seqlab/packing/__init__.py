@@ -2,9 +2,10 @@
 
 - `model`: the packed CNN-LSTM (`PackedCNNLSTM`): parameters with a leading member dimension,
            member k in and out as a plain CNNLSTM state dict, per-member BatchNorm and dropout
-- `optim`: per-member settings: Adam with a learning rate per member (`PackedAdam`), MATLAB's L2
-           and gradient threshold per member (`PackedGradientTreatment`)
+- `optim`: per-member settings: the configured optimizer (Adam, SGDM, RMSProp) with a learning rate
+           per member (`packed_optimizer`), MATLAB's L2 and gradient threshold per member
+           (`PackedGradientTreatment`)
 
-Not yet (issue 22): packing a multirun's jobs (`pack=8`), each member its own MLflow run, SGDM and
-RMSProp with per-member rates, multi-step data.
+Not yet (issue 22): packing a multirun's jobs (`pack=8`), each member its own MLflow run,
+multi-step data.
 """

@@ -1,4 +1,5 @@
-"""Per-member training settings of a pack: each member's own learning rate (Adam), and MATLAB's
+"""Per-member training settings of a pack: each member's own learning rate (Adam, SGDM, RMSProp as
+conf/optimizer/ configures them: `packed_optimizer`), and MATLAB's
 coupled L2 and gradient threshold computed member by member (seqlab.training.gradients does them
 for one network). Every tensor here carries the member dimension first, so a setting is a (K,)
 tensor, viewed as (K, 1, ...) against a parameter; nothing loops over members in Python.
@@ -8,12 +9,14 @@ rate (Adam is elementwise); `PackedAdam` is for members that do not."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from seqlab import SeqlabError
 from seqlab.schema import ThresholdMethod, choice
 
 
@@ -27,22 +30,32 @@ def _along(values: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (tensor.dim() - 1)))
 
 
-class PackedAdam(torch.optim.Optimizer):
-    """Adam (torch.optim.Adam's update, without weight decay: MATLAB's L2 is coupled into the
-    gradient before the step) with a learning rate per member: member k steps with
+class _PackedOptimizer(torch.optim.Optimizer):
+    """An optimizer over packed parameters with a learning rate per member: member k steps with
     group["lr"] x group["member_lr"][k]. group["lr"] starts at 1 and is what a torch scheduler
     changes (a scalar, as schedulers expect), so a schedule (StepLR: MATLAB's piecewise drop)
-    scales every member's own rate by the same factor, as each member's run alone would."""
+    scales every member's own rate by the same factor, as each member's run alone would. No
+    weight decay: MATLAB's L2 is coupled into the gradient before the step (PackedGradientTreatment)."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], **defaults: float) -> None:
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__} needs parameters")
+        if any(p.shape[0] != len(lr) for p in params):
+            raise ValueError(f"every packed parameter's first dimension must be the {len(lr)} members")
+        super().__init__(params, dict(lr=1.0, member_lr=per_member(lr, params[0], math.nan), **defaults))
+
+    @staticmethod
+    def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return _along(group["lr"] * group["member_lr"] * scale, p)
+
+
+class PackedAdam(_PackedOptimizer):
+    """torch.optim.Adam's update (no amsgrad), member by member."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
-        params = list(params)
-        if not params:
-            raise ValueError("PackedAdam needs parameters")
-        lr_tensor = per_member(lr, params[0], math.nan)
-        if any(p.shape[0] != len(lr) for p in params):
-            raise ValueError(f"every packed parameter's first dimension must be the {len(lr)} members")
-        super().__init__(params, dict(lr=1.0, member_lr=lr_tensor, betas=betas, eps=eps))
+        super().__init__(params, lr, betas=betas, eps=eps)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
@@ -69,10 +82,78 @@ class PackedAdam(torch.optim.Optimizer):
             denom = torch._foreach_sqrt(v)
             torch._foreach_div_(denom, math.sqrt(1 - beta2 ** step))
             torch._foreach_add_(denom, group["eps"])
-            step_size = group["lr"] * group["member_lr"] / (1 - beta1 ** step)  # (K,)
             for p, exp_avg, d in zip(params, m, denom):
-                p.sub_(_along(step_size, p) * exp_avg / d)
+                p.sub_(self._rate(group, p, 1 / (1 - beta1 ** step)) * exp_avg / d)
         return loss
+
+
+class PackedSGDM(_PackedOptimizer):
+    """torch.optim.SGD's update with momentum (no dampening, no Nesterov), member by member."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], momentum: float = 0.9) -> None:
+        super().__init__(params, lr, momentum=momentum)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = p.grad.clone()  # torch's first step: the gradient itself
+                else:
+                    state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+                p.sub_(self._rate(group, p) * state["momentum_buffer"])
+        return loss
+
+
+class PackedRMSProp(_PackedOptimizer):
+    """torch.optim.RMSprop's update (not centered, no momentum), member by member."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], alpha: float = 0.99, eps: float = 1e-8) -> None:
+        super().__init__(params, lr, alpha=alpha, eps=eps)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["square_avg"] = torch.zeros_like(p)
+                square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+                p.sub_(self._rate(group, p) * p.grad / square_avg.sqrt().add_(group["eps"]))
+        return loss
+
+
+# The config's optimizer class -> its packed form and the settings it carries over.
+_PACKED = {
+    torch.optim.Adam: (PackedAdam, ("betas", "eps"), {"amsgrad": False, "maximize": False}),
+    torch.optim.SGD: (PackedSGDM, ("momentum",), {"dampening": 0, "nesterov": False, "maximize": False}),
+    torch.optim.RMSprop: (PackedRMSProp, ("alpha", "eps"), {"centered": False, "momentum": 0, "maximize": False}),
+}
+
+
+def packed_optimizer(partial: functools.partial, params: Iterable[nn.Parameter], lr: Sequence[float]) -> _PackedOptimizer:
+    """The packed form of the config's optimizer (a `_partial_` of torch.optim.Adam, SGD or
+    RMSprop: conf/optimizer/), each member with its own learning rate; a setting it cannot pack
+    is one line naming it."""
+    found = _PACKED.get(partial.func)
+    if found is None:
+        raise SeqlabError(f"optimizer {partial.func.__name__} cannot be packed: pack=off, or optimizer=adam|sgdm|rmsprop")
+    cls, carried, required = found
+    given = partial.keywords
+    if given.get("weight_decay", 0.0):
+        raise SeqlabError("optimizer.weight_decay cannot be packed: MATLAB's L2 is module.l2_regularization; "
+                          "set optimizer.weight_decay=0")
+    for key, value in required.items():
+        if key in given and given[key] != value:
+            raise SeqlabError(f"optimizer.{key}={given[key]} cannot be packed (only {value}): pack=off to train it")
+    return cls(params, lr, **{key: given[key] for key in carried if key in given})
 
 
 class PackedGradientTreatment:
