@@ -12,7 +12,10 @@
 #   scripts/gpu_check.sh OUT_DIR
 #
 # Python: $PYTHON if set, else .venv/bin/python if it exists, else python3 (a machine whose own
-# PyTorch has CUDA: the project's sources are used from src/ without installing them).
+# PyTorch has CUDA: the project's sources are used from src/ without installing them). A machine
+# without Hydra, OmegaConf, MLflow or Optuna and without a network gets them from WHEELS=DIR, made
+# here by scripts/gpu_wheels.sh (a path from the repository's root): installed first into a folder
+# of their own (no network, no deps).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 cd "$(dirname "$0")/.."
@@ -21,6 +24,14 @@ out=$(cd "$out" && pwd)
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SEQLAB_ROOT="$out/root"
 status=0
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d /tmp/seqlab-site.XXXXXX)
+  trap 'rm -rf "$site"' EXIT
+  if ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl; then
+    echo "error: the wheels in $WHEELS did not install (make them with scripts/gpu_wheels.sh $WHEELS)"; exit 2
+  fi
+  export PYTHONPATH="$PYTHONPATH:$site" PATH="$site/bin:$PATH"  # mlflow's command: the tracking server
+fi
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to OUT_DIR/NAME.txt
   local name=$1 limit=$2; shift 2
