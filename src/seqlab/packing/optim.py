@@ -49,9 +49,22 @@ class _PackedOptimizer(torch.optim.Optimizer):
     def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return _along(group["lr"] * group["member_lr"] * scale, p)
 
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(group, p, self.state[p])
+        return loss
+
+    def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
+        raise NotImplementedError
+
 
 class PackedAdam(_PackedOptimizer):
-    """torch.optim.Adam's update (no amsgrad), member by member."""
+    """torch.optim.Adam's update (no amsgrad), member by member, with foreach kernels over all
+    parameters at once (its step replaces the base class's per-parameter one)."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
@@ -93,20 +106,12 @@ class PackedSGDM(_PackedOptimizer):
     def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], momentum: float = 0.9) -> None:
         super().__init__(params, lr, momentum=momentum)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001
-        loss = None if closure is None else closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = p.grad.clone()  # torch's first step: the gradient itself
-                else:
-                    state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
-                p.sub_(self._rate(group, p) * state["momentum_buffer"])
-        return loss
+    def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = p.grad.clone()  # torch's first step: the gradient itself
+        else:
+            state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+        p.sub_(self._rate(group, p) * state["momentum_buffer"])
 
 
 class PackedRMSProp(_PackedOptimizer):
@@ -115,19 +120,11 @@ class PackedRMSProp(_PackedOptimizer):
     def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], alpha: float = 0.99, eps: float = 1e-8) -> None:
         super().__init__(params, lr, alpha=alpha, eps=eps)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001
-        loss = None if closure is None else closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["square_avg"] = torch.zeros_like(p)
-                square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
-                p.sub_(self._rate(group, p) * p.grad / square_avg.sqrt().add_(group["eps"]))
-        return loss
+    def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
+        if not state:
+            state["square_avg"] = torch.zeros_like(p)
+        square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+        p.sub_(self._rate(group, p) * p.grad / square_avg.sqrt().add_(group["eps"]))
 
 
 # The config's optimizer class -> its packed form and the settings it carries over.
