@@ -16,11 +16,12 @@ SHAPE = dict(n_features=16, n_outputs=1, filters=3, kernel_size=5, hidden_size=8
 
 def _members(seeds, dropout=0.0, init="matlab"):
     """Each member built as its run alone builds it (its seed, then its init); its random stream
-    then goes on from where the build left the global one, as the run's would."""
+    then goes on from where the build left the global one, as the run's would. `dropout`: one
+    for all, or a list, one a member."""
     members, streams = [], []
-    for seed in seeds:
+    for k, seed in enumerate(seeds):
         torch.manual_seed(seed)
-        members.append(CNNLSTM(**SHAPE, dropout=dropout, init=init))
+        members.append(CNNLSTM(**SHAPE, dropout=dropout[k] if isinstance(dropout, list) else dropout, init=init))
         stream = torch.Generator()
         stream.set_state(torch.get_rng_state())
         streams.append(stream)
@@ -71,7 +72,7 @@ def test_a_member_loss_is_the_loss_of_its_network_alone(loss):
         torch.testing.assert_close(per_member[k], LOSS_FUNCTIONS[loss](pred[k], target[k]))
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.25], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("dropout", [0.0, 0.25, [0.0, 0.1, 0.4]], ids=["no-dropout", "dropout", "dropout-per-member"])
 def test_packed_training_equals_each_member_trained_alone(dropout):
     """100 Adam steps, batch 16, each member its own seed: its data order and dropout masks from
     its own stream, drawn in the order its run alone draws them (a permutation an epoch, a mask a
@@ -80,8 +81,8 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
     x, y = _data()
     batches = len(x) // bs
 
-    def alone(seed):
-        members, _ = _members([seed], dropout)
+    def alone(seed, p):
+        members, _ = _members([seed], p)
         model = members[0]
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
         losses = []
@@ -96,7 +97,7 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
                 losses.append(loss.item())
         return losses[:steps]
 
-    expected = [alone(seed) for seed in seeds]
+    expected = [alone(seed, dropout[k] if isinstance(dropout, list) else dropout) for k, seed in enumerate(seeds)]
 
     members, streams = _members(seeds, dropout)
     packed = PackedCNNLSTM(members)
@@ -275,3 +276,14 @@ def test_a_scheduler_scales_every_members_rate():
     torch.testing.assert_close(group["lr"] * group["member_lr"], torch.tensor([2.5e-3, 2.5e-4]))
     with pytest.raises(ValueError, match="first dimension must be the 3 members"):
         PackedAdam(packed.parameters(), [1e-2, 1e-3, 1e-4])
+
+
+def test_members_with_their_own_dropout_drop_at_their_own_rate():
+    """Without per-member streams (the benchmark's packs), each member still drops at its own p."""
+    members, _ = _members([0, 1, 2], [0.0, 0.2, 0.6])
+    packed = PackedCNNLSTM(members).train()
+    h = torch.ones(3, 4000, 24)
+    dropped = (packed._dropout(h, None) == 0).float().mean(dim=(1, 2))
+    assert dropped[0] == 0 and abs(dropped[1] - 0.2) < 0.02 and abs(dropped[2] - 0.6) < 0.02
+    kept = packed._dropout(h, None)[2]
+    assert torch.allclose(kept[kept > 0], torch.tensor(1 / 0.4))  # scaled by 1 / (1 - p), as nn.Dropout does

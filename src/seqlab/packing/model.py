@@ -60,7 +60,7 @@ class PackedCNNLSTM(nn.Module):
                 raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
         self.k = len(members)
         self.kernel_size = first.conv.kernel_size[0]
-        self.dropout = first.drop.p
+        self.dropout = [m.drop.p for m in members]  # model.dropout may differ between members
         self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum
         states = [m.state_dict() for m in members]
         # Which packed tensors MATLAB's L2 applies to: those of the member's l2_parameters.
@@ -121,11 +121,14 @@ class PackedCNNLSTM(nn.Module):
         return (h - mean) * scale + self.bn_bias.unsqueeze(1)
 
     def _dropout(self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]) -> torch.Tensor:
-        p = self.dropout
-        if not self.training or p == 0.0:
+        if not self.training or not any(self.dropout):
             return h
-        if generators is None:
-            return nn.functional.dropout(h, p, True)
-        # What CPU dropout computes, member by member from each member's stream.
-        keep = torch.stack([torch.empty_like(h[k]).bernoulli_(1 - p, generator=g) for k, g in enumerate(generators)])
-        return h * keep / (1 - p)
+        if generators is not None:
+            # What CPU dropout computes, member by member from each member's stream (a member
+            # without dropout draws nothing, as its run alone would not).
+            return torch.stack([h[k] if p == 0.0 else h[k] * torch.empty_like(h[k]).bernoulli_(1 - p, generator=g) / (1 - p)
+                                for k, (p, g) in enumerate(zip(self.dropout, generators))])
+        if len(set(self.dropout)) == 1:
+            return nn.functional.dropout(h, self.dropout[0], True)
+        p = h.new_tensor(self.dropout).view(-1, 1, 1)
+        return h * (torch.rand_like(h) >= p) / (1 - p)
