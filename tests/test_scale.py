@@ -368,6 +368,18 @@ def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, mo
         with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} exited with status"):
             LocalServer(db, art, port=taken, log_path=tmp_path / "given.log").start()  # a port given is kept
 
+        # A sweep's job knows its server by pid: the other program's answer is not taken for it,
+        # and a server that is gone is one line.
+        alive_elsewhere = subprocess.Popen(["sleep", "30"])
+        try:
+            with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} did not answer within 2 s"):
+                server_module.wait_until_up(f"http://127.0.0.1:{taken}", timeout_s=2, pid=alive_elsewhere.pid)
+        finally:
+            alive_elsewhere.kill()
+            alive_elsewhere.wait()
+        with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} \(pid {alive_elsewhere.pid}\) is gone"):
+            server_module.wait_until_up(f"http://127.0.0.1:{taken}", timeout_s=30, pid=alive_elsewhere.pid)
+
         ports = iter([taken])
         free = server_module.free_port
         monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or free(host))

@@ -89,8 +89,8 @@ def _open_tracker(cfg: DictConfig, job: Job, sweep: SweepInfo):
     if routed != tracker.tracking_uri:
         from seqlab.store.server import wait_until_up
 
-        # The sweep's own server may still be starting.
-        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log")
+        # The sweep's own server may still be starting; what answers must be that server.
+        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log", pid=sweep.server_pid)
         tracker.tracking_uri = routed
     return tracker
 

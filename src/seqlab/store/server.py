@@ -94,8 +94,12 @@ def _die_with_parent() -> None:
 
 
 def wait_until_up(
-    uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None
+    uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None,
+    pid: Optional[int] = None,
 ) -> None:
+    """Return once the server at `uri` answers. Its process, where known (`proc`, or `pid` for one
+    another process started, as a sweep's jobs know their sweep's server), must be the one that
+    answers, and its end while starting is one line."""
     import requests
 
     def last_line() -> str:
@@ -104,29 +108,41 @@ def wait_until_up(
 
     deadline = time.monotonic() + timeout_s
     port = urlparse(uri).port
+    owner = proc.pid if proc is not None else pid
     while True:
         try:
             # With the process at hand, the answer must come from it: another program may have
             # taken the port between free_port() and the server's start (a scoring server's
             # /health answers too).
-            if requests.get(f"{uri}/health", timeout=2).status_code == 200 and (proc is None or _listens(proc, port)):
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200 and (owner is None or _listens(owner, port)):
                 return
         except requests.RequestException:
             pass
         if proc is not None and proc.poll() is not None:
             detail = last_line()
             raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}")
+        if proc is None and pid is not None and not _alive(pid):
+            raise SeqlabError(f"the MLflow server for {uri} (pid {pid}) is gone{last_line()}")
         if time.monotonic() > deadline:
             raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}")
         time.sleep(0.3)
 
 
-def _listens(proc: subprocess.Popen, port: Optional[int]) -> bool:
-    """Whether `proc` or a process it started listens on `port`."""
+def _alive(pid: int) -> bool:
     import psutil
 
     try:
-        root = psutil.Process(proc.pid)
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _listens(pid: int, port: Optional[int]) -> bool:
+    """Whether process `pid` or a process it started listens on `port`."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
         family = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return False

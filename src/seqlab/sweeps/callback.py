@@ -173,6 +173,7 @@ class MlflowSweepCallback(Callback):
             experiment_id=self.tracker.experiment_id,
             swept_keys=swept_keys(overrides) + list((config.hydra.sweeper.get("params") or {}).keys()),
             resume_plan=self.resume_plan,
+            server_pid=self.server.proc.pid if self.server is not None else None,
         ).write(sweep_dir)
 
     def _plan_resume(self, value: str, overrides: list[str]) -> tuple[Any, dict[str, PlannedJob]]:

@@ -114,6 +114,7 @@ class SweepInfo:
     experiment_id: Optional[str] = None
     swept_keys: Optional[list[str]] = None  # swept on the command line or by hydra.sweeper.params
     resume_plan: Optional[dict[str, PlannedJob]] = None  # a resumed sweep: each job (job_key) as it was before
+    server_pid: Optional[int] = None  # the sweep's own server's process (the jobs check that it is what answers)
 
     def write(self, sweep_dir: Path) -> None:
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(asdict(self), indent=2))
