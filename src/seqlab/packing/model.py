@@ -53,27 +53,24 @@ class PackedCNNLSTM(nn.Module):
         if not members:
             raise ValueError("a pack needs at least one member")
         first = members[0]
-        shapes = {k: tuple(v.shape) for k, v in first.state_dict().items()}
-        for m in members[1:]:
-            other = {k: tuple(v.shape) for k, v in m.state_dict().items()}
-            if other != shapes:
-                raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
-        self.k = len(members)
+        states = [m.state_dict() for m in members]
+        shapes = [{k: tuple(v.shape) for k, v in s.items()} for s in states]
+        if any(s != shapes[0] for s in shapes[1:]):
+            raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
         self.kernel_size = first.conv.kernel_size[0]
         self.dropout = [m.drop.p for m in members]  # model.dropout may differ between members
         self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum
-        states = [m.state_dict() for m in members]
+        named = dict(first.named_parameters())
         # Which packed tensors MATLAB's L2 applies to: those of the member's l2_parameters.
         chosen = {id(p) for p in l2_parameters(first)}
-        self._l2_names = [_KEYS[key] for key, p in first.named_parameters() if id(p) in chosen]
+        self._l2_names = [_KEYS[key] for key, p in named.items() if id(p) in chosen]
         for key, name in _KEYS.items():
-            stacked = torch.stack([s[key].detach().clone() for s in states])
+            stacked = torch.stack([s[key] for s in states])  # a new tensor: the members stay as they are
             if key in _BUFFERS:
                 self.register_buffer(name, stacked)
             else:
                 # A parameter frozen in the members (MATLAB's second LSTM bias) stays frozen.
-                trainable = dict(first.named_parameters())[key].requires_grad
-                self.register_parameter(name, nn.Parameter(stacked, requires_grad=trainable))
+                self.register_parameter(name, nn.Parameter(stacked, requires_grad=named[key].requires_grad))
 
     def l2_parameters(self) -> list[nn.Parameter]:
         """The packed tensors MATLAB's L2 regularises (seqlab.training.gradients.l2_parameters)."""
