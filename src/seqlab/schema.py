@@ -200,6 +200,8 @@ class TrainConfig:
     # An MLflow run id: continue that interrupted run; in a multirun, `latest` or a sweep id (seqlab.sweeps.job).
     resume: Optional[str] = None
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
+    pack: Any = "off"  # a multirun's jobs as packs of at most this many members (seqlab.packing); off: one by one
+    pack_job: Optional[int] = None  # set by the sweeper: this job trains pack N of its sweep (packs.json)
 
 
 def accelerators_present() -> str:

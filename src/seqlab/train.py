@@ -39,6 +39,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     from seqlab.resume.interrupt import start_point
     from seqlab.resume.points import drop_resume_point
     from seqlab.store.ghosts import heartbeat, identity
+    from seqlab.tracking.connect import open_tracker
     from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
     from seqlab.training import devices
 
@@ -47,7 +48,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     except SeqlabError as error:
         device, device_error = None, error
     sweep = job.sweep_info()
-    tracker = _open_tracker(cfg, job, sweep)
+    tracker = open_tracker(cfg.logger, job, sweep)
     accelerator = device.accelerator if device else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
     tags = run_tags(cfg, job, device, sweep)
@@ -75,24 +76,6 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
             for log_file in job.output_dir.glob("*.log"):
                 tracker.log_artifact(log_file)
     return _result(cfg, job, tracker, name, tags, outcome)
-
-
-def _open_tracker(cfg: DictConfig, job: Job, sweep: SweepInfo):
-    """The run's tracker, from conf/logger/; in a parallel sweep over a local store, pointed at
-    the sweep's own server. Processes 1..N-1 of a DDP job send nothing (rank 0 records the job)."""
-    from hydra.utils import instantiate
-
-    tracker = instantiate(cfg.logger, rank=job.rank)
-    if job.rank > 0:
-        log.setLevel(logging.WARNING)  # rank 0 reports the job
-    routed = sweep.routed(tracker.tracking_uri)
-    if routed != tracker.tracking_uri:
-        from seqlab.store.server import wait_until_up
-
-        # The sweep's own server may still be starting; what answers must be that server.
-        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log", pid=sweep.server_pid)
-        tracker.tracking_uri = routed
-    return tracker
 
 
 @dataclass
@@ -333,7 +316,7 @@ def _final_metrics(cfg: DictConfig, parts: Parts, tracker, wall: float, baseline
     summary = {"train_wall_s": wall}
     val_batches = datamodule.val_dataloader()
     if val_batches:
-        summary.update({f"final_val_{k}": v for k, v in evaluate(module, val_batches, module.device).items()})
+        summary.update({f"final_val_{k}": v for k, v in evaluate(module.model, module.loss_fn, val_batches, module.device).items()})
     timer = parts.callbacks.get("timer")
     for key in ("it_per_s", "samples_per_s"):
         value = timer.median(key) if timer is not None else None
@@ -411,6 +394,32 @@ def main(cfg: DictConfig) -> Optional[float]:
     only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
     the sweep callback prints the summary and sets the exit code."""
     job = Job.from_hydra(cfg)
+    if cfg.get("pack_job") is not None:
+        return _main_pack(cfg, job)
+    return _main_job(cfg, job)
+
+
+def _main_pack(cfg: DictConfig, job: Job) -> None:
+    """A pack of a multirun (seqlab.packing): its members trained together, each its own run; or,
+    where the pack cannot train packed, one by one as jobs of their own."""
+    from seqlab.packing.task import Unpackable, pack_members, train_pack
+
+    members = pack_members(cfg, job)
+    try:
+        train_pack(cfg, job, members)
+    except Unpackable as why:
+        log.info("pack      %s: its %d members train one by one", why, len(members))
+        for m in members:
+            _main_job(m.cfg, m.job)
+    except SeqlabError as error:  # before any member's run opened (a bad value, a missing device)
+        log.error("error: %s", one_line(error))
+        for m in members:
+            if m.job.result is None:
+                m.job.write(JobResult("FAILED", job.num, job.sweep_info().sweep_id, m.job.overrides, reason=one_line(error)))
+    return None
+
+
+def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
     try:
         result = train(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported

@@ -46,9 +46,12 @@ class Job:
     result: Optional["JobResult"] = None  # what this job has written so far
     rank: int = field(default_factory=process_rank)  # > 0: a helper process of a DDP job
     concurrent_jobs: int = 1  # jobs a parallel launcher runs at once on this machine
+    member: Optional[int] = None  # a member of pack `num` (seqlab.packing): its place in the pack
+    pack_id: Optional[str] = None
 
     def write(self, result: "JobResult") -> None:
         """The job's result file; only rank 0 speaks for the job."""
+        result.member, result.pack_id = self.member, self.pack_id
         self.result = result
         if self.rank == 0:
             result.write(self.output_dir)
@@ -157,6 +160,8 @@ class JobResult:
     output_network: Optional[str] = None  # the network kept: last, or best (step N)
     model_uri: Optional[str] = None  # the network as an MLflow model (runs:/<id>/model or models:/NAME/VERSION)
     reason: Optional[str] = None
+    member: Optional[int] = None  # a packed job's place in its pack (job: the pack's job number)
+    pack_id: Optional[str] = None
 
     def write(self, output_dir: Path) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)

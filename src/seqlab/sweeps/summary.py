@@ -16,7 +16,12 @@ def collect(sweep_dir: Path, sweep_id: str | None = None) -> list[JobResult]:
     of another sweep that used the same folder are left out)."""
     results = [JobResult.read(p) for p in sweep_dir.glob(f"**/{JOB_FILE}")]
     results = [r for r in results if sweep_id is None or r.sweep_id == sweep_id]
-    return sorted(results, key=lambda r: (r.job is None, r.job))
+    return sorted(results, key=lambda r: (r.job is None, r.job, r.member or 0))
+
+
+def job_label(result: JobResult) -> str:
+    """The job's number; a packed job's as pack.member (3.0, 3.1, ...)."""
+    return fmt(result.job, "d") + ("" if result.member is None else f".{result.member}")
 
 
 def _status(result: JobResult, plan: Optional[dict[str, PlannedJob]]) -> str:
@@ -32,7 +37,7 @@ def _status(result: JobResult, plan: Optional[dict[str, PlannedJob]]) -> str:
 def summary_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> list[dict[str, str]]:
     return [
         {
-            "job": fmt(r.job, "d"),
+            "job": job_label(r),
             "overrides": " ".join(o for o in r.overrides if not o.startswith("resume=")) or "(defaults)",
             "status": _status(r, plan),
             "it/s": fmt(r.it_per_s, ",.0f"),
@@ -52,7 +57,7 @@ def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob
     widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
     lines += ["  ".join(row[c].ljust(widths[c]) for c in columns) for row in rows]
-    lines += [f"job {r.job}: {r.reason}" for r in results if r.reason]
+    lines += [f"job {job_label(r)}: {r.reason}" for r in results if r.reason]
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -89,3 +89,22 @@ def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def open_tracker(logger_cfg: Any, job: Any, sweep: Any) -> Any:
+    """A job's tracker, from conf/logger/ (`job`: sweeps.job.Job, `sweep`: its SweepInfo); in a
+    parallel sweep over a local store, pointed at the sweep's own server. Processes 1..N-1 of a
+    DDP job send nothing (rank 0 records the job)."""
+    from hydra.utils import instantiate
+
+    tracker = instantiate(logger_cfg, rank=job.rank)
+    if job.rank > 0:
+        logging.getLogger("seqlab").setLevel(logging.WARNING)  # rank 0 reports the job
+    routed = sweep.routed(tracker.tracking_uri)
+    if routed != tracker.tracking_uri:
+        from seqlab.store.server import wait_until_up
+
+        # The sweep's own server may still be starting; what answers must be that server.
+        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log", pid=sweep.server_pid)
+        tracker.tracking_uri = routed
+    return tracker

@@ -284,22 +284,23 @@ def population_bn_statistics_(model: nn.Module, batches: Iterable[tuple[torch.Te
 
 
 @torch.no_grad()
-def evaluate(module: SeqRegressor, batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> dict[str, float]:
-    """Loss, RMSE, MAE and R2 of the module in evaluation mode over some batches."""
-    was_training = module.training
-    module.eval()
+def evaluate(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+             batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> dict[str, float]:
+    """Loss, RMSE, MAE and R2 of a network in evaluation mode over some batches."""
+    was_training = model.training
+    model.eval()
     metrics = _metrics("").to(device)
     total, count = 0.0, 0
     try:
         for batch in batches:
             x, y, lengths = _unpack(batch)
             x, y = x.to(device), y.to(device)
-            pred = module.model(x, None if lengths is None else lengths.to(device))
+            pred = model(x, None if lengths is None else lengths.to(device))
             metrics.update(pred, y)
-            total += float(module.loss_fn(pred, y)) * len(x)
+            total += float(loss_fn(pred, y)) * len(x)
             count += len(x)
     finally:
-        module.train(was_training)
+        model.train(was_training)
     out = {k: float(v) for k, v in _compute(metrics).items()} if count else {}
     if count:
         out["loss"] = total / count

@@ -1,0 +1,54 @@
+"""Hydra's basic sweeper, packing (the `_target_` of conf/hydra/default.yaml's sweeper): it
+expands the command line's sweeps into jobs as Hydra's does, then launches the jobs that differ only
+in packable keys as packs (seqlab.packing.plan), each pack one job to the launcher, so that packing
+works with every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the basic
+sweeper: every job alone."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from seqlab.packing.plan import PackPlan, group, numbered, why_unpackable
+
+log = logging.getLogger("seqlab")
+
+
+class PackingSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None) -> None:
+        super().__init__(max_batch_size, params)
+
+    def _unpackable(self, overrides: list[str]) -> Optional[str]:
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        return why_unpackable(cfg)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        parsed = parser.parse_overrides([*self._parse_config(), *arguments])
+        jobs = self.split_arguments(parsed, None)[0]
+        launches, notes = group(jobs, self.config.get("pack", "off"), self._unpackable)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        packs = [launch.members for launch in launches if launch.members is not None]
+        for line in notes:
+            print(line, flush=True)
+        if packs:
+            PackPlan(packs).write(sweep_dir)
+            print(f"pack      {len(jobs)} jobs as {len(launches)} launches: "
+                  f"{len(packs)} pack(s) of {', '.join(str(len(p)) for p in packs)} members", flush=True)
+        batches = self.split_overrides_to_chunks(numbered(launches), self.max_batch_size)
+        returns, first = [], 0
+        for batch in batches:
+            self.validate_batch_is_legal(batch)
+            results = self.launcher.launch(batch, initial_job_idx=first)
+            for r in results:
+                _ = r.return_value  # a job that raised fails the sweep, as in the basic sweeper
+            first += len(batch)
+            returns.append(results)
+        return returns

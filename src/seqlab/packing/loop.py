@@ -1,0 +1,294 @@
+"""The packed training loop, in one place (issue 22): K members of the network, one step for all.
+
+    for each epoch:                     every member draws its own sample order (its data's generator)
+        for each mini-batch:
+            zero the gradients -> forward (K, batch) -> each member's loss -> backward of their sum
+            -> MATLAB's L2 and threshold per member -> one optimizer step over the packed tensors
+        each member's epoch: timing, train metrics, validation, best, patience
+        the scheduler's step (the same factor for every member's own rate)
+
+It is seqlab.training.loop.FusedLoop's step with a member dimension, without Lightning: the
+pack's members are K MLflow runs, each with its own callbacks' bookkeeping (seqlab.packing.members),
+which a Trainer built for one run cannot hold. As in FusedLoop nothing is read back to the host
+per step: each step leaves its (K,) losses, read back together a few times a second and sent to
+each member's run; a member whose loss became NaN or Inf ends FAILED there, the others go on."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from seqlab.packing.members import Member
+from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.resume.safe_writes import replace_atomically
+
+log = logging.getLogger("seqlab")
+
+DIVERGED = ("the training loss became {value} at step {step}: training diverged; lower optimizer.lr, "
+            "set module.gradient_threshold, or check the data")
+
+
+@dataclass
+class PackData:
+    """The members' data on the training device, one-step inputs as (sets, samples, features): members
+    that share a data config share its tensors (`which[k]`: member k's set)."""
+    x: torch.Tensor
+    y: torch.Tensor
+    val_x: Optional[torch.Tensor]
+    val_y: Optional[torch.Tensor]
+    which: torch.Tensor  # (K,) long
+    batch_size: int
+    n_batches: int  # per epoch (data.module.TensorBatches.n_batches)
+    shuffle: bool
+
+    def orders(self, members: list[Member]) -> torch.Tensor:
+        """(K, samples): each member's order for this epoch, drawn as its run alone draws it."""
+        n = self.x.shape[1]
+        if not self.shuffle:
+            return torch.arange(n, device=self.x.device).expand(len(members), n)
+        return torch.stack([torch.randperm(n, generator=m.order, device=self.x.device) for m in members])
+
+    def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mini-batch b of every member: (K, batch, features), (K, batch, responses)."""
+        idx = orders[:, b * self.batch_size : (b + 1) * self.batch_size]
+        sets = self.which.unsqueeze(1)
+        return self.x[sets, idx], self.y[sets, idx]
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM: the pack stops at the next step boundary with a checkpoint (a second
+    Ctrl-C stops at once, without one), as a single run does (resume.interrupt.GracefulStop)."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[str] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        log.warning("stopping the pack after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class PackStopped(Exception):
+    """The pack stopped at a signal, after saving its checkpoint."""
+
+    def __init__(self, signal_name: str, path: Path, step: int) -> None:
+        super().__init__(f"stopped by {signal_name} at step {step}")
+        self.signal, self.path, self.step = signal_name, path, step
+
+
+class PackTrainer:
+    """Trains the members of `model` together. Built by seqlab.packing.task with everything it
+    needs; `fit()` runs to max_epochs, max_steps or max_time, or until no member is left training."""
+
+    def __init__(self, model: PackedCNNLSTM, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 gradients: Any, loss: str, loss_to_mse: Callable[[float], float], data: PackData,
+                 members: list[Member], *, lr_scale: torch.Tensor, max_epochs: int, max_steps: int,
+                 max_time_s: Optional[float], flush_every_n_steps: int, flush_every_s: float,
+                 checkpoint_path: Path, checkpoint_every_s: float, publish: Callable[[Path, int], None],
+                 stop: StopRequest, exact_dropout: bool) -> None:
+        self.model, self.optimizer, self.scheduler, self.gradients = model, optimizer, scheduler, gradients
+        self.loss_fn, self.loss_to_mse = MEMBER_LOSSES[loss], loss_to_mse
+        self.data, self.members = data, members
+        self.lr_scale = lr_scale.tolist()  # member k's rate = the group's lr x lr_scale[k]
+        self.max_epochs, self.max_steps, self.max_time_s = max_epochs, max_steps, max_time_s
+        self.flush_every_n_steps, self.flush_every_s = flush_every_n_steps, flush_every_s
+        self.checkpoint_path, self.checkpoint_every_s, self.publish = checkpoint_path, checkpoint_every_s, publish
+        self.stop = stop
+        # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
+        self.streams = [m.dropout_stream for m in members] if exact_dropout else None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            p.grad = torch.zeros_like(p)  # kept, zeroed in place: parameters the shortcut leaves unused still step
+        self.grads = [p.grad for p in self.params]
+        self.global_step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.epoch_start_orders: Optional[list[torch.Tensor]] = None  # a resumed epoch replays its order
+        self.losses: list[torch.Tensor] = []  # each step's (K,) losses, until flushed
+        self.steps: list[int] = []
+        self.times: list[int] = []
+        self.last_flush = time.monotonic()
+        self.last_checkpoint = time.monotonic()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def fit(self) -> None:
+        started = time.monotonic()
+        self.model.train()
+        while self.epoch < self.max_epochs and self._training():
+            if self.epoch_start_orders is None:
+                self.epoch_start_orders = [m.order.get_state() for m in self.members]
+            else:  # resumed inside an epoch: the same order, from the batch it stopped at
+                for m, state in zip(self.members, self.epoch_start_orders):
+                    m.order.set_state(state)
+            orders = self.data.orders(self.members)
+            preds, targets = [], []
+            first, epoch_s = self.batch_in_epoch, time.perf_counter()
+            out_of_time = False
+            for b in range(first, self.data.n_batches):
+                if self.stop.signal is not None:
+                    raise PackStopped(self.stop.signal, self.save(), self.global_step)
+                x, y = self.data.batch(orders, b)
+                losses, pred = self.step(x, y)
+                self.global_step += 1
+                self.batch_in_epoch = b + 1
+                self.losses.append(losses.detach())  # references: read back together at the flush
+                self.steps.append(self.global_step)
+                self.times.append(int(time.time() * 1000))
+                preds.append(pred.detach())
+                targets.append(y)
+                if len(self.losses) >= self.flush_every_n_steps and time.monotonic() - self.last_flush >= self.flush_every_s:
+                    self.flush()
+                if self.checkpoint_every_s > 0 and time.monotonic() - self.last_checkpoint >= self.checkpoint_every_s:
+                    self.publish(self.save(), self.global_step)
+                out_of_time = self.max_time_s is not None and time.monotonic() - started >= self.max_time_s
+                if (0 < self.max_steps <= self.global_step) or out_of_time or not self._training():
+                    break
+            if self.x_device_is_cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - epoch_s
+            self.flush()
+            self.end_epoch(seconds, self.batch_in_epoch - first, torch.cat(preds, 1), torch.cat(targets, 1))
+            self.epoch += 1
+            self.batch_in_epoch, self.epoch_start_orders = 0, None
+            if self.scheduler is not None:
+                self.scheduler.step()
+            if (0 < self.max_steps <= self.global_step) or out_of_time:
+                break
+        self.flush()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step of every member, as MATLAB orders it: loss, backward, L2 and threshold, update."""
+        torch._foreach_zero_(self.grads)
+        pred = self.model.forward_one_step(x, self.streams)
+        losses = self.loss_fn(pred, y)
+        losses.sum().backward()  # member k's parameters get member k's gradient alone
+        if self.gradients is not None:
+            self.gradients()
+        self.optimizer.step()
+        return losses, pred
+
+    @property
+    def x_device_is_cuda(self) -> bool:
+        return self.data.x.device.type == "cuda"
+
+    def _training(self) -> bool:
+        return any(m.active for m in self.members)
+
+    # -- what each member's run gets -------------------------------------------------------------
+    def flush(self) -> None:
+        """Every waiting step's losses, read back in one go, to each training member's run; a member
+        whose loss became NaN or Inf ends FAILED with the step (DivergenceCheck, member by member)."""
+        self.last_flush = time.monotonic()
+        if not self.losses:
+            return
+        table = torch.stack(self.losses).t().tolist()  # (K, steps): the one synchronisation
+        steps, times = self.steps, self.times
+        self.losses, self.steps, self.times = [], [], []
+        group_lr = float(self.optimizer.param_groups[0]["lr"])  # a scheduler changes it between epochs only
+        for m, values in zip(self.members, table):
+            if not m.active:
+                continue
+            rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values]
+            lr = [group_lr * self.lr_scale[m.k]] * len(values)
+            m.tracker.log_series({"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times)
+            bad = next(((s, v) for s, v in zip(steps, values) if not math.isfinite(v)), None)
+            if bad is not None:
+                m.active, m.final_step = False, bad[0]
+                m.status, m.reason = "FAILED", DIVERGED.format(value=bad[1], step=bad[0])
+                log.warning("diverged  member %d (%s): %s; the pack goes on", m.k, m.name, m.reason)
+
+    @torch.no_grad()
+    def end_epoch(self, seconds: float, steps: int, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        """Each training member's epoch as its callbacks record it alone: timing (the pack's time:
+        what its steps took), the epoch's train metrics, validation, best, patience."""
+        epoch, step = self.epoch + 1, self.global_step
+        samples = preds.shape[1]
+        train = metrics_per_member(preds, targets)
+        val = self.validate()
+        pack_rate = len(self.members) * steps / max(seconds, 1e-9)
+        for m in self.members:
+            if not m.active:
+                continue
+            m.timed_epoch(seconds, steps, samples, step)
+            row = {f"train_{k}_epoch": v[m.k] for k, v in train.items()}
+            row["pack_model_steps_per_s"] = pack_rate
+            if val is not None:
+                row.update({f"val_{k}": v[m.k] for k, v in val.items()})
+            m.tracker.log_metrics(row, step)
+            if val is not None:
+                m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
+                if not m.active:  # stopped early: its network is the one of this step
+                    m.last_weights = self.model.member(m.k)
+
+    @torch.no_grad()
+    def validate(self) -> Optional[dict[str, list[float]]]:
+        if self.data.val_x is None:
+            return None
+        self.model.eval()
+        try:
+            sets = self.data.which
+            pred = torch.cat([self.model.forward_one_step(self.data.val_x[sets, i:i + 4096])
+                              for i in range(0, self.data.val_x.shape[1], 4096)], dim=1)
+        finally:
+            self.model.train()
+        target = self.data.val_y[sets]
+        out = metrics_per_member(pred, target)
+        out["loss"] = self.loss_fn(pred, target).tolist()
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "epoch_start_orders": self.epoch_start_orders, "members": [m.state() for m in self.members],
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step, self.epoch, self.batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
+        self.epoch_start_orders = state["epoch_start_orders"]
+        for m, member_state in zip(self.members, state["members"]):
+            m.load_state(member_state)
+        torch.set_rng_state(state["torch_rng"])
+
+    def save(self) -> Path:
+        """The pack's checkpoint, written whole (a kill mid-write keeps the previous one)."""
+        self.last_checkpoint = time.monotonic()
+        state = {**self.state_dict(), "run_ids": [m.tracker.run_id for m in self.members]}
+        replace_atomically(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
+        return self.checkpoint_path
+
+
+def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
+    """RMSE, MAE and R2 (averaged over responses, as torchmetrics' R2Score) of each member's
+    predictions: (K, samples, responses) -> K values each."""
+    err = (pred - target).double()
+    target = target.double()
+    sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
+    r2 = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1)
+    return {"rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(), "mae": err.abs().mean(dim=(1, 2)).tolist(),
+            "r2": r2.tolist()}

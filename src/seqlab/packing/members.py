@@ -1,0 +1,118 @@
+"""One member of a pack as the run it is (issue 22, point 4): its config, its job (folder, result
+file), its MLflow run, its data and network built as its run alone builds them, and what its
+callbacks would keep when it trains alone (epoch timing, best val_rmse and the network to keep,
+time to target, validation patience), in plain Python: the packed loop (seqlab.packing.loop) hands
+each member its own numbers, and a member ends (diverged, stopped early) without the others."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from seqlab.sweeps.job import Job
+
+log = logging.getLogger("seqlab")
+
+
+@dataclass
+class Member:
+    k: int  # its place in the pack
+    cfg: DictConfig  # its own config: the pack job's with its packable overrides
+    job: Job  # its own folder and result file
+    tracker: Any = None  # its MLflow run (tracking.MlflowTracker)
+    name: str = ""
+    tags: dict = field(default_factory=dict)
+    datamodule: Any = None  # data.SeqDataModule, set up as its run alone sets it up
+    network: Any = None  # model.CNNLSTM: built as its run alone builds it; at the end, the network it keeps
+    dropout_stream: Optional[torch.Generator] = None  # the global stream its run alone would draw dropout from
+    order: Optional[torch.Generator] = None  # its data order (data.module.TensorBatches' generator)
+    resume_run_id: Optional[str] = None  # continue this KILLED run from the pack's checkpoint
+    status: str = "RUNNING"  # RUNNING | FINISHED | FAILED | KILLED
+    reason: Optional[str] = None
+    active: bool = True  # still training (False: diverged or stopped early; the pack goes on)
+    # What its callbacks keep when it trains alone (callbacks.timing, best, output_network):
+    epochs: list[dict[str, float]] = field(default_factory=list)  # epoch_time_s, it_per_s, samples_per_s
+    trained_s: float = 0.0
+    best: Optional[dict[str, float]] = None
+    best_weights: Optional[dict[str, torch.Tensor]] = None
+    since_best: int = 0
+    reached: Optional[dict[str, float]] = None
+    stopped: Optional[dict[str, int]] = None  # stopped early by module.validation_patience
+    final_step: Optional[int] = None  # where its training ended (stopped early: there)
+    last_weights: Optional[dict[str, torch.Tensor]] = None  # its weights where it stopped early
+
+    def state(self) -> dict[str, Any]:
+        """What a pack checkpoint keeps of this member besides its packed weights."""
+        return {"epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
+                "since_best": self.since_best, "reached": self.reached, "stopped": self.stopped,
+                "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights, "order": self.order.get_state(),
+                "dropout_stream": self.dropout_stream.get_state() if self.dropout_stream is not None else None}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "active", "final_step", "last_weights"):
+            setattr(self, key, state[key])
+        self.order.set_state(state["order"])
+        if self.dropout_stream is not None and state["dropout_stream"] is not None:
+            self.dropout_stream.set_state(state["dropout_stream"])
+
+    # -- an epoch's end, as the member's callbacks see it --------------------------------------
+    def timed_epoch(self, seconds: float, steps: int, samples: int, step: int) -> None:
+        """callbacks.timing.EpochTimer: this epoch's training time (the pack's: what it took)."""
+        seconds = max(seconds, 1e-9)
+        row = {"epoch_time_s": seconds, "it_per_s": steps / seconds, "samples_per_s": samples / seconds}
+        self.epochs.append(row)
+        self.trained_s += seconds
+        self.tracker.log_metrics(row, step)
+
+    def validated(self, val_rmse: float, step: int, epoch: int, weights: Any) -> None:
+        """callbacks.best.BestValRmse, output_network.OutputNetwork and timing.TimeToTarget after a
+        validation; `weights()` gives the member's state dict (taken only for a new best)."""
+        target = self.cfg.metrics.target_rmse
+        if target is not None and self.reached is None and val_rmse <= target:
+            self.reached = {"time_to_target_s": self.trained_s, "steps_to_target": float(step),
+                            "epochs_to_target": float(epoch)}
+            self.tracker.log_metrics(self.reached, step)
+        if math.isfinite(val_rmse) and (self.best is None or val_rmse < self.best["best_val_rmse"]):
+            self.best = {"best_val_rmse": val_rmse, "best_val_rmse_step": float(step), "best_val_rmse_epoch": float(epoch)}
+            self.tracker.log_metrics(self.best, step)
+            self.since_best = 0
+            if self.cfg.module.output_network == "best":
+                self.best_weights = weights()
+            return
+        self.since_best += 1
+        patience = self.cfg.module.validation_patience
+        if patience is not None and self.since_best >= patience and self.active:
+            self.active, self.final_step = False, step
+            self.stopped = {"step": step, "epoch": epoch}
+            log.info("stopped   member %d early at step %d (epoch %d): val_rmse has not improved for %d validation(s) "
+                     "(module.validation_patience=%d); the pack goes on", self.k, step, epoch, self.since_best, patience)
+
+    def median(self, key: str) -> Optional[float]:
+        """callbacks.timing.EpochTimer.median: over epochs, the first left out when there are others."""
+        rows = self.epochs[1:] if len(self.epochs) > 1 else self.epochs
+        if not rows:
+            return None
+        values = sorted(r[key] for r in rows)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    def kept(self, last: dict[str, torch.Tensor], step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The network the run ends with and the tags that say which (OutputNetwork.restore)."""
+        if self.last_weights is not None:  # stopped early: the pack trained on, this member did not
+            last, step = self.last_weights, self.final_step
+        tags = {"output_network": self.cfg.module.output_network}
+        if tags["output_network"] == "best" and self.best_weights is not None:
+            weights = self.best_weights
+            tags.update(output_network_step=str(int(self.best["best_val_rmse_step"])),
+                        output_network_epoch=str(int(self.best["best_val_rmse_epoch"])))
+        else:
+            weights = last
+            tags.update(output_network="last", output_network_step=str(step))
+        if self.stopped is not None:
+            tags["stopped_early"] = f"step {self.stopped['step']} (epoch {self.stopped['epoch']})"
+        return weights, tags

@@ -1,0 +1,130 @@
+"""Which jobs of a multirun train together (issue 22, point 3): jobs whose overrides differ only in
+packable keys become packs of at most `pack` members; the sweeper launches each pack as one job
+and writes its members to the sweep's `packs.json`, which the pack job reads back. Light to import
+(no torch, Lightning or MLflow): the sweeper runs it before any job starts.
+
+Packable keys are what a member may hold on its own inside one packed step (seqlab.packing.model,
+.optim): its seed (initial weights, data, data order, dropout masks), learning rate, L2 factor,
+dropout rate and gradient threshold. Everything else is a shape of the computation (batch size,
+hidden size, data, device, precision, loop) and keeps jobs apart."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from seqlab import SeqlabError
+
+PACKABLE = ("seed", "optimizer.lr", "module.l2_regularization", "model.dropout", "module.gradient_threshold")
+PACKS_FILE = "packs.json"
+
+
+def key_of(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def pack_size(value: Any) -> Optional[int]:
+    """`pack` as members per pack; None: one by one (off, 1)."""
+    if value is None or str(value).lower() in ("off", "false", "1"):
+        return None
+    try:
+        size = int(str(value))
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise SeqlabError(f"pack={value}: give the most members a pack may hold (e.g. pack=8), or pack=off")
+    return size
+
+
+def why_unpackable(cfg: DictConfig) -> Optional[str]:
+    """Why a job's config cannot train packed (one line), None if it can. What only the data can say
+    (one step per sample) is checked when the pack's data is loaded."""
+    optimizer = str(cfg.optimizer.get("_target_", ""))
+    reasons = [
+        (cfg.perf.name != "fast", f"perf={cfg.perf.name} trains through Lightning's own loop"),
+        (cfg.trainer.devices != 1 or cfg.trainer.num_nodes != 1 or cfg.trainer.strategy not in ("auto", "single_device"),
+         "a multi-process (DDP) job"),
+        (cfg.trainer.precision not in ("32-true", "32"), f"trainer.precision={cfg.trainer.precision} (packs train in 32-true)"),
+        (optimizer.rpartition(".")[2] not in ("Adam", "SGD", "RMSprop"), f"optimizer {optimizer} (packs: adam, sgdm, rmsprop)"),
+        (bool(cfg.optimizer.get("weight_decay", 0.0)), "optimizer.weight_decay (MATLAB's L2 is module.l2_regularization)"),
+        (cfg.trainer.gradient_clip_val is not None, "trainer.gradient_clip_val (use module.gradient_threshold)"),
+        (cfg.trainer.val_check_interval is not None, "validation every N iterations (trainer.val_check_interval)"),
+        (cfg.trainer.check_val_every_n_epoch not in (1, None), "trainer.check_val_every_n_epoch other than 1"),
+        (cfg.ckpt_path is not None, "ckpt_path= (a single run's checkpoint)"),
+        (cfg.trainer.accelerator == "mps", "trainer.accelerator=mps"),
+    ]
+    return next((why for bad, why in reasons if bad), None)
+
+
+@dataclass
+class Launch:
+    """One job the launcher runs: a job alone, or a pack (`members`: each member's own overrides,
+    as it would run alone)."""
+    overrides: list[str]
+    members: Optional[list[list[str]]] = None
+
+
+def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> tuple[list[Launch], list[str]]:
+    """The launches for a multirun's jobs (each a list of overrides, in the sweeper's order) and the
+    lines that say which jobs run alone and why. `unpackable(overrides)`: why_unpackable of that
+    job's composed config. A pack's own overrides are its first member's without the packable keys,
+    plus `pack_job=N`, N counting packs from 0 (set by the caller: `numbered`)."""
+    groups: dict[tuple, list[list[str]]] = {}
+    for job in jobs:
+        size = pack_size(next((o.partition("=")[2] for o in job if key_of(o) == "pack"), default_size))
+        if size is None:
+            groups[("alone", len(groups))] = [job]
+            continue
+        shared = tuple(sorted(o for o in job if key_of(o) not in PACKABLE))
+        groups.setdefault(("pack", size, shared), []).append(job)
+    launches, notes = [], []
+    for key, members in groups.items():
+        if key[0] == "alone":
+            launches.append(Launch(members[0]))
+            continue
+        size = key[1]
+        why = unpackable(members[0]) if unpackable is not None else None
+        if why is not None:
+            notes.append(f"pack      {len(members)} job(s) ({' '.join(key[2]) or 'defaults'}) train one by one: {why}")
+            launches += [Launch(m) for m in members]
+            continue
+        for start in range(0, len(members), size):
+            chunk = members[start:start + size]
+            if len(chunk) == 1:
+                launches.append(Launch(chunk[0]))
+            else:
+                launches.append(Launch([o for o in chunk[0] if key_of(o) not in PACKABLE], chunk))
+    return launches, notes
+
+
+def numbered(launches: list[Launch]) -> list[list[str]]:
+    """Each launch's override list, a pack's with `pack_job=N`."""
+    out, n = [], 0
+    for launch in launches:
+        if launch.members is None:
+            out.append(launch.overrides)
+        else:
+            out.append([*launch.overrides, f"pack_job={n}"])
+            n += 1
+    return out
+
+
+@dataclass
+class PackPlan:
+    """packs.json: every pack of the sweep, its members' overrides."""
+    packs: list[list[list[str]]]
+
+    def write(self, sweep_dir: Path) -> None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PACKS_FILE).write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> "PackPlan":
+        path = sweep_dir / PACKS_FILE
+        if not path.is_file():
+            raise SeqlabError(f"pack_job= is set by the sweeper (python train.py -m ... pack=N); {path} is missing")
+        return cls(**json.loads(path.read_text()))

@@ -1,0 +1,353 @@
+"""A pack's job (issue 22): the members the sweeper put in pack N (`pack_job=N`, seqlab.packing.plan)
+trained as one packed step, each member a full MLflow run of the sweep, as it would be alone: its
+params, per-step and epoch metrics, best_val_rmse, checkpoint, model, datasets and status, plus
+the tags pack_id, pack_size and pack_member. Called by seqlab.train.main; where the pack cannot
+train packed (its data has more than one step per sample), it raises Unpackable before any run
+opens, and train.main trains the members one by one."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from seqlab import SeqlabError, one_line
+from seqlab.packing.members import Member
+from seqlab.packing.plan import PACKABLE, PackPlan, key_of
+from seqlab.schema import validate
+from seqlab.sweeps.job import Job, JobResult, job_key
+
+log = logging.getLogger("seqlab")
+
+PACK_CHECKPOINT = "pack.ckpt"
+
+
+class Unpackable(SeqlabError):
+    """This pack's members cannot train packed: they train one by one (the reason is one line)."""
+
+
+def member_config(cfg: DictConfig, overrides: list[str], output_dir: Path) -> DictConfig:
+    """The pack job's config with one member's packable overrides: what the member's own job
+    would have composed (the pack's other keys are the members' shared ones)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    member = copy.deepcopy(cfg)
+    parser = OverridesParser.create()
+    with open_dict(member):
+        for override in overrides:
+            if key_of(override) in PACKABLE:
+                OmegaConf.update(member, key_of(override), parser.parse_override(override).value(), merge=False)
+        member.paths.output_dir = str(output_dir)
+        member.pack_job = None  # a member's params are its job's, not its pack's place
+    return member
+
+
+def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
+    """The members of this job's pack, each with its config and its own job (folder, result file)."""
+    plan = PackPlan.read(job.sweep_dir)
+    if not 0 <= cfg.pack_job < len(plan.packs):
+        raise SeqlabError(f"pack_job={cfg.pack_job}: the sweep has {len(plan.packs)} pack(s)")
+    pack_id = f"{job.sweep_info().sweep_id or job.sweep_dir.name}-p{cfg.pack_job}"
+    members = []
+    for k, overrides in enumerate(plan.packs[cfg.pack_job]):
+        overrides = [o for o in overrides if key_of(o) != "resume"]
+        out = job.output_dir / f"member{k}"
+        member_job = Job(out, overrides, job.sweep_dir, job.num, concurrent_jobs=job.concurrent_jobs,
+                         member=k, pack_id=pack_id)
+        members.append(Member(k, member_config(cfg, overrides, out), member_job))
+    return members
+
+
+def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResult]:
+    """Train the pack; the members' results, also written to their result files. A resumed sweep
+    (resume=latest|<sweep id>): members that FINISHED are skipped; a pack whose members were all
+    KILLED with its checkpoint continues from it; the others train anew."""
+    for m in members:
+        validate(m.cfg)
+    results, to_train = [], members
+    checkpoint = None
+    if cfg.resume:
+        to_train, results, checkpoint = _plan_resume(cfg, job, members)
+    if to_train:
+        results += _train(cfg, job, to_train, checkpoint)
+    return results
+
+
+def _plan_resume(cfg: DictConfig, job: Job, members: list[Member]):
+    from seqlab.sweeps.job import continue_job
+
+    results, to_train = [], []
+    for m in members:
+        m.cfg.resume = cfg.resume
+        m.job.overrides.append(f"resume={cfg.resume}")
+        done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
+        if done is not None:
+            results.append(done)
+            continue
+        m.resume_run_id, m.cfg.resume = m.cfg.resume, None
+        to_train.append(m)
+    continuing = [m.resume_run_id for m in to_train]
+    if not to_train or None in continuing or len(to_train) != len(members):
+        for m in to_train:
+            m.resume_run_id = None  # the pack cannot continue as a whole: these train anew
+        return to_train, results, None
+    return to_train, results, continuing
+
+
+def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]) -> list[JobResult]:
+    import pytorch_lightning as pl
+    import torch
+    from hydra.utils import instantiate
+
+    from seqlab.training import devices
+
+    device = devices.resolve(cfg.trainer.accelerator)
+    devices.use_cores(device, cfg.deterministic, job.cpu_share())
+    # Each member built as its run alone builds it (train._fit, _build): its seed, its data, its
+    # network; its dropout then draws from where the build left the global stream.
+    for m in members:
+        pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
+        m.datamodule = instantiate(m.cfg.data)
+        m.datamodule.setup("fit")
+        m.network = instantiate(m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs)
+        m.dropout_stream = torch.Generator()
+        m.dropout_stream.set_state(torch.get_rng_state())
+        m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
+    steps = {m.datamodule.n_steps for m in members}
+    if steps != {1}:
+        raise Unpackable(f"the data has {max(steps)} steps per sample: packs train one-step data (the packed "
+                         "multi-step LSTM measured ~50x slower than its members one by one)")
+    with ExitStack() as stack:
+        # Whatever ends this block, no member's run stays RUNNING.
+        stack.push(lambda kind, error, tb: _close(members, error))
+        _open_runs(cfg, job, members, stack, device)
+        return _fit(cfg, job, members, device, resume_run_ids)
+
+
+def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStack, device) -> None:
+    import torch
+
+    from seqlab.store.ghosts import heartbeat, identity
+    from seqlab.tracking.connect import open_tracker
+    from seqlab.tracking.datasets import log_training_data
+    from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
+
+    sweep = job.sweep_info()
+    for m in members:
+        m.tracker = open_tracker(m.cfg.logger, m.job, sweep)
+        m.name = m.tracker.run_name or run_name(device.accelerator, m.cfg, m.job.overrides, sweep.swept_keys)
+        m.tags = {**run_tags(m.cfg, m.job, device, sweep), **identity(),
+                  "pack_id": m.job.pack_id, "pack_size": str(len(members)), "pack_member": str(m.k),
+                  "torch_threads": str(torch.get_num_threads())}
+        parent = sweep.parent_run_id if sweep.tracking_uri == m.tracker.tracking_uri else None
+        m.tracker.start(m.name, m.tags, parent_run_id=parent, description=m.cfg.notes, resume_run_id=m.resume_run_id)
+        stack.enter_context(heartbeat(m.tracker))
+        m.job.write(JobResult("RUNNING", job.num, m.tags.get("sweep_id"), m.job.overrides, m.tracker.run_id, m.name,
+                              accelerator=device.accelerator, batch_size=m.cfg.data.batch_size))
+        m.cfg.resume = m.resume_run_id  # record_config: a continued run keeps its params
+        record_config(m.cfg, m.job, m.tracker, run_params(m.cfg))
+        m.cfg.resume = None
+        log_training_data(m.tracker, m.cfg.data, m.datamodule)
+
+
+def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]]) -> list[JobResult]:
+    import torch
+    from hydra.utils import instantiate
+
+    from seqlab.packing.loop import PackStopped, PackTrainer, StopRequest
+    from seqlab.packing.model import PackedCNNLSTM
+    from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
+    from seqlab.resume.points import fetch_checkpoint, publish_resume_point
+    from seqlab.training.module import LOSS_TO_MSE
+    from seqlab.training.perf import optimizer_factory
+
+    first = members[0]
+    model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
+    lrs = [float(m.cfg.optimizer.lr) for m in members]
+    if len(set(lrs)) == 1:
+        # One learning rate: the configured optimizer over the packed tensors is each member's own
+        # (Adam, SGD and RMSprop are elementwise), fused as a single run's.
+        optimizer = optimizer_factory(instantiate(first.cfg.optimizer), cfg.perf.optimizer_impl, capturable=False)(
+            params=model.parameters())
+        lr_scale = torch.ones(len(members))
+    else:
+        optimizer = packed_optimizer(instantiate(first.cfg.optimizer), model.parameters(), lrs)
+        lr_scale = torch.tensor(lrs)
+    scheduler = instantiate(first.cfg.scheduler)(optimizer=optimizer) if first.cfg.scheduler and "_target_" in first.cfg.scheduler else None
+    module_cfgs = [m.cfg.module for m in members]
+    gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
+                                        [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
+                                        first.cfg.module.gradient_threshold_method)
+    data = _pack_data(members, device.torch_device)
+    n_outputs = first.datamodule.n_outputs
+    to_mse = LOSS_TO_MSE[first.cfg.module.loss]
+    ckpt = job.output_dir / "checkpoints" / PACK_CHECKPOINT
+    with StopRequest() as stop:
+        trainer = PackTrainer(
+            model, optimizer, scheduler, gradients if (gradients.active_l2 or gradients.active_threshold) else None,
+            first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs), data, members,
+            lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
+            max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=first.tracker.flush_every_n_steps,
+            flush_every_s=first.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
+            publish=lambda path, step: [publish_resume_point(m.tracker, path, step) for m in members if m.active],
+            stop=stop, exact_dropout=device.accelerator == "cpu",
+        )
+        if resume_run_ids is not None:
+            state = torch.load(fetch_checkpoint(first.tracker.client, resume_run_ids[0], job.output_dir / "resumed"),
+                               map_location=device.torch_device, weights_only=False)
+            if state.get("run_ids") != resume_run_ids:
+                raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
+            trainer.load_state_dict(state)
+            log.info("resume    pack %s continues its %d members from step %d", first.job.pack_id, len(members), trainer.global_step)
+        log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
+                 device.name, ", ".join(m.name for m in members))
+        start = time.perf_counter()
+        try:
+            trainer.fit()
+        except PackStopped as stopped:
+            for m in members:
+                if m.active:
+                    publish_resume_point(m.tracker, stopped.path, stopped.step)
+                    m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
+            log.error("stopped by %s at step %d; checkpoint %s; continue the sweep with its command and resume=latest",
+                      stopped.signal, stopped.step, stopped.path)
+            raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
+        wall = time.perf_counter() - start
+    return [_finish(m, trainer, device, wall) for m in members]
+
+
+def _pack_data(members: list[Member], device):
+    """The members' one-step data as packed tensors; members with one data config share theirs."""
+    import torch
+
+    from seqlab.packing.loop import PackData
+
+    sets, which = {}, []
+    for m in members:
+        key = OmegaConf.to_yaml(m.cfg.data, resolve=True)
+        which.append(sets.setdefault(key, len(sets)))
+    firsts = {}
+    for m, w in zip(members, which):
+        firsts.setdefault(w, m.datamodule)
+
+    def stacked(part: str, what: str):
+        arrays = [getattr(getattr(firsts[w], part), what) for w in range(len(sets))]
+        return torch.stack([torch.from_numpy(a) for a in arrays]).to(device)
+
+    dm = members[0].datamodule
+    has_val = dm.has_val()
+    n, bs = len(dm.train), dm.batch_size
+    drop = dm.drop_last or dm.drop_single
+    return PackData(
+        x=stacked("train", "x")[:, :, 0], y=stacked("train", "y"),
+        val_x=stacked("val", "x")[:, :, 0] if has_val else None, val_y=stacked("val", "y") if has_val else None,
+        which=torch.tensor(which, device=device), batch_size=bs,
+        n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle,
+    )
+
+
+def _seconds(max_time: Optional[str]) -> Optional[float]:
+    """trainer.max_time, "DD:HH:MM:SS", in seconds."""
+    if not max_time:
+        return None
+    days, hours, minutes, seconds = (int(p) for p in str(max_time).split(":"))
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _finish(m: Member, trainer, device, wall: float) -> JobResult:
+    """The member's run as its job alone ends it: the network kept, final metrics, checkpoint,
+    curves, model, status; its result."""
+    import torch
+
+    from seqlab.plots import training_curves
+    from seqlab.resume.points import drop_resume_point, store_checkpoint
+    from seqlab.tracking.model_logging import log_network
+    from seqlab.training.module import LOSS_FUNCTIONS, evaluate, population_bn_statistics_
+
+    tracker, cfg = m.tracker, m.cfg
+    if m.status == "FAILED":
+        return _ended(m)
+    step = m.final_step or trainer.global_step
+    weights, kept = m.kept(trainer.model.member(m.k), trainer.global_step)
+    m.network.load_state_dict(weights)
+    m.network.to(device.torch_device)
+    tracker.set_tags(kept)
+    if cfg.module.bn_statistics == "population":
+        population_bn_statistics_(m.network, m.datamodule.train_eval_batches(), device.torch_device)
+    summary = {"train_wall_s": wall}
+    if m.datamodule.has_val():
+        found = evaluate(m.network, LOSS_FUNCTIONS[cfg.module.loss], m.datamodule.val_dataloader(), device.torch_device)
+        summary.update({f"final_val_{k}": v for k, v in found.items()})
+    for key in ("it_per_s", "samples_per_s"):
+        if m.median(key) is not None:
+            summary[f"{key}_median"] = m.median(key)
+    baseline = m.datamodule.baseline_val_rmse()
+    if baseline is not None:
+        summary["val_rmse_baseline"] = baseline
+    tracker.log_metrics(summary, step)
+    if cfg.metrics.target_rmse is not None:
+        tracker.set_tags({"target_rmse": cfg.metrics.target_rmse, "target_reached": str(m.reached is not None).lower()})
+    ckpt = m.job.output_dir / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    # The member's network as a Lightning checkpoint's state_dict; its optimizer state is in the pack's.
+    torch.save({"state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
+                "global_step": step, "epoch": trainer.epoch, "pack_id": m.job.pack_id, "pack_member": m.k}, ckpt)
+    if tracker.log_checkpoint:
+        store_checkpoint(tracker, ckpt)
+    tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))
+    model_uri = log_network(tracker, m.network, m.datamodule.train.x, step, tracker.register_as, tags=kept)
+    drop_resume_point(tracker)
+    m.status = "FINISHED"
+    result = JobResult(
+        "FINISHED", m.job.num, m.tags.get("sweep_id"), m.job.overrides, tracker.run_id, m.name,
+        accelerator=device.accelerator, batch_size=cfg.data.batch_size,
+        it_per_s=summary.get("it_per_s_median"), samples_per_s=summary.get("samples_per_s_median"),
+        val_rmse=summary.get("final_val_rmse"), val_rmse_baseline=baseline,
+        best_val_rmse=m.best["best_val_rmse"] if m.best else None, target_rmse=cfg.metrics.target_rmse,
+        time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
+        output_network=kept["output_network"] if kept["output_network"] == "last" else f"best (step {kept['output_network_step']})",
+        model_uri=model_uri,
+    )
+    _ended(m, result)
+    log.info("done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)", m.name, m.k,
+             m.job.pack_id, _fmt(result.val_rmse), _fmt(result.best_val_rmse), _fmt(result.it_per_s, ",.0f"))
+    return result
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
+    """End the member's run with its status (and reason), its job's artifacts logged; its result written."""
+    tracker = m.tracker
+    result = result or JobResult(m.status, m.job.num, m.tags.get("sweep_id"), m.job.overrides, tracker.run_id, m.name,
+                                 batch_size=m.cfg.data.batch_size, reason=m.reason)
+    try:
+        tracker.log_artifact(m.job.output_dir.parent / ".hydra", "hydra")
+        for log_file in m.job.output_dir.parent.glob("*.log"):
+            tracker.log_artifact(log_file)
+    finally:
+        tracker.end(m.status, m.reason)
+        m.job.write(result)
+    return result
+
+
+def _close(members: list[Member], error: Optional[BaseException]) -> None:
+    """Runs the pack leaves open (an error, Ctrl-C, a stop): ended KILLED or FAILED, each result written."""
+    for m in members:
+        if m.tracker is None or m.tracker.run_id is None or (m.job.result is not None and m.job.result.status != "RUNNING"):
+            continue  # never opened, or ended already
+        if m.status == "RUNNING":
+            interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
+            m.status = "KILLED" if interrupted else "FAILED"
+            m.reason = m.reason or ("interrupted" if interrupted else one_line(error) if error else "the pack ended")
+        try:
+            _ended(m)
+        except Exception as failure:  # noqa: BLE001 - every member's run gets its end
+            log.error("member %d: its run could not be ended: %s", m.k, one_line(failure))
