@@ -243,10 +243,11 @@ def _pack_data(members: list[Member], device):
     has_val = dm.has_val()
     n, bs = len(dm.train), dm.batch_size
     drop = dm.drop_last or dm.drop_single
+    x, y = stacked("train", "x")[:, :, 0], stacked("train", "y")
     return PackData(
-        x=stacked("train", "x")[:, :, 0], y=stacked("train", "y"),
+        x=x.reshape(-1, x.shape[-1]), y=y.reshape(-1, y.shape[-1]),
         val_x=stacked("val", "x")[:, :, 0] if has_val else None, val_y=stacked("val", "y") if has_val else None,
-        which=torch.tensor(which, device=device), batch_size=bs,
+        which=torch.tensor(which, device=device), n_samples=n, batch_size=bs,
         n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle,
     )
 
