@@ -411,11 +411,20 @@ def _main_pack(cfg: DictConfig, job: Job) -> None:
         log.info("pack      %s: its %d members train one by one", why, len(members))
         for m in members:
             _main_job(m.cfg, m.job)
-    except SeqlabError as error:  # before any member's run opened (a bad value, a missing device)
-        log.error("error: %s", one_line(error))
+    except BaseException as error:  # noqa: BLE001 - each member's run has been ended; its result is written here
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         for m in members:
-            if m.job.result is None:
-                m.job.write(JobResult("FAILED", job.num, job.sweep_info().sweep_id, m.job.overrides, reason=one_line(error)))
+            if m.job.result is None or m.job.result.status == "RUNNING":
+                m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
+                                      m.tracker.run_id if m.tracker else None, m.name or None, reason=one_line(error)))
+        if isinstance(error, SystemExit):
+            raise
+        if isinstance(error, KeyboardInterrupt):
+            raise SystemExit(130) from None
+        if isinstance(error, SeqlabError):
+            log.error("error: %s", one_line(error))
+        else:
+            log.exception("pack failed: %s", one_line(error))
     return None
 
 

@@ -121,10 +121,16 @@ class PackedCNNLSTM(nn.Module):
         if not self.training or not any(self.dropout):
             return h
         if generators is not None:
-            # What CPU dropout computes, member by member from each member's stream (a member
-            # without dropout draws nothing, as its run alone would not).
-            return torch.stack([h[k] if p == 0.0 else h[k] * torch.empty_like(h[k]).bernoulli_(1 - p, generator=g) / (1 - p)
-                                for k, (p, g) in enumerate(zip(self.dropout, generators))])
+            # What CPU dropout computes (noise = bernoulli(1 - p) / (1 - p); input * noise), each
+            # member's noise drawn from its own stream into one buffer (a member without dropout
+            # draws nothing, as its run alone would not).
+            noise = torch.empty_like(h)
+            for k, (p, g) in enumerate(zip(self.dropout, generators)):
+                if p == 0.0:
+                    noise[k].fill_(1.0)
+                else:
+                    noise[k].bernoulli_(1 - p, generator=g).div_(1 - p)
+            return h * noise
         if len(set(self.dropout)) == 1:
             return nn.functional.dropout(h, self.dropout[0], True)
         p = h.new_tensor(self.dropout).view(-1, 1, 1)

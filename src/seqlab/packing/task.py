@@ -24,8 +24,6 @@ from seqlab.sweeps.job import Job, JobResult, job_key
 
 log = logging.getLogger("seqlab")
 
-PACK_CHECKPOINT = "pack.ckpt"
-
 
 class Unpackable(SeqlabError):
     """This pack's members cannot train packed: they train one by one (the reason is one line)."""
@@ -162,7 +160,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     from seqlab.packing.loop import PackStopped, PackTrainer, StopRequest
     from seqlab.packing.model import PackedCNNLSTM
     from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
-    from seqlab.resume.points import fetch_checkpoint, publish_resume_point
+    from seqlab.resume.points import CHECKPOINT, fetch_checkpoint, publish_resume_point
     from seqlab.training.module import LOSS_TO_MSE
     from seqlab.training.perf import optimizer_factory
 
@@ -186,7 +184,8 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     data = _pack_data(members, device.torch_device)
     n_outputs = first.datamodule.n_outputs
     to_mse = LOSS_TO_MSE[first.cfg.module.loss]
-    ckpt = job.output_dir / "checkpoints" / PACK_CHECKPOINT
+    # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
+    ckpt = job.output_dir / "checkpoints" / CHECKPOINT
     with StopRequest() as stop:
         trainer = PackTrainer(
             model, optimizer, scheduler, gradients if (gradients.active_l2 or gradients.active_threshold) else None,
