@@ -146,12 +146,13 @@ def test_the_top_level_holds_few_modules_and_no_module_is_long():
 
 
 def test_the_light_modules_stay_light():
-    """What every multirun (the sweep callback), every job (its sweep and trial), the store's reaper
+    """What every multirun (the sweep callback, the packing sweeper and its plan), every job (its sweep and trial), the store's reaper
     and the step writer's helper process (one per run) import pulls in neither torch, Lightning,
     MLflow nor Optuna: a new Python, as Hydra and a run start one."""
     code = ("import sys\n"
             "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
-            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.train\n"
+            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.train, "
+            "seqlab.packing.plan, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
             "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -137,8 +137,7 @@ class LoggerConfig:
 
 @dataclass
 class MetricsConfig:
-    # Time to quality: the training time (device synchronised, validation excluded) at which
-    # val_rmse first reaches this value; null: not tracked.
+    # Time to quality: training time (synchronised, validation excluded) to val_rmse <= this; null: not tracked.
     target_rmse: Optional[float] = None
 
 
@@ -182,8 +181,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     module: ModuleConfig = field(default_factory=ModuleConfig)
-    # Optimizer and scheduler keys differ per class (betas, momentum, step_size...), so they are
-    # untyped here; `validate` checks what every option shares.
+    # Optimizer and scheduler keys differ per class (betas, momentum...): untyped; `validate` checks what all share.
     optimizer: Any = MISSING
     scheduler: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -200,8 +198,8 @@ class TrainConfig:
     # An MLflow run id: continue that interrupted run; in a multirun, `latest` or a sweep id (seqlab.sweeps.job).
     resume: Optional[str] = None
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
-    pack: Any = "off"  # a multirun's jobs as packs of at most this many members (seqlab.packing); off: one by one
-    pack_job: Optional[int] = None  # set by the sweeper: this job trains pack N of its sweep (packs.json)
+    pack: Any = "off"  # a multirun's jobs as packs of at most N members (seqlab.packing); pack_job: set by its sweeper
+    pack_job: Optional[int] = None
 
 
 def accelerators_present() -> str:

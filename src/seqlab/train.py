@@ -394,38 +394,11 @@ def main(cfg: DictConfig) -> Optional[float]:
     only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
     the sweep callback prints the summary and sets the exit code."""
     job = Job.from_hydra(cfg)
-    if cfg.get("pack_job") is not None:
-        return _main_pack(cfg, job)
+    if cfg.get("pack_job") is not None:  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
+        from seqlab.packing.task import run_pack
+
+        return run_pack(cfg, job, alone=_main_job)
     return _main_job(cfg, job)
-
-
-def _main_pack(cfg: DictConfig, job: Job) -> None:
-    """A pack of a multirun (seqlab.packing): its members trained together, each its own run; or,
-    where the pack cannot train packed, one by one as jobs of their own."""
-    from seqlab.packing.task import Unpackable, pack_members, train_pack
-
-    members = pack_members(cfg, job)
-    try:
-        train_pack(cfg, job, members)
-    except Unpackable as why:
-        log.info("pack      %s: its %d members train one by one", why, len(members))
-        for m in members:
-            _main_job(m.cfg, m.job)
-    except BaseException as error:  # noqa: BLE001 - each member's run has been ended; its result is written here
-        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        for m in members:
-            if m.job.result is None or m.job.result.status == "RUNNING":
-                m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
-                                      m.tracker.run_id if m.tracker else None, m.name or None, reason=one_line(error)))
-        if isinstance(error, SystemExit):
-            raise
-        if isinstance(error, KeyboardInterrupt):
-            raise SystemExit(130) from None
-        if isinstance(error, SeqlabError):
-            log.error("error: %s", one_line(error))
-        else:
-            log.exception("pack failed: %s", one_line(error))
-    return None
 
 
 def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:

@@ -12,7 +12,7 @@ import logging
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -59,6 +59,34 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
                          member=k, pack_id=pack_id)
         members.append(Member(k, member_config(cfg, overrides, out), member_job))
     return members
+
+
+def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any]) -> None:
+    """The pack job's task (seqlab.train.main hands it over): its members trained together, each
+    its own run; or, where the pack cannot train packed, one by one as jobs of their own
+    (`alone`: train.main's job path). A failure ends every member's run and writes its result; the
+    sweep goes on and its summary reports it."""
+    members = pack_members(cfg, job)
+    try:
+        train_pack(cfg, job, members)
+    except Unpackable as why:
+        log.info("pack      %s: its %d members train one by one", why, len(members))
+        for m in members:
+            alone(m.cfg, m.job)
+    except BaseException as error:  # noqa: BLE001 - each member's run has been ended; its result is written here
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        for m in members:
+            if m.job.result is None or m.job.result.status == "RUNNING":
+                m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
+                                      m.tracker.run_id if m.tracker else None, m.name or None, reason=one_line(error)))
+        if isinstance(error, SystemExit):
+            raise
+        if isinstance(error, KeyboardInterrupt):
+            raise SystemExit(130) from None
+        if isinstance(error, SeqlabError):
+            log.error("error: %s", one_line(error))
+        else:
+            log.exception("pack failed: %s", one_line(error))
 
 
 def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResult]:
