@@ -1,22 +1,40 @@
-"""Hydra's basic sweeper, packing (the `_target_` of conf/hydra/default.yaml's sweeper): it
-expands the command line's sweeps into jobs as Hydra's does, then launches the jobs that differ only
-in packable keys as packs (seqlab.packing.plan), each pack one job to the launcher, so that packing
-works with every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the basic
-sweeper: every job alone."""
+"""Hydra's basic sweeper, packing (registered as `hydra/sweeper=basic`, below): it expands the
+command line's sweeps into jobs as Hydra's does, then launches the jobs that differ only in packable
+keys as packs (seqlab.packing.plan), each pack one job to the launcher, so that packing works with
+every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the basic sweeper: every
+job alone. No `from __future__ import annotations` here: Hydra's plugin scan loads this module in a
+way that leaves a dataclass with string annotations unable to resolve them."""
 
-from __future__ import annotations
 
 import logging
 from pathlib import Path
 from typing import Any, List, Optional
 
+from dataclasses import dataclass
+from typing import Dict
+
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from seqlab.packing.plan import PackPlan, group, numbered, why_unpackable
 
 log = logging.getLogger("seqlab")
+
+
+@dataclass
+class PackingSweeperConf:
+    """Hydra's BasicSweeperConf, this class as its target."""
+    _target_: str = "hydra_plugins.seqlab_pack_sweeper.sweeper.PackingSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[Dict[str, str]] = None
+
+
+# In the place of Hydra's `basic` (its module, imported above, registered it first; Hydra scans its
+# own plugins before hydra_plugins): every multirun gets packing, and a preset that overrides
+# hydra/sweeper (hparams_search=optuna) replaces it whole. With pack=off it is the basic sweeper.
+ConfigStore.instance().store(group="hydra/sweeper", name="basic", node=PackingSweeperConf, provider="seqlab")
 
 
 class PackingSweeper(BasicSweeper):
