@@ -60,6 +60,13 @@ class PackData:
             order = torch.arange(n, device=device).expand(len(members), n)
         return order + (self.which * n).unsqueeze(1)
 
+    def member_val(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each member's validation set, (K, samples, features) and (K, samples, responses): the sets
+        themselves where every member has its own, in order (copying them cost a validation's time)."""
+        if self.val_x.shape[0] == len(self.which) and bool((self.which == torch.arange(len(self.which), device=self.which.device)).all()):
+            return self.val_x, self.val_y
+        return self.val_x.index_select(0, self.which), self.val_y.index_select(0, self.which)
+
     def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mini-batch b of every member: (K, batch, features), (K, batch, responses), gathered in
         one index_select each (advanced indexing of a (K, batch) index cost a third of the step)."""
@@ -248,14 +255,12 @@ class PackTrainer:
     def validate(self) -> Optional[dict[str, list[float]]]:
         if self.data.val_x is None:
             return None
+        x, target = self.data.member_val()
         self.model.eval()
         try:
-            sets = self.data.which
-            pred = torch.cat([self.model.forward_one_step(self.data.val_x[sets, i:i + 4096])
-                              for i in range(0, self.data.val_x.shape[1], 4096)], dim=1)
+            pred = torch.cat([self.model.forward_one_step(x[:, i:i + 4096]) for i in range(0, x.shape[1], 4096)], dim=1)
         finally:
             self.model.train()
-        target = self.data.val_y[sets]
         out = metrics_per_member(pred, target)
         out["loss"] = self.loss_fn(pred, target).tolist()
         return out

@@ -58,6 +58,10 @@ def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob
     lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
     lines += ["  ".join(row[c].ljust(widths[c]) for c in columns) for row in rows]
     lines += [f"job {job_label(r)}: {r.reason}" for r in results if r.reason]
+    if any(r.member is not None for r in results):
+        # Never one column of packed and unpacked speeds without saying so (seqlab.packing).
+        lines.append("jobs N.k trained packed, as member k of pack N: their it/s is the pack's steps/s "
+                     "(K networks a step); each run's pack_model_steps_per_s is K x that")
     return "\n".join(lines)
 
 
