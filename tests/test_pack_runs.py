@@ -148,3 +148,13 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_pat
         assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
         steps = sorted(m.step for m in store.get_metric_history(run_id, "train_loss"))
         assert steps == list(range(1, 60 * 13 + 1))  # every step once: none lost, none stored twice
+
+
+@pytest.mark.gpu
+def test_a_pack_trains_on_the_gpu_and_each_member_is_a_run(run_cli, store):
+    proc = run_cli("-m", "seed=0,1", "optimizer.lr=0.001,0.003", "pack=4", "trainer.accelerator=gpu", *SMALL)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    members = [r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags]
+    assert len(members) == 4 and {r.data.tags["accelerator"] for r in members} == {"gpu"}
+    assert all(r.info.status == "FINISHED" and len(_losses(store, r.info.run_id)) == 104 for r in members)
+    assert all(np.isfinite(r.data.metrics["final_val_rmse"]) and r.data.metrics["pack_model_steps_per_s"] > 0 for r in members)

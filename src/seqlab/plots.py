@@ -34,12 +34,16 @@ def training_curves(history: Mapping[str, Series], path: Path, title: str = "") 
     axes[2].grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path, dpi=100)
+    # Fixed margins for this fixed layout: tight_layout measured every tick label first, half of
+    # the picture's cost (about 0.15 s of every run, once per member of a pack).
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.06, top=0.94 if title else 0.97, hspace=0.08)
+    return save_figure(fig, path, dpi=100, tight=False)
 
 
-def save_figure(fig, path: Path, dpi: int) -> Path:
-    """Lay the figure out, write it (creating its folder) and free it."""
-    fig.tight_layout()
+def save_figure(fig, path: Path, dpi: int, tight: bool = True) -> Path:
+    """Lay the figure out (tight: around its labels), write it (creating its folder) and free it."""
+    if tight:
+        fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
