@@ -105,7 +105,8 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 status=run.info.status,
                 device=t.get("accelerator") or p.get("trainer.accelerator", "?"),
                 batch_size=_int(p.get("data.batch_size")),
-                perf=p.get("perf.name", "?"),
+                # A packed run's speeds are its pack's steps/s: never in one group with runs alone.
+                perf=p.get("perf.name", "?") + (", packed" if "pack_id" in t else ""),
                 it_per_s=m.get("it_per_s_median"),
                 samples_per_s=m.get("samples_per_s_median"),
                 time_to_target_s=m.get("time_to_target_s"),
