@@ -52,6 +52,9 @@ def test_each_member_trains_as_its_job_alone_per_packable_key(run_cli, store, wh
     members = _members(store, "packed")
     assert len(members) == n
     (parent,) = [r for r in runs_of(store, "packed") if r.data.tags.get("sweep_role") == "parent"]
+    # Packed speeds are never shown as if each run had the machine alone.
+    assert "jobs N.k trained packed" in packed.stdout and "0.1  " in packed.stdout
+    assert "perf=fast, packed" in parent.data.tags["verdict"]
     for overrides in ALONE[which]:
         alone = run_cli(*overrides, *SMALL, "logger.experiment_name=alone")
         assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
