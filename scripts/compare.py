@@ -28,10 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=f"sqlite:///{root}/mlruns/mlflow.db")
     parser.add_argument("--out", type=Path, default=root / "logs" / "compare")
     parser.add_argument("--no-log", action="store_true", help="do not store the results on the sweep's parent run")
-    parser.add_argument("--rank-by", default="config", choices=("config", "it_per_s", "samples_per_s", "time_to_target_s",
-                                                                  "val_rmse", "best_val_rmse"),
+    parser.add_argument("--rank-by", default="config", choices=("config", "it_per_s", "samples_per_s", "model_steps_per_s",
+                                                                  "time_to_target_s", "val_rmse", "best_val_rmse"),
                         help="order of the table: by configuration, or best first by a metric's mean "
-                             "(val_rmse: the final value; best_val_rmse: the lowest a run reached)")
+                             "(val_rmse: the final value; best_val_rmse: the lowest a run reached; "
+                             "model_steps_per_s: networks trained per second, a pack's members counted whole)")
     args = parser.parse_args(argv)
 
     from seqlab import SeqlabError

@@ -314,6 +314,8 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
     for key in ("it_per_s", "samples_per_s"):
         if m.median(key) is not None:
             summary[f"{key}_median"] = m.median(key)
+    if m.median("it_per_s") is not None:  # the pack's networks trained per second (the comparison's model-steps/s)
+        summary["pack_model_steps_per_s_median"] = len(trainer.members) * m.median("it_per_s")
     baseline = m.datamodule.baseline_val_rmse()
     if baseline is not None:
         summary["val_rmse_baseline"] = baseline

@@ -24,13 +24,15 @@ _COLUMN_KEYS = ("trainer.accelerator", "data.batch_size", "perf.")
 METRICS = (
     ("it_per_s", "it/s", ",.0f", False),
     ("samples_per_s", "samples/s", ",.0f", False),
+    # Networks trained per second: a pack's members count whole (K x its steps/s), a run alone its it/s.
+    ("model_steps_per_s", "model-steps/s", ",.0f", False),
     ("time_to_target_s", "time to target (s)", ".3g", True),
     ("val_rmse", "final val_rmse", ".4f", True),
     ("best_val_rmse", "best val_rmse", ".4f", True),
     ("cpu_util", "cpu %", ".0f", False),
     ("gpu_util", "gpu %", ".0f", False),
 )
-RANK_BY = ("config",) + tuple(m[0] for m in METRICS[:5])
+RANK_BY = ("config", "it_per_s", "samples_per_s", "model_steps_per_s", "time_to_target_s", "val_rmse", "best_val_rmse")
 
 
 @dataclass
@@ -248,6 +250,12 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     best = _best_text(finished, "samples_per_s", " samples/s", ",.0f")
     if best:
         parts.append(f"Highest throughput: {best[1]}.")
+    if any(r.packed for g in finished for r in g.finished):
+        # Where one run is fastest is not how to use the machine fully: packs train K networks a step.
+        best = _best_text(finished, "model_steps_per_s", " model-steps/s", ",.0f")
+        if best:
+            parts.append(f"Most networks trained per second (a pack counts all its members; the machine used "
+                         f"fully): {best[1]}.")
 
     runs = [r for g in groups for r in g.runs]
     failed = [r for r in runs if r.status != "FINISHED"]
