@@ -121,3 +121,20 @@ def test_runs_differing_only_in_seed_are_one_configuration():
 
     groups = group_runs([row(0, "0.01"), row(1, "0.01"), row(2, "0.01"), row(0, "0.1"), row(1, "0.1")])
     assert [(g.extra, g.n) for g in groups] == [("optimizer.lr=0.01", 3), ("optimizer.lr=0.1", 2)]
+
+
+def test_a_packs_members_count_once_for_speed_and_each_for_accuracy():
+    """The members of a pack share one speed measurement (their pack's steps/s): n and the interval
+    of it/s, samples/s and model-steps/s count packs; best_val_rmse counts every member."""
+    rows = []
+    for pack, rate in (("p0", 200.0), ("p1", 220.0)):
+        for k in range(4):
+            rows.append(RunRow(f"{pack}-{k}", f"m{k}", "FINISHED", "cpu", 64, "fast, packed", rate, rate * 64, None, None,
+                               0.1, best_val_rmse=0.1 + 0.01 * k, seed=k, model_steps_per_s=4 * rate, pack_id=pack))
+    (group,) = group_runs(rows)
+    assert group.stat("it_per_s").n == 2 and group.stat("it_per_s").mean == 210.0
+    assert group.stat("model_steps_per_s").n == 2 and group.stat("model_steps_per_s").mean == 840.0
+    assert group.stat("best_val_rmse").n == 8
+    text = verdict(rows)
+    assert "Most networks trained per second (a pack counts all its members; the machine used fully): " \
+           "cpu, batch 64, perf=fast, packed (840 ± 508 model-steps/s, n = 2)" in text  # t(0.975, 1) x sd 56.6 / sqrt 2

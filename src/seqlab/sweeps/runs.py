@@ -33,7 +33,7 @@ class RunRow:
     seed: Optional[int] = None
     # Networks trained per second: a pack member's pack_model_steps_per_s (K x its it/s), else its it/s.
     model_steps_per_s: Optional[float] = None
-    packed: bool = False
+    pack_id: Optional[str] = None  # a pack member's pack: its speeds are the pack's, one measurement for all members
     val_history: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (step, val_rmse)
     # The run's resolved config (flattened): what tells repeats of one configuration apart from
     # other configurations. Empty for rows made by hand: then device, batch and perf do.
@@ -122,7 +122,7 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 best_val_rmse_step=m.get("best_val_rmse_step"),
                 seed=_int(p.get("seed")),
                 model_steps_per_s=m.get("pack_model_steps_per_s_median") if "pack_id" in t else m.get("it_per_s_median"),
-                packed="pack_id" in t,
+                pack_id=t.get("pack_id"),
                 val_history=history,
                 params={k: param_now(k, v) for k, v in p.items()},  # old module paths as now (seqlab.moved)
             )

@@ -32,6 +32,7 @@ METRICS = (
     ("cpu_util", "cpu %", ".0f", False),
     ("gpu_util", "gpu %", ".0f", False),
 )
+_ONE_PER_PACK = ("it_per_s", "samples_per_s", "model_steps_per_s", "cpu_util", "gpu_util")
 RANK_BY = ("config", "it_per_s", "samples_per_s", "model_steps_per_s", "time_to_target_s", "val_rmse", "best_val_rmse")
 
 
@@ -67,7 +68,13 @@ class Group:
         return sum(r.target_reached is False for r in self.finished)
 
     def stat(self, metric: str) -> Summary:
-        return summarize(getattr(r, metric) for r in self.finished)
+        rows = self.finished
+        if metric in _ONE_PER_PACK:
+            # The members of a pack share one measurement of speed (its steps took what they took):
+            # counted once, so that n and the interval are over independent measurements.
+            seen: set[str] = set()
+            rows = [r for r in rows if r.pack_id is None or not (r.pack_id in seen or seen.add(r.pack_id))]
+        return summarize(getattr(r, metric) for r in rows)
 
     @property
     def label(self) -> str:
@@ -250,7 +257,7 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     best = _best_text(finished, "samples_per_s", " samples/s", ",.0f")
     if best:
         parts.append(f"Highest throughput: {best[1]}.")
-    if any(r.packed for g in finished for r in g.finished):
+    if any(r.pack_id for g in finished for r in g.finished):
         # Where one run is fastest is not how to use the machine fully: packs train K networks a step.
         best = _best_text(finished, "model_steps_per_s", " model-steps/s", ",.0f")
         if best:
