@@ -214,6 +214,12 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     to_mse = LOSS_TO_MSE[first.cfg.module.loss]
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
+
+    def publish(path: Path, step: int) -> None:  # the pack's checkpoint: every training member's resume point
+        for m in members:
+            if m.active:
+                publish_resume_point(m.tracker, path, step)
+
     with StopRequest() as stop:
         trainer = PackTrainer(
             model, optimizer, scheduler, gradients if (gradients.active_l2 or gradients.active_threshold) else None,
@@ -221,7 +227,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
             max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=first.tracker.flush_every_n_steps,
             flush_every_s=first.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
-            publish=lambda path, step: [publish_resume_point(m.tracker, path, step) for m in members if m.active],
+            publish=publish,
             stop=stop, exact_dropout=device.accelerator == "cpu",
         )
         if resume_run_ids is not None:
@@ -237,9 +243,9 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
         try:
             trainer.fit()
         except PackStopped as stopped:
+            publish(stopped.path, stopped.step)
             for m in members:
                 if m.active:
-                    publish_resume_point(m.tracker, stopped.path, stopped.step)
                     m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
             log.error("stopped by %s at step %d; checkpoint %s; continue the sweep with its command and resume=latest",
                       stopped.signal, stopped.step, stopped.path)

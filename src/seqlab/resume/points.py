@@ -50,4 +50,7 @@ def drop_resume_point(tracker: Any) -> None:
 
 def fetch_checkpoint(client: Any, run_id: str, dst: Path) -> Path:
     """The run's interrupt checkpoint, downloaded into `dst`."""
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one file: a bar would be noise
     return Path(client.download_artifacts(run_id, f"checkpoints/{CHECKPOINT}", str(dst)))
