@@ -102,20 +102,18 @@ class PackedCNNLSTM(nn.Module):
         return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
 
     def _batch_norm(self, h: torch.Tensor) -> torch.Tensor:
-        """BatchNorm1d per member over its own batch (dimension 1), as nn.BatchNorm1d computes it:
-        the batch's biased variance to normalise, the unbiased one into the running estimate."""
+        """BatchNorm1d per member over its own batch (dimension 1): the (K, batch, channels) input
+        as (batch, K x channels), so that one native batch_norm, the kernel nn.BatchNorm1d runs,
+        normalises and updates each member's channels on their own (forward and backward in one
+        operation each, instead of a dozen elementwise ones)."""
+        k, n, c = h.shape
+        flat = h.transpose(0, 1).reshape(n, k * c)
         if self.training:
-            var, mean = torch.var_mean(h, dim=1, unbiased=False, keepdim=True)
-            n = h.shape[1]
-            with torch.no_grad():
-                m = self.bn_momentum
-                self.bn_running_mean.mul_(1 - m).add_(mean.squeeze(1), alpha=m)
-                self.bn_running_var.mul_(1 - m).add_(var.squeeze(1) * (n / max(n - 1, 1)), alpha=m)
-                self.bn_num_batches_tracked.add_(1)
-        else:
-            mean, var = self.bn_running_mean.unsqueeze(1), self.bn_running_var.unsqueeze(1)
-        scale = self.bn_weight.unsqueeze(1) * torch.rsqrt(var + self.bn_eps)
-        return (h - mean) * scale + self.bn_bias.unsqueeze(1)
+            self.bn_num_batches_tracked.add_(1)
+        out = nn.functional.batch_norm(flat, self.bn_running_mean.view(-1), self.bn_running_var.view(-1),
+                                       self.bn_weight.view(-1), self.bn_bias.view(-1), self.training,
+                                       self.bn_momentum, self.bn_eps)
+        return out.view(n, k, c).transpose(0, 1)
 
     def _dropout(self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]) -> torch.Tensor:
         if not self.training or not any(self.dropout):
