@@ -147,6 +147,21 @@ def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_st
     assert sorted(val_steps) == [13 * (e + 1) for e in range(30)]
 
 
+@pytest.mark.slow
+def test_steps_not_yet_sent_at_a_time_based_checkpoint_are_sent_before_it(tmp_path, store, run_cli):
+    # Metrics sent at most once every 1000 s: only the checkpoint itself sends the steps before it.
+    # A kill -9 right after it, then resume: every step once (the steps before the checkpoint were
+    # never sent again by the resume, which continues after it).
+    args = [*KILLABLE[:-1], "logger.flush_every_s=1000"]
+    killed = _run_with_fault(tmp_path, "kill", *args)
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+    (run,) = runs_of(store, "seqlab")
+    resumed = run_cli(*args, f"resume={run.info.run_id}")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
+    assert sorted(steps) == list(range(1, 30 * 13 + 1))
+
+
 # A checkpoint of this model is about 3.4 MB; the store (about 1 MB) and the other files stay below the limit.
 FULL_DISK = ["data.n_samples=1024", "trainer.max_epochs=8", "model.hidden_size=256", "checkpoint.interval_s=2",
              "perf.steps_per_call=5"]

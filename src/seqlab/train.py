@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, SweepInfo, check_single_run_resume, continue_job, fmt, resume_command
+from seqlab.sweeps.job import Job, JobResult, check_single_run_resume, continue_job, fmt, resume_command
 
 log = logging.getLogger("seqlab")
 
@@ -236,7 +236,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     own = [clock, recorder, stop]
     if cfg.checkpoint.interval_s > 0 and not ddp:
         own.append(TimedCheckpoint(job.output_dir / "checkpoints" / CHECKPOINT, cfg.checkpoint.interval_s,
-                                   partial(publish_resume_point, tracker)))
+                                   partial(publish_resume_point, tracker), before_save=recorder.flush))
     chosen = callback_group.build(cfg.callbacks, tracker=tracker)
     # Epoch checkpoints off (perf.checkpoint_every_n_epochs=0, the default): Lightning would still
     # keep the callback's state in every checkpoint and warn about its folder on each resume.

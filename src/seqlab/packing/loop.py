@@ -287,7 +287,10 @@ class PackTrainer:
         torch.set_rng_state(state["torch_rng"])
 
     def save(self) -> Path:
-        """The pack's checkpoint, written whole (a kill mid-write keeps the previous one)."""
+        """The pack's checkpoint, written whole (a kill mid-write keeps the previous one). The steps
+        trained so far are sent first: a resume continues after the checkpoint and does not send
+        again what a run already holds, so a step trained before it must not be left unsent."""
+        self.flush()
         self.last_checkpoint = time.monotonic()
         state = {**self.state_dict(), "run_ids": [m.tracker.run_id for m in self.members]}
         replace_atomically(self.checkpoint_path, lambda tmp: torch.save(state, tmp))

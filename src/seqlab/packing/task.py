@@ -20,7 +20,7 @@ from seqlab import SeqlabError, one_line
 from seqlab.packing.members import Member
 from seqlab.packing.plan import PACKABLE, PackPlan, key_of
 from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, job_key
+from seqlab.sweeps.job import Job, JobResult, continue_job
 
 log = logging.getLogger("seqlab")
 
@@ -105,8 +105,8 @@ def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResu
 
 
 def _plan_resume(cfg: DictConfig, job: Job, members: list[Member]):
-    from seqlab.sweeps.job import continue_job
-
+    """(members to train, results of members done before, the run ids the pack continues or None),
+    from the resumed sweep's plan, member by member as continue_job decides for a job alone."""
     results, to_train = [], []
     for m in members:
         m.cfg.resume = cfg.resume

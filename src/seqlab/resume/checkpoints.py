@@ -40,10 +40,14 @@ class TimedCheckpoint(pl.Callback):
     have to agree on the moment (there the epoch-based perf.checkpoint_every_n_epochs applies)."""
 
     def __init__(self, path: Path, interval_s: float, publish: Callable[[Path, int], None],
-                 clock: Optional[Callable[[], float]] = None) -> None:
+                 clock: Optional[Callable[[], float]] = None, before_save: Optional[Callable[[], None]] = None) -> None:
         self.path = Path(path)
         self.interval_s = interval_s
         self.publish = publish
+        # The step metrics waiting to be sent (StepMetricsRecorder.flush): a resume continues after
+        # the checkpoint and never sends again what the run holds, so what was trained before it
+        # must be sent before it is saved, or a kill -9 right after would lose those steps for good.
+        self.before_save = before_save
         self.clock = clock or (lambda: _clock())  # looked up at each call: tests give a fake one
         self._last = 0.0
         self._due = False
@@ -63,6 +67,8 @@ class TimedCheckpoint(pl.Callback):
             return
         self._due = False
         start = time.perf_counter()
+        if self.before_save is not None:
+            self.before_save()
         save_checkpoint(trainer, self.path)
         self.publish(self.path, trainer.global_step)
         self.writes.append((trainer.global_step, time.perf_counter() - start))
