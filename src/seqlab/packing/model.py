@@ -96,9 +96,13 @@ class PackedCNNLSTM(nn.Module):
         h = torch.baddbmm(self.conv_bias.unsqueeze(1), x, self.conv_weight[:, :, :, tap].transpose(1, 2))
         h = torch.relu(self._batch_norm(h))
         bias = self.lstm_bias_ih + self.lstm_bias_hh
-        i, _, g, o = torch.baddbmm(bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2)).chunk(4, dim=2)
-        c = torch.sigmoid(i) * torch.tanh(g)
-        h = self._dropout(torch.sigmoid(o) * torch.tanh(c), generators)
+        z = torch.baddbmm(bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2))  # gates i, f, g, o
+        hidden = z.shape[2] // 4
+        # One sigmoid over all four gates (f's is not used: c0 = 0) instead of one each for i and o
+        # on strided slices: 10% of a K=8 packed step here (3.38 vs 3.77 ms, one process, alternating).
+        gates = torch.sigmoid(z)
+        c = gates[..., :hidden] * torch.tanh(z[..., 2 * hidden : 3 * hidden])
+        h = self._dropout(gates[..., 3 * hidden :] * torch.tanh(c), generators)
         return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
 
     def _batch_norm(self, h: torch.Tensor) -> torch.Tensor:
