@@ -5,13 +5,10 @@ every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the b
 job alone. No `from __future__ import annotations` here: Hydra's plugin scan loads this module in a
 way that leaves a dataclass with string annotations unable to resolve them."""
 
-
 import logging
-from pathlib import Path
-from typing import Any, List, Optional
-
 from dataclasses import dataclass
-from typing import Dict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
