@@ -152,7 +152,7 @@ def test_the_light_modules_stay_light():
     code = ("import sys\n"
             "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
             "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.train, "
-            "seqlab.packing.plan, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
+            "seqlab.sweeps.packs, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
             "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

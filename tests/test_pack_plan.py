@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from seqlab import SeqlabError
-from seqlab.packing.plan import PackPlan, group, numbered, pack_size, why_unpackable
+from seqlab.sweeps.packs import PackPlan, group, numbered, pack_size, why_unpackable
 
 
 def _jobs(**swept):

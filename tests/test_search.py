@@ -149,6 +149,61 @@ def test_an_aggressive_pruner_stops_a_hopeless_trial_at_its_first_epoch(run_cli,
 
 
 @pytest.mark.slow
+def test_a_packed_search_trains_its_trials_as_packs_and_prunes_a_member_while_the_others_go_on(run_cli, store, tmp_path):
+    # pack=3: the search asks three trials at a time; they differ only in the learning rate, a
+    # packable key, so each batch trains as one pack job. The sampler's seed draws 0.01, 1e-7,
+    # 0.01 (trial 0 is the config's own) and then 1e-7, 1e-7, 0.01. Batch one has no finished
+    # trial to be compared with; in batch two the median pruner stops the 1e-7 members after
+    # their first epoch (worse than trials 0 and 2 were), while their pack trains its 0.01 member
+    # to the end.
+    preset = _preset(tmp_path, {
+        "n_trials": 6,
+        "sampler": {"name": "random", "seed": 0},
+        "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+        "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
+    })
+    proc = run_cli("-m", *preset, "pack=3", "optimizer.lr=0.01", "data.n_samples=512", "trainer.max_epochs=3",
+                   "logger.system_metrics=false")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Traceback" not in out
+    assert "trials that share shapes packed 3 to a job" in out
+    assert "pack      trials 0, 1, 2 train as one pack (pack 0)" in out
+    assert "pack      trials 3, 4, 5 train as one pack (pack 1)" in out
+
+    (parent,), trials = _parent_and_trials(store)
+    assert [t.data.tags["optuna_trial"] for t in trials] == [str(n) for n in range(6)]
+    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    assert all(t.info.status == "FINISHED" for t in trials)
+    packs = [t.data.tags["pack_id"] for t in trials]
+    assert packs[0] == packs[1] == packs[2] != packs[3] == packs[4] == packs[5]
+    assert [t.data.tags["pack_member"] for t in trials] == ["0", "1", "2"] * 2
+    assert [t.info.run_name for t in trials] == [f"trial-{n}" for n in range(6)]
+    lrs = [t.data.params["optimizer.lr"] for t in trials]
+    states = {t.number: t.state.name for t in _study(tmp_path).trials}
+    assert [t.data.tags["trial_state"] for t in trials] == [states[n] for n in range(6)]
+
+    def epochs(t):
+        return len(store.get_metric_history(t.info.run_id, "val_rmse"))
+
+    def last_step(t):
+        return max(m.step for m in store.get_metric_history(t.info.run_id, "train_loss"))
+
+    pruned = [t for t in trials if t.data.tags["trial_state"] == "PRUNED"]
+    went_on = [t for t in trials[3:] if t.data.params["optimizer.lr"] == "0.01"]
+    assert pruned and went_on, list(zip(lrs, states.values()))
+    for t in pruned:
+        assert t.data.params["optimizer.lr"] == "1e-07" and int(t.data.tags["optuna_trial"]) >= 3
+        assert t.data.metrics["pruned_at_epoch"] == 1 and t.data.tags["pruned_at_epoch"] == "1"
+        assert epochs(t) == 1 and last_step(t) < last_step(went_on[0])  # its updates stopped at the pruned epoch
+        assert f"pruned    trial {t.data.tags['optuna_trial']} (member {t.data.tags['pack_member']}) at epoch 1 of 3" in out
+    for t in went_on:
+        assert t.data.tags["trial_state"] == "COMPLETE" and epochs(t) == 3
+    assert all(states[n] == "COMPLETE" for n in range(3))  # batch one had no finished trial to be compared with
+    assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
+
+
+@pytest.mark.slow
 def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_path, store):
     preset = _preset(tmp_path, {
         "n_trials": 4,

@@ -1,6 +1,6 @@
 """Hydra's basic sweeper, packing (registered as `hydra/sweeper=basic`, below): it expands the
 command line's sweeps into jobs as Hydra's does, then launches the jobs that differ only in packable
-keys as packs (seqlab.packing.plan), each pack one job to the launcher, so that packing works with
+keys as packs (seqlab.sweeps.packs), each pack one job to the launcher, so that packing works with
 every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the basic sweeper: every
 job alone. No `from __future__ import annotations` here: Hydra's plugin scan loads this module in a
 way that leaves a dataclass with string annotations unable to resolve them."""
@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from seqlab.packing.plan import PackPlan, group, numbered, why_unpackable
+from seqlab.sweeps.packs import PackPlan, group, numbered, why_unpackable
 
 log = logging.getLogger("seqlab")
 

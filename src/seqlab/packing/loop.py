@@ -248,7 +248,8 @@ class PackTrainer:
             m.tracker.log_metrics(row, step)
             if val is not None:
                 m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
-                if not m.active:  # stopped early: its network is the one of this step
+                m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
+                if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)
 
     @torch.no_grad()

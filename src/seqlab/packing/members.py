@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from seqlab.sweeps.job import Job
+from seqlab.sweeps.trial import PRUNED_AT, TrialLink
 
 log = logging.getLogger("seqlab")
 
@@ -32,6 +33,8 @@ class Member:
     dropout_stream: Optional[torch.Generator] = None  # the global stream its run alone would draw dropout from
     order: Optional[torch.Generator] = None  # its data order (data.module.TensorBatches' generator)
     resume_run_id: Optional[str] = None  # continue this KILLED run from the pack's checkpoint
+    trial_link: Optional[TrialLink] = None  # a search's trial this member trains (seqlab.sweeps.trial)
+    trial: Any = None  # that optuna.Trial, opened when its run starts
     status: str = "RUNNING"  # RUNNING | FINISHED | FAILED | KILLED
     reason: Optional[str] = None
     active: bool = True  # still training (False: diverged or stopped early; the pack goes on)
@@ -43,6 +46,7 @@ class Member:
     since_best: int = 0
     reached: Optional[dict[str, float]] = None
     stopped: Optional[dict[str, int]] = None  # stopped early by module.validation_patience
+    pruned: Optional[str] = None  # why a search's pruner stopped it (its job result's reason)
     final_step: Optional[int] = None  # where its training ended (stopped early: there)
     last_weights: Optional[dict[str, torch.Tensor]] = None  # its weights where it stopped early
 
@@ -50,11 +54,11 @@ class Member:
         """What a pack checkpoint keeps of this member besides its packed weights."""
         return {"epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
                 "since_best": self.since_best, "reached": self.reached, "stopped": self.stopped,
-                "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights, "order": self.order.get_state(),
+                "pruned": self.pruned, "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights, "order": self.order.get_state(),
                 "dropout_stream": self.dropout_stream.get_state() if self.dropout_stream is not None else None}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "active", "final_step", "last_weights"):
+        for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
         self.order.set_state(state["order"])
         if self.dropout_stream is not None and state["dropout_stream"] is not None:
@@ -91,6 +95,24 @@ class Member:
             self.stopped = {"step": step, "epoch": epoch}
             log.info("stopped   member %d early at step %d (epoch %d): val_rmse has not improved for %d validation(s) "
                      "(module.validation_patience=%d); the pack goes on", self.k, step, epoch, self.since_best, patience)
+
+    def reported(self, val_rmse: float, step: int, epoch: int) -> None:
+        """sweeps.pruning.TrialReporter: a search's trial gets the epoch's val_rmse, and where the
+        pruner gives up on it the member stops at this step (its run ends as a pruned trial's:
+        FINISHED, tagged trial_state=PRUNED) while the pack goes on."""
+        if self.trial is None or not self.active or not math.isfinite(val_rmse):
+            return
+        self.trial.report(val_rmse, epoch)
+        if not self.trial.should_prune():
+            return
+        self.active, self.final_step = False, step
+        self.trial.set_user_attr(PRUNED_AT, epoch)
+        self.tracker.log_metrics({PRUNED_AT: float(epoch)}, step)
+        self.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
+        n = self.trial_link.number
+        self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {val_rmse:.4g}): worse than the trials before it"
+        log.info("pruned    trial %d (member %d) at epoch %d of %d: val_rmse %.4g is worse than the trials before it at "
+                 "that epoch; the pack goes on", n, self.k, epoch, self.cfg.trainer.max_epochs, val_rmse)
 
     def median(self, key: str) -> Optional[float]:
         """callbacks.timing.EpochTimer.median: over epochs, the first left out when there are others."""

@@ -1,4 +1,4 @@
-"""A pack's job (issue 22): the members the sweeper put in pack N (`pack_job=N`, seqlab.packing.plan)
+"""A pack's job (issue 22): the members the sweeper put in pack N (`pack_job=N`, seqlab.sweeps.packs)
 trained as one packed step, each member a full MLflow run of the sweep, as it would be alone: its
 params, per-step and epoch metrics, best_val_rmse, checkpoint, model, datasets and status, plus
 the tags pack_id, pack_size and pack_member. Called by seqlab.train.main; where the pack cannot
@@ -18,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqlab import SeqlabError, one_line
 from seqlab.packing.members import Member
-from seqlab.packing.plan import PACKABLE, PackPlan, key_of
+from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
 from seqlab.sweeps.job import Job, JobResult, continue_job
+from seqlab.sweeps.trial import as_current, member_link, open_trial
 
 log = logging.getLogger("seqlab")
 
@@ -30,15 +31,15 @@ class Unpackable(SeqlabError):
 
 
 def member_config(cfg: DictConfig, overrides: list[str], output_dir: Path) -> DictConfig:
-    """The pack job's config with one member's packable overrides: what the member's own job
-    would have composed (the pack's other keys are the members' shared ones)."""
+    """The pack job's config with one member's own overrides (packable keys, its run's name): what
+    the member's own job would have composed (the pack's other keys are the members' shared ones)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     member = copy.deepcopy(cfg)
     parser = OverridesParser.create()
     with open_dict(member):
         for override in overrides:
-            if key_of(override) in PACKABLE:
+            if per_member(key_of(override)) and not key_of(override).startswith("hydra."):
                 OmegaConf.update(member, key_of(override), parser.parse_override(override).value(), merge=False)
         member.paths.output_dir = str(output_dir)
         member.pack_job = None  # a member's params are its job's, not its pack's place
@@ -54,10 +55,10 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
     members = []
     for k, overrides in enumerate(plan.packs[cfg.pack_job]):
         overrides = [o for o in overrides if key_of(o) != "resume"]
-        out = job.output_dir / f"member{k}"
+        out = member_dir(job.output_dir, k)
         member_job = Job(out, overrides, job.sweep_dir, job.num, concurrent_jobs=job.concurrent_jobs,
                          member=k, pack_id=pack_id)
-        members.append(Member(k, member_config(cfg, overrides, out), member_job))
+        members.append(Member(k, member_config(cfg, overrides, out), member_job, trial_link=member_link(overrides)))
     return members
 
 
@@ -72,7 +73,8 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
     except Unpackable as why:
         log.info("pack      %s: its %d members train one by one", why, len(members))
         for m in members:
-            alone(m.cfg, m.job)
+            with as_current(m.trial_link):  # a search's trial reports to its trial as a job alone
+                alone(m.cfg, m.job)
     except BaseException as error:  # noqa: BLE001 - each member's run has been ended; its result is written here
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         for m in members:
@@ -169,10 +171,11 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         m.name = m.tracker.run_name or run_name(device.accelerator, m.cfg, m.job.overrides, sweep.swept_keys)
         m.tags = {**run_tags(m.cfg, m.job, device, sweep), **identity(),
                   "pack_id": m.job.pack_id, "pack_size": str(len(members)), "pack_member": str(m.k),
-                  "torch_threads": str(torch.get_num_threads())}
+                  "torch_threads": str(torch.get_num_threads()), **(m.trial_link.tags() if m.trial_link else {})}
         parent = sweep.parent_run_id if sweep.tracking_uri == m.tracker.tracking_uri else None
         m.tracker.start(m.name, m.tags, parent_run_id=parent, description=m.cfg.notes, resume_run_id=m.resume_run_id)
         stack.enter_context(heartbeat(m.tracker))
+        m.trial = open_trial(m.trial_link) if m.trial_link else None
         m.job.write(JobResult("RUNNING", job.num, m.tags.get("sweep_id"), m.job.overrides, m.tracker.run_id, m.name,
                               accelerator=device.accelerator, batch_size=m.cfg.data.batch_size))
         m.cfg.resume = m.resume_run_id  # record_config: a continued run keeps its params
@@ -347,7 +350,7 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
         best_val_rmse=m.best["best_val_rmse"] if m.best else None, target_rmse=cfg.metrics.target_rmse,
         time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
         output_network=kept["output_network"] if kept["output_network"] == "last" else f"best (step {kept['output_network_step']})",
-        model_uri=model_uri,
+        model_uri=model_uri, reason=m.pruned,
     )
     _ended(m, result)
     log.info("done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)", m.name, m.k,

@@ -23,6 +23,7 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
+from seqlab.sweeps.packs import PackPlan, group, key_of, member_dir, numbered, pack_size, why_unpackable
 from seqlab.sweeps import optuna_private
 from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
 from seqlab.sweeps.study import (
@@ -67,6 +68,8 @@ class Search:
         self.sweep_dir = Path(self.config.hydra.sweep.dir)
         self.job_idx = 0
         self.in_flight: list[optuna.trial.Trial] = []
+        self.pack: Optional[int] = None  # pack=N: trials that share shapes train N to a job (seqlab.packing)
+        self.packs: list[list[list[str]]] = []  # every pack launched so far: the sweep's packs.json
         self.stop_signal: Optional[int] = None
         self.started = time.monotonic()
 
@@ -80,6 +83,10 @@ class Search:
             raise SearchError(f"hydra.sweeper.sampler.name must be one of {', '.join(SAMPLERS)}; got {self.sampler_spec.get('name')!r}")
         if self.pruner_spec.get("name") not in PRUNERS:
             raise SearchError(f"hydra.sweeper.pruner.name must be one of {', '.join(PRUNERS)}; got {self.pruner_spec.get('name')!r}")
+        try:
+            self.pack = pack_size(self.config.get("pack"))
+        except SeqlabError as error:
+            raise SearchError(str(error)) from None
         if not self.storage_url:
             raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
                               "paths.optuna_storage, an SQLite file next to the MLflow store)")
@@ -149,10 +156,10 @@ class Search:
     # -- the study ---------------------------------------------------------------------------
     def _name(self) -> str:
         """Runs of the same command share a study; another search space or other fixed overrides
-        get their own (the number of trials, the launcher and hydra.* settings do not count)."""
+        get their own (the number of trials, the launcher, hydra.* settings and pack= do not count)."""
         if self.study_name:
             return self.study_name
-        fixed = sorted(a for a in self.arguments if not a.startswith("paths."))
+        fixed = sorted(a for a in self.arguments if not a.startswith("paths.") and key_of(a) != "pack")
         digest = hashlib.sha1(json.dumps([self.objective, self.params, fixed], sort_keys=True, default=str).encode())
         return f"{self.config.logger.experiment_name}-{digest.hexdigest()[:8]}"
 
@@ -238,7 +245,7 @@ class Search:
             print(f"error: {error}", flush=True)
             raise SystemExit(1) from None
         batch = self._batch_size()
-        study = self._open(space, batch)
+        study = self._open(space, batch * (self.pack or 1))  # trials asked together
         self._prepare(study, space)
         done = len(self._finished(study))
         tracking = self._tracking()
@@ -246,7 +253,8 @@ class Search:
                     f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)")
         print(f"search    study '{study.study_name}' in {self.storage_url}: {progress}; objective {self.objective} (minimised), sampler "
               f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
-              + (f", {batch} trials at a time" if batch > 1 else ""), flush=True)
+              + (f", {batch} trials at a time" if batch > 1 else "")
+              + (f", trials that share shapes packed {self.pack} to a job" if self.pack else ""), flush=True)
         self._sigterm_handler = self._on_sigterm
         previous = None
         if threading.current_thread() is threading.main_thread():
@@ -254,17 +262,20 @@ class Search:
         returns = []
         try:
             while done < self.n_trials:
-                trials = [study.ask(space) for _ in range(min(batch, self.n_trials - done))]
+                trials = [study.ask(space) for _ in range(min(batch * (self.pack or 1), self.n_trials - done))]
                 self.in_flight = trials
                 overrides = [self._trial_overrides(study, t) for t in trials]
                 for t in trials:
                     shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in t.params.items()}
                     print(f"trial {t.number:<3} {' '.join(overrides_for(shown))}", flush=True)
-                batch_returns = self.sweeper.launcher.launch(overrides, initial_job_idx=self.job_idx)
+                launches = self._launches(overrides, trials)
+                batch_returns = self.sweeper.launcher.launch([args for args, _ in launches], initial_job_idx=self.job_idx)
                 self.job_idx += len(batch_returns)
                 returns.append(batch_returns)
-                for t, ret in zip(trials, batch_returns):
-                    outcome = self._tell(study, t, ret, tracking)
+                told = [(trials[i], ret, k if len(which) > 1 else None)
+                        for (_, which), ret in zip(launches, batch_returns) for k, i in enumerate(which)]
+                for t, ret, member in sorted(told, key=lambda told: told[0].number):
+                    outcome = self._tell(study, t, ret, tracking, member)
                     # A pruned trial's value is its last reported val_rmse, not the objective.
                     measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
                     print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
@@ -289,6 +300,34 @@ class Search:
         report(ran, study, tracking)
         return returns
 
+    def _launches(self, overrides: list[list[str]], trials: list[optuna.trial.Trial]) -> list[tuple[list[str], list[int]]]:
+        """What the launcher runs for this batch of trials: each launch's overrides and the trials
+        (places in `overrides`) it trains. With pack=N, trials whose overrides differ only in
+        packable keys train as packs of at most N (seqlab.sweeps.packs, as a multirun's jobs do),
+        each pack one job whose members report to their own trials; the others one a job."""
+        if self.pack is None:
+            return [(args, [i]) for i, args in enumerate(overrides)]
+
+        def unpackable(args: list[str]) -> Optional[str]:
+            return why_unpackable(self.sweeper.hydra_context.config_loader.load_sweep_config(self.config, args))
+
+        planned, notes = group(overrides, self.pack, unpackable)
+        for line in notes:
+            print(line, flush=True)
+        out = []
+        for launch, args in zip(planned, numbered(planned, first_pack=len(self.packs))):
+            if launch.members is None:
+                out.append((args, [overrides.index(launch.overrides)]))
+                continue
+            which = [overrides.index(m) for m in launch.members]
+            print(f"pack      trials {', '.join(str(trials[i].number) for i in which)} train as one pack (pack {len(self.packs)})",
+                  flush=True)
+            self.packs.append(launch.members)
+            out.append((args, which))
+        if self.packs:
+            PackPlan(self.packs).write(self.sweep_dir)  # before the launch: each pack job reads its members there
+        return out
+
     def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
         env = {ENV_STORAGE: self.storage_url, ENV_STUDY: study.study_name, ENV_TRIAL: trial.number}
         return [
@@ -304,9 +343,12 @@ class Search:
             return None
         return _Tracking(sweep)
 
-    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["_Tracking"]) -> Outcome:
+    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["_Tracking"],
+              member: Optional[int] = None) -> Outcome:
+        """Tell the study how the trial ended, from its MLflow run (or its job's result file);
+        `member`: its place in the pack job `ret` (None: a job of its own)."""
         states = optuna.trial.TrialState
-        result = _job_result(ret)
+        result = _job_result(ret, member)
         run = tracking.run_of(study.study_name, trial.number) if tracking else None
         run_id = run.info.run_id if run else (result.run_id if result else None)
         run_name = run.info.run_name if run else (result.run_name if result else None)
@@ -358,10 +400,11 @@ def _trial_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
-def _job_result(ret: Any) -> Optional[JobResult]:
-    """The job's own result file (seqlab_job.json), if it got as far as writing one."""
+def _job_result(ret: Any, member: Optional[int] = None) -> Optional[JobResult]:
+    """The job's own result file (seqlab_job.json), a pack member's in its folder, if it got as far as writing one."""
     try:
-        out = Path(ret.hydra_cfg.hydra.runtime.output_dir) / JOB_FILE
+        out = Path(ret.hydra_cfg.hydra.runtime.output_dir)
+        out = (member_dir(out, member) if member is not None else out) / JOB_FILE
         return JobResult.read(out) if out.is_file() else None
     except Exception:  # noqa: BLE001 - a job that failed to compose has no hydra_cfg
         return None

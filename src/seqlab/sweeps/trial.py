@@ -7,8 +7,9 @@ to go on. Light to import: every job of a multirun asks whether it is a trial.""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 ENV_STORAGE = "SEQLAB_OPTUNA_STORAGE"
 ENV_STUDY = "SEQLAB_OPTUNA_STUDY"
@@ -32,6 +33,34 @@ def current() -> Optional[TrialLink]:
     if not number:
         return None
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number))
+
+
+def member_link(overrides: list[str]) -> Optional[TrialLink]:
+    """The trial of a pack's member (seqlab.packing): its number is in its own overrides (the
+    sweeper's `hydra.job.env_set` for a job alone, which a pack of trials cannot set per member),
+    the study's storage and name in the pack job's environment, which all its members share."""
+    number = next((o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == f"hydra.job.env_set.{ENV_TRIAL}"), None)
+    if number is None or ENV_STUDY not in os.environ:
+        return None
+    return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number.strip("'")))
+
+
+@contextmanager
+def as_current(link: Optional[TrialLink]) -> Iterator[None]:
+    """`link` as this process's trial while a pack's member trains on its own (a pack that cannot
+    train packed runs its members one by one, each as its job alone)."""
+    if link is None:
+        yield
+        return
+    before = os.environ.get(ENV_TRIAL)
+    os.environ[ENV_TRIAL] = str(link.number)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_TRIAL, None)
+        else:
+            os.environ[ENV_TRIAL] = before
 
 
 def trial_tags() -> dict[str, str]:

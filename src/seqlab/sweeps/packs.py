@@ -1,7 +1,8 @@
-"""Which jobs of a multirun train together (issue 22, point 3): jobs whose overrides differ only in
-packable keys become packs of at most `pack` members; the sweeper launches each pack as one job
-and writes its members to the sweep's `packs.json`, which the pack job reads back. Light to import
-(no torch, Lightning or MLflow): the sweeper runs it before any job starts.
+"""Which jobs of a multirun, or trials of a search, train together (issue 22, point 3): jobs whose
+overrides differ only in packable keys become packs of at most `pack` members; the sweeper (the
+packing basic sweeper, or the search for its trials) launches each pack as one job and writes its
+members to the sweep's `packs.json`, which the pack job (seqlab.packing.task) reads back. Light to
+import (no torch, Lightning or MLflow): the sweeper runs it before any job starts.
 
 Packable keys are what a member may hold on its own inside one packed step (seqlab.packing.model,
 .optim): its seed (initial weights, data, data order, dropout masks), learning rate, L2 factor,
@@ -18,9 +19,22 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
+from seqlab.sweeps.trial import ENV_TRIAL
 
 PACKABLE = ("seed", "optimizer.lr", "module.l2_regularization", "model.dropout", "module.gradient_threshold")
+# Keys that name a member without changing its computation: its run's name, and a search's trial
+# number (the sweeper gives each trial job its own; a pack's member gets it from its overrides).
+MEMBER_KEYS = ("logger.run_name", f"hydra.job.env_set.{ENV_TRIAL}")
 PACKS_FILE = "packs.json"
+
+
+def member_dir(pack_output_dir: Path, k: int) -> Path:
+    """Member k's own job folder inside its pack's (its result file, checkpoints, curves)."""
+    return Path(pack_output_dir) / f"member{k}"
+
+
+def per_member(key: str) -> bool:
+    return key in PACKABLE or key in MEMBER_KEYS
 
 
 def key_of(override: str) -> str:
@@ -71,15 +85,15 @@ class Launch:
 def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> tuple[list[Launch], list[str]]:
     """The launches for a multirun's jobs (each a list of overrides, in the sweeper's order) and the
     lines that say which jobs run alone and why. `unpackable(overrides)`: why_unpackable of that
-    job's composed config. A pack's own overrides are its first member's without the packable keys,
-    plus `pack_job=N`, N counting packs from 0 (set by the caller: `numbered`)."""
+    job's composed config. A pack's own overrides are its first member's without the per-member
+    keys (packable and MEMBER_KEYS), plus `pack_job=N` (set by the caller: `numbered`)."""
     groups: dict[tuple, list[list[str]]] = {}
     for job in jobs:
         size = pack_size(next((o.partition("=")[2] for o in job if key_of(o) == "pack"), default_size))
         if size is None:
             groups[("alone", len(groups))] = [job]
             continue
-        shared = tuple(sorted(o for o in job if key_of(o) not in PACKABLE))
+        shared = tuple(sorted(o for o in job if not per_member(key_of(o))))
         groups.setdefault(("pack", size, shared), []).append(job)
     launches, notes = [], []
     for key, members in groups.items():
@@ -97,13 +111,14 @@ def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> t
             if len(chunk) == 1:
                 launches.append(Launch(chunk[0]))
             else:
-                launches.append(Launch([o for o in chunk[0] if key_of(o) not in PACKABLE], chunk))
+                launches.append(Launch([o for o in chunk[0] if not per_member(key_of(o))], chunk))
     return launches, notes
 
 
-def numbered(launches: list[Launch]) -> list[list[str]]:
-    """Each launch's override list, a pack's with `pack_job=N`."""
-    out, n = [], 0
+def numbered(launches: list[Launch], first_pack: int = 0) -> list[list[str]]:
+    """Each launch's override list, a pack's with `pack_job=N`, N counting from `first_pack` (a
+    search launches batch after batch into one sweep's plan)."""
+    out, n = [], first_pack
     for launch in launches:
         if launch.members is None:
             out.append(launch.overrides)
