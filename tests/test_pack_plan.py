@@ -77,3 +77,38 @@ def test_the_plan_file_round_trips(tmp_path):
     assert PackPlan.read(tmp_path).packs == [[["seed=0"], ["seed=1"]]]
     with pytest.raises(SeqlabError, match="packs.json"):
         PackPlan.read(tmp_path / "elsewhere")
+
+
+def test_replicas_make_each_job_a_pack_of_its_config_with_distinct_seeds(compose_cfg):
+    from seqlab.sweeps.packs import replicated
+
+    def compose(overrides):
+        return compose_cfg(*overrides)
+
+    jobs = _jobs(seed=[0, 1], **{"data.batch_size": [32]}, replicas=[1, 3])
+    out, notes = replicated(jobs, 1, compose)
+    # replicas=1 jobs as they were; each replicas=3 job as three, seeds seed*3 + i, packed 3 wide.
+    assert out == [["seed=0", "data.batch_size=32", "replicas=1"],
+                   ["data.batch_size=32", "replicas=3", "seed=0", "pack=3"], ["data.batch_size=32", "replicas=3", "seed=1", "pack=3"],
+                   ["data.batch_size=32", "replicas=3", "seed=2", "pack=3"],
+                   ["seed=1", "data.batch_size=32", "replicas=1"],
+                   ["data.batch_size=32", "replicas=3", "seed=3", "pack=3"], ["data.batch_size=32", "replicas=3", "seed=4", "pack=3"],
+                   ["data.batch_size=32", "replicas=3", "seed=5", "pack=3"]]
+    assert notes == []
+    launches, _ = group(out, "off")
+    assert [len(launch.members) if launch.members else 1 for launch in launches] == [1, 3, 1, 3]
+    # A job that cannot pack has no replicas: it is left out with one line; a sweep of only those is refused.
+    out, notes = replicated(_jobs(perf=["naive", "fast"], replicas=[2]), 1, compose)
+    assert [o for o in out if "perf=naive" in o] == [] and len(out) == 2
+    assert notes == ["replicas  1 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed"]
+    with pytest.raises(SeqlabError, match="no job of this multirun can pack"):
+        replicated(_jobs(perf=["naive"], replicas=[2]), 1, compose)
+    with pytest.raises(SeqlabError, match="replicas=0: give how many networks"):
+        replicated(_jobs(seed=[0]), 0, compose)
+
+
+def test_replicas_in_a_single_run_says_how_to_ask_for_them(run_cli):
+    proc = run_cli("replicas=4", "data.n_samples=256")
+    assert proc.returncode == 1
+    assert "error: replicas=4 trains a job's config as a pack, which a multirun makes: python train.py -m replicas=4" in (
+        proc.stdout + proc.stderr)

@@ -4,6 +4,7 @@ crossover, plots, verdict, artifacts on the parent run) and the sweep preset thr
 from __future__ import annotations
 
 import pytest
+from pathlib import Path
 from matplotlib.image import imread
 
 from conftest import ROOT, artifact_paths, runs_of
@@ -73,19 +74,29 @@ def test_a_target_never_reached_is_said(compose_cfg, store):
 
 
 def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
-    proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "data.n_samples=1024",
+    # replicas=1,3 in the place of the preset's 1,8,32: each perf=fast job also as a pack of 3.
+    proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "replicas=1,3", "data.n_samples=1024",
                    "trainer.max_time=00:00:00:02", "metrics.target_rmse=0.3", "logger.system_metrics=false")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "4 jobs, 0 failed" in proc.stdout
+    assert "replicas  2 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed" in proc.stdout
+    assert "10 jobs, 0 failed" in proc.stdout
     assert "Only cpu runs finished: no CPU/GPU crossover to report." in proc.stdout
     runs = runs_of(store, "device-batch")
     parent = next(r for r in runs if r.data.tags.get("sweep_role") == "parent")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    members = [r for r in runs if "pack_id" in r.data.tags]
+    # Each pack: the job's config three times, seeds 0, 1, 2 (seed*3 + i of its seed 0).
+    assert sorted((r.data.params["data.batch_size"], r.data.params["seed"], r.data.params["perf.name"]) for r in members) == [
+        (b, s, "fast") for b in ("128", "32") for s in ("0", "1", "2")]
+    assert len({r.data.tags["pack_id"] for r in members}) == 2
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in members)
+    verdict = parent.data.tags["verdict"]
+    assert "Most networks trained per second (a pack counts all its members; the machine used fully)" in verdict
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id and "pack_id" not in r.data.tags]
     assert sorted((c.data.params["perf.name"], c.data.params["data.batch_size"]) for c in children) == [
         ("fast", "128"), ("fast", "32"), ("naive", "128"), ("naive", "32")]
     # the preset sweeps the seed (given once here): names say it, as every swept key
-    assert {c.info.run_name for c in children} == {"cpu-bs32-seed=0-perf=naive", "cpu-bs32-seed=0-perf=fast",
-                                                   "cpu-bs128-seed=0-perf=naive", "cpu-bs128-seed=0-perf=fast"}
+    assert {c.info.run_name for c in children} == {"cpu-bs32-seed=0-perf=naive-replicas=1", "cpu-bs32-seed=0-perf=fast-replicas=1",
+                                                   "cpu-bs128-seed=0-perf=naive-replicas=1", "cpu-bs128-seed=0-perf=fast-replicas=1"}
     files = artifact_paths(store, parent.info.run_id)
     expected = {"comparison/comparison.csv", "comparison/comparison.md", "comparison/verdict.txt",
                 "comparison/throughput_vs_batch.png", "comparison/time_to_target_vs_batch.png",
@@ -94,14 +105,20 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))
     for name in ("throughput_vs_batch.png", "time_to_target_vs_batch.png", "val_rmse_curves.png"):
         assert imread(f"{local}/{name}").shape[0] > 100
-    assert parent.data.tags["verdict"].startswith("One run per configuration (n = 1): no intervals and no tests")
+    # The comparison's packed rows: K networks a step, counted whole (model-steps/s), labelled as packed.
+    table = (Path(local) / "comparison.md").read_text()
+    assert "model-steps/s" in table.splitlines()[0]
+    packed_rows = [line for line in table.splitlines() if line.startswith("| cpu | ") and "| fast, packed x3 |" in line]
+    assert len(packed_rows) == 2, table
+    # One run of each configuration alone, three members of each pack: the packs' seeds are repeats.
+    assert parent.data.tags["verdict"].startswith("n = 1-3 repeats per configuration (seeds 0, 1, 2)")
 
     # and on demand, from the script
     again = run_script(ROOT / "scripts" / "compare.py", ["--experiment", "device-batch", "--sweep", "latest",
                                                          "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
                                                          "--out", str(tmp_path / "cmp"), "--no-log"])
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("FINISHED") == 4 and "perf" in again.stdout.splitlines()[0]
+    assert again.stdout.count("FINISHED") == 10 and "perf" in again.stdout.splitlines()[0]
     assert "n: finished repeats" in again.stdout
 
 

@@ -200,6 +200,7 @@ class TrainConfig:
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
     pack: Any = "off"  # a multirun's jobs as packs of at most N members (seqlab.packing); pack_job: set by its sweeper
     pack_job: Optional[int] = None
+    replicas: int = 1  # a multirun's job as N networks of its config in one pack (seeds seed*N .. seed*N+N-1)
 
 
 def accelerators_present() -> str:
@@ -310,6 +311,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_start(cfg: DictConfig) -> None:
+    _require(cfg.replicas >= 1, f"replicas must be a positive integer (1: one network a job), got {cfg.replicas}")
     _require(cfg.checkpoint.interval_s >= 0,
              f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}")
     _require(

@@ -394,6 +394,10 @@ def main(cfg: DictConfig) -> Optional[float]:
     only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
     the sweep callback prints the summary and sets the exit code."""
     job = Job.from_hydra(cfg)
+    if cfg.get("replicas", 1) != 1 and not job.multirun:  # the sweeper makes the replicas of a multirun's jobs
+        log.error("error: replicas=%s trains a job's config as a pack, which a multirun makes: python train.py -m "
+                  "replicas=%s ...", cfg.replicas, cfg.replicas)
+        raise SystemExit(1)
     if cfg.get("pack_job") is not None:  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
         from seqlab.packing.task import run_pack
 

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from seqlab.sweeps.packs import PackPlan, group, numbered, why_unpackable
+from seqlab.sweeps.packs import PackPlan, group, numbered, replicated, why_unpackable
 
 log = logging.getLogger("seqlab")
 
@@ -38,15 +38,19 @@ class PackingSweeper(BasicSweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None) -> None:
         super().__init__(max_batch_size, params)
 
+    def _compose(self, overrides: list[str]) -> Any:
+        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+
     def _unpackable(self, overrides: list[str]) -> Optional[str]:
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        return why_unpackable(cfg)
+        return why_unpackable(self._compose(overrides))
 
     def sweep(self, arguments: List[str]) -> Any:
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         parsed = parser.parse_overrides([*self._parse_config(), *arguments])
         jobs = self.split_arguments(parsed, None)[0]
+        jobs, left_out = replicated(jobs, self.config.get("replicas", 1), self._compose)
         launches, notes = group(jobs, self.config.get("pack", "off"), self._unpackable)
+        notes = left_out + notes
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
@@ -54,6 +54,37 @@ def pack_size(value: Any) -> Optional[int]:
     return size
 
 
+def replicated(jobs: list[list[str]], default: Any, compose: Callable[[list[str]], DictConfig]) -> tuple[list[list[str]], list[str]]:
+    """The jobs with `replicas=K` (K > 1) each as K jobs of its config, seeds seed*K+i (distinct
+    across the sweep's seeds), with pack=K so that they train as one pack; and the lines that say
+    which jobs were left out because their config cannot pack (replicas exist to be packed: the
+    naive loop's K networks one by one would be K jobs, not a measurement of a pack).
+    `compose(overrides)`: the job's composed config."""
+    out, dropped = [], {}
+    for job in jobs:
+        count = next((o.partition("=")[2] for o in job if key_of(o) == "replicas"), default)
+        try:
+            k = int(str(count))
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise SeqlabError(f"replicas={count}: give how many networks of each job's config to train in one pack (1: one)")
+        if k == 1:
+            out.append(job)
+            continue
+        cfg = compose(job)
+        why = why_unpackable(cfg)
+        if why is not None:
+            dropped.setdefault(why, []).append(job)
+            continue
+        rest = [o for o in job if key_of(o) not in ("seed", "pack")]
+        out += [[*rest, f"seed={cfg.seed * k + i}", f"pack={k}"] for i in range(k)]
+    notes = [f"replicas  {len(left)} job(s) left out: {why}, and replicas train packed" for why, left in dropped.items()]
+    if jobs and not out:
+        raise SeqlabError(f"replicas: no job of this multirun can pack ({next(iter(dropped))}): use replicas=1")
+    return out, notes
+
+
 def why_unpackable(cfg: DictConfig) -> Optional[str]:
     """Why a job's config cannot train packed (one line), None if it can. What only the data can say
     (one step per sample) is checked when the pack's data is loaded."""
@@ -87,32 +118,34 @@ def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> t
     lines that say which jobs run alone and why. `unpackable(overrides)`: why_unpackable of that
     job's composed config. A pack's own overrides are its first member's without the per-member
     keys (packable and MEMBER_KEYS), plus `pack_job=N` (set by the caller: `numbered`)."""
-    groups: dict[tuple, list[list[str]]] = {}
-    for job in jobs:
+    groups: dict[tuple, list[tuple[int, list[str]]]] = {}
+    for place, job in enumerate(jobs):
         size = pack_size(next((o.partition("=")[2] for o in job if key_of(o) == "pack"), default_size))
         if size is None:
-            groups[("alone", len(groups))] = [job]
+            groups[("alone", place)] = [(place, job)]
             continue
         shared = tuple(sorted(o for o in job if not per_member(key_of(o))))
-        groups.setdefault(("pack", size, shared), []).append(job)
-    launches, notes = [], []
+        groups.setdefault(("pack", size, shared), []).append((place, job))
+    placed: list[tuple[int, Launch]] = []  # each launch where its first job stood
+    notes = []
     for key, members in groups.items():
         if key[0] == "alone":
-            launches.append(Launch(members[0]))
+            placed.append((members[0][0], Launch(members[0][1])))
             continue
         size = key[1]
-        why = unpackable(members[0]) if unpackable is not None else None
+        why = unpackable(members[0][1]) if unpackable is not None else None
         if why is not None:
             notes.append(f"pack      {len(members)} job(s) ({' '.join(key[2]) or 'defaults'}) train one by one: {why}")
-            launches += [Launch(m) for m in members]
+            placed += [(place, Launch(job)) for place, job in members]
             continue
         for start in range(0, len(members), size):
             chunk = members[start:start + size]
-            if len(chunk) == 1:
-                launches.append(Launch(chunk[0]))
-            else:
-                launches.append(Launch([o for o in chunk[0] if not per_member(key_of(o))], chunk))
-    return launches, notes
+            jobs_of = [job for _, job in chunk]
+            launch = Launch(jobs_of[0]) if len(chunk) == 1 else Launch([o for o in jobs_of[0] if not per_member(key_of(o))], jobs_of)
+            placed.append((chunk[0][0], launch))
+    # In the sweeper's order (the seed slowest in sweep=device_batch: a slow minute of a shared
+    # machine falls on every configuration alike), a pack where its first member stood.
+    return [launch for _, launch in sorted(placed, key=lambda p: p[0])], notes
 
 
 def numbered(launches: list[Launch], first_pack: int = 0) -> list[list[str]]:

@@ -109,7 +109,7 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 device=t.get("accelerator") or p.get("trainer.accelerator", "?"),
                 batch_size=_int(p.get("data.batch_size")),
                 # A packed run's speeds are its pack's steps/s: never in one group with runs alone.
-                perf=p.get("perf.name", "?") + (", packed" if "pack_id" in t else ""),
+                perf=p.get("perf.name", "?") + (f", packed x{t.get('pack_size', '?')}" if "pack_id" in t else ""),
                 it_per_s=m.get("it_per_s_median"),
                 samples_per_s=m.get("samples_per_s_median"),
                 time_to_target_s=m.get("time_to_target_s"),

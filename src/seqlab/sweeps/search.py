@@ -83,6 +83,8 @@ class Search:
             raise SearchError(f"hydra.sweeper.sampler.name must be one of {', '.join(SAMPLERS)}; got {self.sampler_spec.get('name')!r}")
         if self.pruner_spec.get("name") not in PRUNERS:
             raise SearchError(f"hydra.sweeper.pruner.name must be one of {', '.join(PRUNERS)}; got {self.pruner_spec.get('name')!r}")
+        if self.config.get("replicas", 1) != 1:
+            raise SearchError("replicas= repeats a multirun's jobs; a search packs its trials with pack=N")
         try:
             self.pack = pack_size(self.config.get("pack"))
         except SeqlabError as error:

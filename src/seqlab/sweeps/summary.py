@@ -1,5 +1,6 @@
 """The end-of-sweep table: every job's result file (seqlab_job.json) read back, one row a job, as
-printed to the console and stored on the parent run as sweep_summary.txt and .csv."""
+printed to the console and stored on the parent run as sweep_summary.txt and .csv (a large pack
+is one row of the console's table, every member one of the csv's)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,48 @@ def summary_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]]
     ]
 
 
-def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> str:
+# A pack with more members than this is one console row (sweep_summary.csv keeps every member).
+ROWS_PER_PACK = 4
+
+
+def _pack_row(rows: list[dict[str, str]], members: list[JobResult]) -> dict[str, str]:
+    """One console row for a large pack: its members' shared overrides, how many ended how, the
+    pack's it/s, and the range of their val_rmse and best."""
+    shared = [o for o in members[0].overrides if all(o in m.overrides for m in members)]
+    statuses: dict[str, int] = {}
+    for row in rows:
+        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+
+    def span(values: list[Optional[float]]) -> str:
+        found = [v for v in values if v is not None]
+        return "-" if not found else fmt(min(found)) if min(found) == max(found) else f"{fmt(min(found))}..{fmt(max(found))}"
+
+    return {
+        "job": f"{rows[0]['job']}-{members[-1].member}",
+        "overrides": " ".join([*shared, f"({len(members)} members)"]),
+        "status": ", ".join(f"{n} {status}" for status, n in statuses.items()),
+        "it/s": rows[0]["it/s"],
+        "val_rmse": span([m.val_rmse for m in members]),
+        "best": span([m.best_val_rmse for m in members]),
+        "run": f"{rows[0]['run']} ..",
+    }
+
+
+def _console_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]]) -> list[dict[str, str]]:
     rows = summary_rows(results, plan)
+    out, i = [], 0
+    while i < len(rows):
+        r = results[i]
+        j = i + 1
+        while j < len(rows) and r.pack_id is not None and results[j].pack_id == r.pack_id:
+            j += 1
+        out += [_pack_row(rows[i:j], results[i:j])] if j - i > ROWS_PER_PACK else rows[i:j]
+        i = j
+    return out
+
+
+def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> str:
+    rows = _console_rows(results, plan)
     if not rows:
         return "no job results found"
     columns = list(rows[0])
@@ -60,8 +101,9 @@ def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob
     lines += [f"job {job_label(r)}: {r.reason}" for r in results if r.reason]
     if any(r.member is not None for r in results):
         # Never one column of packed and unpacked speeds without saying so (seqlab.packing).
-        lines.append("jobs N.k trained packed, as member k of pack N: their it/s is the pack's steps/s "
-                     "(K networks a step); each run's pack_model_steps_per_s is K x that")
+        lines.append("jobs N.k trained packed, as member k of pack N (N.0-k: the pack's members, their val_rmse and best "
+                     "as a range): their it/s is the pack's steps/s (K networks a step); each run's "
+                     "pack_model_steps_per_s is K x that")
     return "\n".join(lines)
 
 

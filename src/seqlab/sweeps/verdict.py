@@ -15,7 +15,8 @@ from seqlab.sweeps.stats import ALPHA, GREATER, LESS, TEST_NAME, UNTESTED, Summa
 # Params that say where things go or how a run was started, not what was trained.
 _NOT_CONFIG = ("paths.", "logger.", "hydra.", "resume", "ckpt_path", "notes")
 # Shown in their own columns.
-_COLUMN_KEYS = ("trainer.accelerator", "data.batch_size", "perf.")
+# Keys a row's columns show already (a packed row's perf says "packed xK": pack and replicas).
+_COLUMN_KEYS = ("trainer.accelerator", "data.batch_size", "perf.", "pack", "replicas")
 
 
 
@@ -99,11 +100,17 @@ def group_runs(rows: list[RunRow]) -> list[Group]:
     buckets: dict[tuple, list[RunRow]] = {}
     for row in rows:
         buckets.setdefault(_config_key(row, seed_keys), []).append(row)
-    # Keys whose values differ between configurations (and are not columns already) name them.
+    # Keys that tell apart configurations the columns (device, batch, perf) do not name them; a key
+    # that only follows a column (the perf preset's callback settings) would repeat it.
     varying = set()
-    configs = [dict(key[3]) for key in buckets if len(key) > 3]
-    for k in set().union(*configs) if configs else set():
-        if not k.startswith(_COLUMN_KEYS) and len({c.get(k) for c in configs}) > 1:
+    configs = [(key[:3], dict(key[3])) for key in buckets if len(key) > 3]
+    for k in set().union(*(c for _, c in configs)) if configs else set():
+        if k.startswith(_COLUMN_KEYS):
+            continue
+        seen: dict[tuple, set] = {}
+        for columns, config in configs:
+            seen.setdefault(columns, set()).add(config.get(k))
+        if any(len(values) > 1 for values in seen.values()):
             varying.add(k)
     groups = []
     for key, members in buckets.items():
