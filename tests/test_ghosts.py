@@ -179,3 +179,51 @@ def test_predict_opening_the_store_ends_its_dead_runs_too(tmp_path, store, caplo
     assert store.get_run(dead).info.status == "KILLED"
     assert store.get_run(dead).data.tags["failure_reason"].startswith("process ended without closing the run")
     assert store.get_run(alive).info.status == "RUNNING"
+
+
+def test_a_dead_run_deleted_in_the_ui_is_left_alone_and_every_command_still_starts(store, compose_cfg, tmp_path):
+    # Issue 24, point 1: a run left RUNNING by kill -9, then deleted in the MLflow UI (what a user
+    # does with a crashed run). MLflow refuses to change a deleted run; the reaper must not try.
+    from seqlab.train import train
+
+    experiment = store.get_experiment_by_name("seqlab")
+    experiment_id = experiment.experiment_id if experiment else store.create_experiment("seqlab")
+    dead = _dead_pid()
+    deleted = store.create_run(experiment_id, run_name="crashed", tags=_tags(pid=dead, started=1.0)).info.run_id
+    store.delete_run(deleted)
+    # And one in an experiment that was deleted whole.
+    gone = store.create_experiment("gone")
+    in_gone = store.create_run(gone, run_name="crashed too", tags=_tags(pid=dead, started=1.0)).info.run_id
+    store.delete_experiment(gone)
+
+    assert ghosts.end_dead_runs(store, now=lambda: NOW) == []
+    result = train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1"))
+    assert result.status == "FINISHED"
+    assert store.get_run(deleted).info.lifecycle_stage == "deleted" and store.get_run(deleted).info.status == "RUNNING"
+    assert store.get_run(in_gone).info.status == "RUNNING"
+
+
+def test_a_run_the_store_refuses_to_end_is_one_line_not_an_exit(store, caplog):
+    # A run the reaper sees but may not change (another user's on a signed-in server; deleted
+    # between the search and the update): one warning, and the others are still ended.
+    experiment = store.create_experiment("refused")
+    dead = _dead_pid()
+    first = store.create_run(experiment, run_name="not mine", tags=_tags(pid=dead, started=1.0)).info.run_id
+    second = store.create_run(experiment, run_name="mine", tags=_tags(pid=dead, started=1.0)).info.run_id
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def set_tag(self, run_id, key, value):
+            if run_id == first:
+                from mlflow.exceptions import MlflowException
+
+                raise MlflowException("Permission denied for run " + run_id)
+            return store.set_tag(run_id, key, value)
+
+    ended = ghosts.end_dead_runs(Refusing(), now=lambda: NOW)
+    assert [run_id for run_id, _ in ended] == [second]
+    assert store.get_run(second).info.status == "KILLED" and store.get_run(first).info.status == "RUNNING"
+    warnings = [r.getMessage() for r in caplog.records if "cannot be ended from here" in r.getMessage()]
+    assert len(warnings) == 1 and first in warnings[0] and "Permission denied" in warnings[0]

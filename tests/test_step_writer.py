@@ -79,3 +79,20 @@ def test_inline_writes_the_same_rows_without_a_helper(tmp_path, store):
         assert tracker.sender.writer is None
         tracker.log_series(*_series(1, 50))
     assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 51))
+
+
+def test_a_run_whose_last_metrics_cannot_be_stored_does_not_end_finished(tmp_path, store, monkeypatch):
+    # Issue 24, point 3: the final wait for the run's metrics raised (disk full, the helper gone);
+    # the job reports a failure, and the run must not say FINISHED with metrics missing.
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    with pytest.raises(OSError, match="No space left on device"):
+        with tracker.run("r", {}):
+            tracker.log_series(*_series(1, 10))
+
+            def full_disk():
+                raise OSError(28, "No space left on device")
+
+            monkeypatch.setattr(tracker.sender, "wait", full_disk)
+    run = store.get_run(tracker.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"] == "its last metrics could not be stored: [Errno 28] No space left on device"

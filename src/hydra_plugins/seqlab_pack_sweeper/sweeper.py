@@ -60,7 +60,7 @@ class PackingSweeper(BasicSweeper):
         if packs:
             PackPlan(packs).write(sweep_dir)
             print(f"pack      {len(jobs)} jobs as {len(launches)} launches: "
-                  f"{len(packs)} pack(s) of {', '.join(str(len(p)) for p in packs)} members", flush=True)
+                  f"{len(packs)} pack(s) of {_sizes(packs)} members", flush=True)
         batches = self.split_overrides_to_chunks(numbered(launches), self.max_batch_size)
         returns, first = [], 0
         for batch in batches:
@@ -71,3 +71,14 @@ class PackingSweeper(BasicSweeper):
             first += len(batch)
             returns.append(results)
         return returns
+
+
+def _sizes(packs: list) -> str:
+    """The packs' sizes in a few words: '8', '8, 8, 3', or '15 x 8, 15 x 32' for many."""
+    sizes = [len(p) for p in packs]
+    if len(sizes) <= 4:
+        return ", ".join(str(n) for n in sizes)
+    counts: dict[int, int] = {}
+    for n in sizes:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c} x {n}" for n, c in counts.items())

@@ -19,6 +19,9 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from seqlab import one_line
+from seqlab.secrets import mask_text
+
 log = logging.getLogger("seqlab")
 
 HOST, PID, STARTED, HEARTBEAT = "process_host", "process_pid", "process_started", "heartbeat"
@@ -94,12 +97,14 @@ def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
 
 
 def _running_runs(client: Any) -> Iterator[Any]:
+    """The store's RUNNING runs that a user has not deleted: a deleted run (or one in a deleted
+    experiment) cannot be changed, MLflow refuses to, and it is out of everybody's way already."""
     from mlflow.entities import ViewType
 
-    ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     token = None
     while ids:
-        page = client.search_runs(ids, "attributes.status = 'RUNNING'", run_view_type=ViewType.ALL,
+        page = client.search_runs(ids, "attributes.status = 'RUNNING'", run_view_type=ViewType.ACTIVE_ONLY,
                                   max_results=1000, page_token=token)
         yield from page
         token = page.token
@@ -118,8 +123,14 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
         if reason is None:
             continue
         run_id = run.info.run_id
-        client.set_tag(run_id, "failure_reason", reason)
-        client.set_terminated(run_id, "KILLED")
+        try:
+            client.set_tag(run_id, "failure_reason", mask_text(reason))  # every failure_reason masked where it is written
+            client.set_terminated(run_id, "KILLED")
+        except Exception as refused:  # noqa: BLE001 - deleted meanwhile, another user's, no permission
+            # A run this command cannot change is left as it is: never a reason not to start.
+            log.warning("tracking  run %s (%s) was left RUNNING (%s) and cannot be ended from here: %s",
+                        run_id, run.info.run_name, reason, one_line(refused))
+            continue
         ended.append((run_id, reason))
         resumable = f"; continue it with resume={run_id}" if STOPPED_AT in run.data.tags else ""
         log.warning("tracking  run %s (%s) was left RUNNING: %s; ended KILLED%s",

@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
+from seqlab import one_line
+from seqlab.secrets import mask_text
 from seqlab.tracking.outbox import Outbox, transient
 
 log = logging.getLogger("seqlab")
@@ -116,9 +118,14 @@ class DirectSender:
     def end(self, status: str, reason: Optional[str]) -> None:
         try:
             self.wait()
+        except BaseException as error:
+            # Metrics that were never stored make no FINISHED run: the run says what the job says.
+            if status == "FINISHED":
+                status, reason = "FAILED", f"its last metrics could not be stored: {one_line(error)}"
+            raise
         finally:
             if reason:
-                self.tags([RunTag("failure_reason", reason)])
+                self.tags([RunTag("failure_reason", mask_text(reason))])
             self.client.set_terminated(self.run_id, status)
 
 
@@ -181,7 +188,7 @@ class OutboxSender:
         """Wait (up to outage_wait_s) for the server to take every write, then close the run
         there; if it does not, copy the whole run to the local fallback store."""
         if reason:
-            self.tags([RunTag("failure_reason", reason)])
+            self.tags([RunTag("failure_reason", mask_text(reason))])
         if self.outbox.down_since is not None:
             log.warning("tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
                         self.outage_wait_s, self.client.tracking_uri)
