@@ -10,7 +10,7 @@ import pytest
 from seqlab.sweeps.compare import table, to_csv
 from seqlab.sweeps.runs import RunRow
 from seqlab.sweeps.verdict import crossover_detail, fastest_to_target, group_runs, verdict
-from seqlab.sweeps.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best
+from seqlab.sweeps.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best, welch_p
 
 
 def test_mean_sd_and_the_student_t_interval():
@@ -138,3 +138,20 @@ def test_a_packs_members_count_once_for_speed_and_each_for_accuracy():
     text = verdict(rows)
     assert "Most networks trained per second (a pack counts all its members; the machine used fully): " \
            "cpu, batch 64, perf=fast, packed (840 ± 508 model-steps/s, n = 2)" in text  # t(0.975, 1) x sd 56.6 / sqrt 2
+
+
+def test_unequal_variances_are_tested_by_welch_not_by_student():
+    # Issue 24, point 7: three tight repeats against ten noisy ones. Student's test (pooled
+    # variance) calls them tied (p = 0.058); Welch's, which the README promises, finds the
+    # difference (p = 0.0031). The expected p-value is Welch's formula written out here.
+    from scipy.stats import t as student_t
+
+    a, b = [10.0, 10.2, 9.8], [11.0, 14.0, 8.0, 16.0, 12.0, 15.0, 13.0, 17.0, 12.5, 14.5]
+    sa, sb = summarize(a), summarize(b)
+    va, vb = sa.sd ** 2 / sa.n, sb.sd ** 2 / sb.n
+    t_value = (sa.mean - sb.mean) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (sa.n - 1) + vb ** 2 / (sb.n - 1))
+    expected = 2 * student_t.sf(abs(t_value), df)
+    assert welch_p(sa, sb) == pytest.approx(expected, rel=1e-9)
+    assert welch_p(sa, sb) == pytest.approx(0.0031178, rel=1e-4)
+    assert compare_means(sa, sb) == LESS

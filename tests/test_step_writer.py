@@ -96,3 +96,20 @@ def test_a_run_whose_last_metrics_cannot_be_stored_does_not_end_finished(tmp_pat
     run = store.get_run(tracker.run_id)
     assert run.info.status == "FAILED"
     assert run.data.tags["failure_reason"] == "its last metrics could not be stored: [Errno 28] No space left on device"
+
+
+def test_the_latest_value_holds_across_separate_writes(tmp_path, store):
+    # Issue 24, point 7: rows of one key arriving in several transactions. An older step written
+    # later must not become the latest value (what the runs table and the UI show); a newer one must.
+    from seqlab.tracking.step_writer import SqliteRows
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline")
+    with tracker.run("r", {}):
+        rows = SqliteRows(f"{tmp_path}/mlruns/mlflow.db", tracker.run_id)
+        rows.write([("train_loss", 0.25, 1_000_050, 5)])
+        rows.write([("train_loss", 0.75, 1_000_035, 3)])  # an older step, in a later transaction
+        assert store.get_run(tracker.run_id).data.metrics["train_loss"] == 0.25
+        rows.write([("train_loss", 0.125, 1_000_070, 7)])
+        assert store.get_run(tracker.run_id).data.metrics["train_loss"] == 0.125
+        rows.con.close()
+    assert sorted(m.step for m in store.get_metric_history(tracker.run_id, "train_loss")) == [3, 5, 7]
