@@ -294,3 +294,41 @@ def test_a_run_recorded_before_the_modules_moved_resumes(compose_cfg, store, tmp
     store.set_tag(run.info.run_id, "interrupted_at_step", "25")
     with pytest.raises(SeqlabError, match=r"this config differs from the run's: model.hidden_size=8 \(the run had 24\)"):
         train(compose_cfg(*EXACT, "model.hidden_size=8", f"resume={run.info.run_id}"))  # a real difference still counts
+
+
+def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+    # Issue 24, point 9: without an fsync of the file before the rename and of its folder after,
+    # a power loss (XFS, NFS) can leave an empty checkpoint under the final name.
+    import os
+
+    from seqlab.resume import safe_writes
+
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    safe_writes.replace_atomically(target, lambda tmp: tmp.write_bytes(b"weights"))
+    assert target.read_bytes() == b"weights"
+    assert synced == [str(safe_writes.tmp_name(target)), str(target.parent)]
+
+
+def test_an_interrupt_in_the_middle_of_a_write_leaves_no_temporary_file(tmp_path):
+    # A second Ctrl-C while a checkpoint is being written: the previous file stays whole and no
+    # .last.ckpt.tmp is left to be uploaded among the run's artifacts.
+    from seqlab.resume import safe_writes
+
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    safe_writes.replace_atomically(target, lambda tmp: tmp.write_bytes(b"good"))
+
+    def interrupted(tmp):
+        tmp.write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        safe_writes.replace_atomically(target, interrupted)
+    assert target.read_bytes() == b"good"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]

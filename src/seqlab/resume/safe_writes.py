@@ -43,16 +43,21 @@ def tmp_name(path: Path) -> Path:
 
 def replace_atomically(path: Path, write: Callable[[Path], None], owner: bool = True) -> None:
     """`write(tmp)` a temporary file next to `path`, then rename it over `path`. A failed write
-    removes the temporary file, leaves `path` as it was and raises WriteFailed. `owner=False`:
-    this process takes part in the write (a DDP rank other than 0) but another one renames."""
+    removes the temporary file, leaves `path` as it was and raises WriteFailed; so does an
+    interrupt (a second Ctrl-C) in the middle, re-raised. Durable: the file's data reaches the
+    disk before the rename, and the rename before this returns (without the two fsyncs a power
+    loss on XFS or NFS can leave an empty file under the final name). `owner=False`: this process
+    takes part in the write (a DDP rank other than 0) but another one renames."""
     path = Path(path)
     tmp = tmp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         if owner and tmp.exists():  # under DDP only rank 0 writes a checkpoint's file
+            _fsync(tmp)
             os.replace(tmp, path)
-    except (OSError, RuntimeError) as error:
+            _fsync(path.parent)
+    except BaseException as error:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
@@ -61,3 +66,12 @@ def replace_atomically(path: Path, write: Callable[[Path], None], owner: bool = 
         if is_write_failure(error) or (isinstance(error, RuntimeError) and "write" in str(error).lower()):
             raise write_failed(path, error) from None
         raise
+
+
+def _fsync(path: Path) -> None:
+    """The file's (or the folder's: its entries) data on the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
