@@ -163,3 +163,38 @@ def artifact_paths(client, run_id: str, path: str | None = None) -> set[str]:
         if item.is_dir:
             found |= artifact_paths(client, run_id, item.path)
     return found
+
+
+POSTGRES_PASSWORD = "pg-secret-4711"  # the test cluster's; no output, tag or file may show it
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL cluster on a loopback port that wants a password (as a team's
+    does), with databases `mlflow` and `optuna`; its URL for `mlflow`, password included.
+    Skipped where PostgreSQL is not installed."""
+    import shutil
+    import tempfile
+
+    from seqlab.store.server import free_port
+
+    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
+        pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
+    base = Path(tempfile.mkdtemp(prefix="seqlab-pg-"))
+    base.chmod(0o777)
+    data, port = base / "data", free_port()
+    (base / "pw").write_text(POSTGRES_PASSWORD + "\n")
+    (base / "pw").chmod(0o644)
+    env = {**os.environ, "PGPASSWORD": POSTGRES_PASSWORD}
+    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120, env=env)  # noqa: E731
+    try:
+        run("initdb", "-D", str(data), "-U", "seqlab", "--auth=scram-sha-256", f"--pwfile={base / 'pw'}")
+        run("pg_ctl", "-D", str(data), "-w", "-l", str(base / "log"), "start",
+            "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1")
+        for database in ("mlflow", "optuna"):
+            run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "seqlab", database)
+        yield f"postgresql://seqlab:{POSTGRES_PASSWORD}@127.0.0.1:{port}/mlflow"
+    finally:
+        subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)

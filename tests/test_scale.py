@@ -228,32 +228,6 @@ def test_the_slurm_launcher_config_composes():
     assert launcher.submitit_folder.endswith("/.submitit/%j")
 
 
-@pytest.fixture
-def postgres():
-    """A throwaway PostgreSQL cluster on a loopback port (skipped where PostgreSQL is not installed)."""
-    import shutil
-    import tempfile
-
-    from seqlab.store.server import free_port
-
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
-    base = Path(tempfile.mkdtemp(prefix="seqlab-pg-"))
-    base.chmod(0o777)
-    data, port = base / "data", free_port()
-    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120)  # noqa: E731
-    try:
-        run("initdb", "-D", str(data), "-U", "seqlab", "--auth=trust")
-        run("pg_ctl", "-D", str(data), "-w", "-l", str(base / "log"), "start",
-            "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1")
-        run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "seqlab", "mlflow")
-        yield f"postgresql://seqlab@127.0.0.1:{port}/mlflow"
-    finally:
-        subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.mark.slow
 def test_a_server_on_postgresql(postgres, run_cli, tmp_path):
     with LocalServer(postgres, str(tmp_path / "server-artifacts"), log_path=tmp_path / "server.log") as server:

@@ -319,3 +319,43 @@ def test_each_kind_of_bad_entry_is_named(spec, message):
     with pytest.raises(SearchError, match="^hydra.sweeper.params.model.dropout: ") as error:
         parse_space({"model.dropout": spec})
     assert message in str(error.value)
+
+
+def test_an_unreachable_study_database_is_one_line_with_its_password_masked(run_cli, store):
+    # Issue 24, point 8: a PostgreSQL study whose server is down (nothing listens on the port).
+    from seqlab.store.server import free_port
+
+    url = f"postgresql+psycopg://bob:pg-pass-4711@127.0.0.1:{free_port()}/optuna"
+    proc = run_cli("-m", "hparams_search=optuna", f"paths.optuna_storage={url}", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "pg-pass-4711" not in out
+    (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: hydra.sweeper.storage=postgresql+psycopg://bob:***@127.0.0.1:"), line
+    assert "Connection refused" in line and "check that its server is up" in line, line
+    assert [r.info.status for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"] == []
+
+
+@pytest.mark.slow
+def test_a_search_on_a_postgresql_study_that_wants_a_password_shows_and_records_none(postgres, run_cli, store, tmp_path):
+    # Issue 24, point 6: the study's URL was printed and stored as the optuna_storage tag, and
+    # went to every trial's command line; the password must appear nowhere.
+    from conftest import POSTGRES_PASSWORD
+
+    url = postgres.replace("postgresql://", "postgresql+psycopg://").replace("/mlflow", "/optuna")
+    proc = run_cli("-m", "hparams_search=optuna", f"paths.optuna_storage={url}", "hydra.sweeper.n_trials=2",
+                   "hydra.sweeper.pruner.name=none", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert POSTGRES_PASSWORD not in out
+    assert "in postgresql+psycopg://seqlab:***@127.0.0.1:" in out
+    (parent,), trials = _parent_and_trials(store)
+    assert len(trials) == 2 and parent.data.tags["optuna_storage"].startswith("postgresql+psycopg://seqlab:***@")
+    for run in [parent, *trials]:
+        assert [k for k, v in {**run.data.params, **run.data.tags}.items() if POSTGRES_PASSWORD in v] == []
+        downloaded = Path(store.download_artifacts(run.info.run_id, "", str(tmp_path / "dl" / run.info.run_id)))
+        files = [p for p in downloaded.rglob("*") if p.is_file()]
+        assert files and [p.name for p in files if POSTGRES_PASSWORD.encode() in p.read_bytes()] == []
+    # The trials reached the study through the environment, not their command lines.
+    overrides = list((tmp_path / "logs").rglob("overrides.yaml"))
+    assert overrides and [p for p in overrides if "SEQLAB_OPTUNA_STORAGE" in p.read_text()] == []

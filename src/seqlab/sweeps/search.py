@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
+from seqlab.secrets import mask_text, mask_uris
 from seqlab.sweeps.packs import PackPlan, group, key_of, member_dir, numbered, pack_size, why_unpackable
 from seqlab.sweeps import optuna_private
 from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
@@ -247,13 +249,24 @@ class Search:
             print(f"error: {error}", flush=True)
             raise SystemExit(1) from None
         batch = self._batch_size()
-        study = self._open(space, batch * (self.pack or 1))  # trials asked together
-        self._prepare(study, space)
+        try:
+            study = self._open(space, batch * (self.pack or 1))  # trials asked together
+            self._prepare(study, space)
+        except Exception as error:  # noqa: BLE001 - SQLAlchemy's and the driver's errors: one line, the password masked
+            print(f"error: hydra.sweeper.storage={mask_uris(self.storage_url)}: the study's database cannot be used: "
+                  f"{mask_text(one_line(error))[:300]}; check that its server is up and the URL, user and database are right",
+                  flush=True)
+            raise SystemExit(1) from None
+        # The jobs reach the study through this process's environment, which every launcher passes
+        # on (in-process, joblib's workers, SLURM's --export=ALL): not on their command lines,
+        # which Hydra prints and stores (.hydra/overrides.yaml), as a URL with a password would be.
+        before = {k: os.environ.get(k) for k in (ENV_STORAGE, ENV_STUDY)}
+        os.environ[ENV_STORAGE], os.environ[ENV_STUDY] = self.storage_url, study.study_name
         done = len(self._finished(study))
         tracking = self._tracking()
         progress = (f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}" if done < self.n_trials else
                     f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)")
-        print(f"search    study '{study.study_name}' in {self.storage_url}: {progress}; objective {self.objective} (minimised), sampler "
+        print(f"search    study '{study.study_name}' in {mask_uris(self.storage_url)}: {progress}; objective {self.objective} (minimised), sampler "
               f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
               + (f", {batch} trials at a time" if batch > 1 else "")
               + (f", trials that share shapes packed {self.pack} to a job" if self.pack else ""), flush=True)
@@ -295,6 +308,11 @@ class Search:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         from seqlab.sweeps.search_report import SearchRan, report
 
         ran = SearchRan(self.objective, self.storage_url, self.arguments, self.sweep_dir,
@@ -331,12 +349,11 @@ class Search:
         return out
 
     def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
-        env = {ENV_STORAGE: self.storage_url, ENV_STUDY: study.study_name, ENV_TRIAL: trial.number}
         return [
             *self.arguments,
             *overrides_for(trial.params),
             f"logger.run_name=trial-{trial.number}",
-            *(f"++hydra.job.env_set.{k}={override_value(str(v))}" for k, v in env.items()),
+            f"++hydra.job.env_set.{ENV_TRIAL}={trial.number}",  # the study: this process's environment (run)
         ]
 
     def _tracking(self) -> Optional["_Tracking"]:

@@ -14,6 +14,7 @@ import optuna
 from omegaconf import DictConfig
 
 from seqlab import one_line
+from seqlab.secrets import mask_text, mask_uris, masked_copy
 from seqlab.sweeps.study import INTERRUPTED, SEARCH_DIR, STARTING, VERDICT_FILE, overrides_for
 
 PLOTS = {
@@ -74,14 +75,14 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
             + f" trial(s); this run took {_duration(search.seconds)}")
     lines = [head]
     files: list[Path] = []
-    tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": search.storage_url}
+    tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": mask_uris(search.storage_url)}
     if not counts[states.COMPLETE]:
         lines.append(f"no trial completed: no best config ({search.objective} was never recorded)")
     else:
         best = study.best_trial
         run_id = best.user_attrs.get("mlflow_run_id")
         fixed = [a for a in search.arguments if not a.startswith("hparams_search=")]
-        command = " ".join(["python train.py", *fixed, *overrides_for(best.params)])
+        command = mask_text(" ".join(["python train.py", *fixed, *overrides_for(best.params)]))  # as typed, secrets masked
         (out / "best_overrides.txt").write_text(command + "\n")
         files.append(out / "best_overrides.txt")
         config = _best_config(search, best, run_id, tracking, out / "best_config.yaml")
@@ -118,8 +119,9 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
         return
     client, parent = tracking.parent_client, tracking.parent_run_id
     for path in files:
-        client.log_artifact(parent, str(path), SEARCH_DIR)
-    tags["search_verdict"] = verdict[:5000]
+        with masked_copy(path) as masked:  # best_config.yaml holds the resolved config
+            client.log_artifact(parent, str(masked), SEARCH_DIR)
+    tags["search_verdict"] = mask_text(verdict)[:5000]
     for key, value in tags.items():
         client.set_tag(parent, key, str(value))
     if counts[states.COMPLETE]:
@@ -145,7 +147,7 @@ def _best_config(search: SearchRan, best: Any, run_id: Optional[str], tracking: 
 
         cfg = search.compose(overrides_for(best.params))
         task = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-        dst.write_text(OmegaConf.to_yaml(task))
+        dst.write_text(mask_text(OmegaConf.to_yaml(task)))
         return dst
     except Exception:  # noqa: BLE001 - the override line still says it all
         return None

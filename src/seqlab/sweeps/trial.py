@@ -40,7 +40,7 @@ def member_link(overrides: list[str]) -> Optional[TrialLink]:
     sweeper's `hydra.job.env_set` for a job alone, which a pack of trials cannot set per member),
     the study's storage and name in the pack job's environment, which all its members share."""
     number = next((o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == f"hydra.job.env_set.{ENV_TRIAL}"), None)
-    if number is None or ENV_STUDY not in os.environ:
+    if number is None or ENV_STUDY not in os.environ or ENV_STORAGE not in os.environ:
         return None
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number.strip("'")))
 
