@@ -80,6 +80,12 @@ def _no_tracking_server_from_the_environment(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(monkeypatch, tmp_path):
+    # What the reaper has seen of other hosts' heartbeats (seqlab.store.ghosts.BeatsSeen): each test's own.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """compose_cfg('data.batch_size=32', ...) -> the composed config, stored under tmp_path."""

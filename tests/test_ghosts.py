@@ -48,11 +48,13 @@ def test_who_is_dead_is_told_by_pid_and_start_time_here_and_by_heartbeat_elsewhe
     # the pid was given to another process since: the start time tells
     assert ghosts.why_dead(_tags(pid=parent, started=ghosts.process_started(parent) - 100), NOW) == \
         f"process ended without closing the run (pid {parent} now belongs to another process on {HERE})"
-    # another host: its pids mean nothing here; its heartbeat does
-    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 20 * 60), NOW) == \
-        "process ended without closing the run (no heartbeat from elsewhere for 20 min)"
-    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 5 * 60), NOW) is None
-    assert ghosts.why_dead(_tags("elsewhere", dead), NOW) is None  # no heartbeat: cannot be told
+    # another host: its pids mean nothing here; a heartbeat this observer has seen unchanged for
+    # long enough, by its own clock, does (the value itself is the other host's clock: never compared)
+    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 1), NOW, beat_seen=NOW - 20 * 60) == \
+        "process ended without closing the run (its heartbeat from elsewhere has not changed for 20 min)"
+    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 3600), NOW, beat_seen=NOW - 5 * 60) is None
+    assert ghosts.why_dead(_tags("elsewhere", dead, beat=NOW - 3600), NOW) is None  # not seen before
+    assert ghosts.why_dead(_tags("elsewhere", dead), NOW, beat_seen=NOW - 3600) is None  # no heartbeat: cannot be told
     assert ghosts.why_dead({}, NOW) is None  # not a seqlab run
     # a sweep's parent run names its process with sweep_host/sweep_pid
     assert ghosts.why_dead({"sweep_host": HERE, "sweep_pid": str(dead)}, NOW) is not None
@@ -73,7 +75,14 @@ def test_opening_a_store_ends_its_dead_runs_killed_and_leaves_live_ones_running(
     done = store.create_run(experiment, run_name="finished", tags=_tags(pid=dead)).info.run_id
     store.set_terminated(done, "FINISHED")
 
+    # Another host's run is judged by what this observer saw: at first sight nothing, and once
+    # its heartbeat has not changed for 15 minutes of this observer's own clock, ended.
     ended = ghosts.end_dead_runs(store, now=lambda: NOW)
+    assert [run_id for run_id, _ in ended] == [ids["dead here"]]
+    assert store.get_run(ids["silent elsewhere"]).info.status == "RUNNING"
+    later = NOW + 16 * 60
+    store.set_tag(ids["beating elsewhere"], ghosts.HEARTBEAT, str(int(NOW + 15 * 60)))  # it beat meanwhile
+    ended += ghosts.end_dead_runs(store, now=lambda: later)
     assert sorted(run_id for run_id, _ in ended) == sorted([ids["dead here"], ids["silent elsewhere"]])
     status = {name: store.get_run(run_id) for name, run_id in ids.items()}
     assert status["dead here"].info.status == "KILLED"
@@ -84,7 +93,7 @@ def test_opening_a_store_ends_its_dead_runs_killed_and_leaves_live_ones_running(
     for name in ("alive here", "beating elsewhere", "not seqlab's"):
         assert status[name].info.status == "RUNNING", name
     assert store.get_run(done).info.status == "FINISHED"
-    assert ghosts.end_dead_runs(store, now=lambda: NOW) == []  # nothing twice
+    assert ghosts.end_dead_runs(store, now=lambda: later) == []  # nothing twice
 
 
 def test_the_heartbeat_renews_the_runs_last_alive_time(store):
@@ -227,3 +236,66 @@ def test_a_run_the_store_refuses_to_end_is_one_line_not_an_exit(store, caplog):
     assert store.get_run(second).info.status == "KILLED" and store.get_run(first).info.status == "RUNNING"
     warnings = [r.getMessage() for r in caplog.records if "cannot be ended from here" in r.getMessage()]
     assert len(warnings) == 1 and first in warnings[0] and "Permission denied" in warnings[0]
+
+
+# Issue 24, point 4: the reaper must never end a live run.
+def test_a_container_with_this_hosts_name_is_judged_by_its_heartbeat_not_by_pids_here():
+    # docker --network host, Kubernetes host networking: the same host name, its own pid namespace.
+    tags = {**_tags(pid=_dead_pid(), started=1.0, beat=NOW), ghosts.PIDNS: "pid:[4026532999]"}
+    assert ghosts.pid_namespace() and ghosts.pid_namespace() != "pid:[4026532999]"
+    assert ghosts.why_dead(tags, NOW) is None
+    assert ghosts.why_dead(tags, NOW, beat_seen=NOW - 5 * 60) is None
+    assert ghosts.why_dead(tags, NOW, beat_seen=NOW - 20 * 60) == (
+        f"process ended without closing the run (its heartbeat from {HERE} (another pid namespace) has not changed for 20 min)")
+
+
+def test_a_run_from_before_the_machine_restarted_is_dead_whatever_runs_under_its_pid_now():
+    tags = {**_tags(started=ghosts.process_started(os.getpid())), ghosts.BOOT: "an-earlier-boot",
+            ghosts.PIDNS: ghosts.pid_namespace()}
+    tags[ghosts.PID] = str(os.getppid())  # a live process has that pid now
+    assert ghosts.why_dead(tags, NOW) == f"process ended without closing the run (the machine {HERE} has restarted since)"
+
+
+def test_a_clock_step_does_not_make_a_live_process_look_like_another():
+    # NTP or a resumed VM steps the wall clock: psutil's create_time (boot time + ticks, the boot
+    # time read from the wall clock) moves with it. The start in ticks since boot does not.
+    parent = os.getppid()
+    tags = _tags(pid=parent, started=ghosts.process_started(parent) - 100)  # as after a 100 s clock step
+    tags.update({ghosts.START_TICKS: ghosts.proc_stat(parent)[1], ghosts.BOOT: ghosts.boot_id(),
+                 ghosts.PIDNS: ghosts.pid_namespace()})
+    assert ghosts.why_dead(tags, NOW) is None
+    tags[ghosts.START_TICKS] = str(int(ghosts.proc_stat(parent)[1]) + 1)  # a reused pid: another start
+    assert ghosts.why_dead(tags, NOW) == \
+        f"process ended without closing the run (pid {parent} now belongs to another process on {HERE})"
+
+
+def test_a_process_hidden_by_hidepid_is_alive_not_gone(monkeypatch):
+    # /proc mounted with hidepid=2: another user's process has no /proc entry for this one.
+    parent = os.getppid()
+    tags = {**_tags(pid=parent, started=ghosts.process_started(parent)), ghosts.START_TICKS: "1"}
+    monkeypatch.setattr(ghosts, "proc_stat", lambda pid: None)
+    assert ghosts.why_dead(tags, NOW) is None
+    dead = _dead_pid()
+    assert ghosts.why_dead({**tags, ghosts.PID: str(dead)}, NOW) == \
+        f"process ended without closing the run (pid {dead} is gone on {HERE})"
+
+
+def test_a_finished_run_reopened_by_a_plain_mlflow_client_is_left_running(tmp_path, store):
+    # The seqlab process that wrote the run has exited; a notebook reopens the run to add to it.
+    code = (
+        "import sys\n"
+        "from seqlab.store.ghosts import identity\n"
+        "from seqlab.tracking import MlflowTracker\n"
+        "t = MlflowTracker(sys.argv[1], 'reopened')\n"
+        "with t.run('r', identity()):\n"
+        "    pass\n"
+        "print(t.run_id)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/mlruns/mlflow.db"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_id = done.stdout.split()[-1]
+    assert store.get_run(run_id).data.tags[ghosts.PID] == ""  # an ended run names no process
+    store.update_run(run_id, status="RUNNING")  # what mlflow.start_run(run_id=...) does
+    assert ghosts.end_dead_runs(store, now=lambda: NOW) == []
+    assert store.get_run(run_id).info.status == "RUNNING"

@@ -123,7 +123,7 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
     if run.info.status == "RUNNING":  # the store's dead runs were ended KILLED when it was opened
         tags = run.data.tags
-        owner = f" (pid {tags['process_pid']} on {tags.get('process_host')})" if "process_pid" in tags else ""
+        owner = f" (pid {tags['process_pid']} on {tags.get('process_host')})" if tags.get("process_pid") else ""
         raise SeqlabError(f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it")
     if STOPPED_AT not in run.data.tags:  # set with each checkpoint, cleared when the run's training ends
         raise SeqlabError(

@@ -1,22 +1,27 @@
 """Runs left RUNNING by a process that died without closing them (kill -9, the OOM killer, a
-closed laptop, a preempted node). Each run records which process owns it (host, pid and the
-process's start time, so that a reused pid is not taken for the owner) and a heartbeat, a
-last-alive time it renews about every minute. Whenever a seqlab command opens a store, it ends
-KILLED, with a `failure_reason`, the runs whose owner is gone: on this host, when no process
-with that pid and start time exists; on another host, when its heartbeat is older than
-HEARTBEAT_TIMEOUT_S. A run whose owner cannot be judged is left alone: a live run is never
-marked.
+closed laptop, a preempted node). Each run records which process owns it (host, boot, pid
+namespace, pid and the process's start time since boot, so that a reused pid is not taken for
+the owner) and a heartbeat it renews about every minute; a run that ends gives up its process
+tag, so a run reopened later by another client has no owner to judge. Whenever a seqlab command
+opens a store, it ends KILLED, with a `failure_reason`, the runs whose owner is gone: on this
+machine (same host, same pid namespace), when no process with that pid and start time exists,
+or the machine has restarted since; elsewhere (another host, a container with its own pids),
+when this observer has seen the same heartbeat for HEARTBEAT_TIMEOUT_S by its own clock (two
+machines' clocks are never compared). A run whose owner cannot be judged is left alone: a live
+run is never marked.
 
 Light imports only: MLflow and psutil load inside the functions that need them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from seqlab import one_line
@@ -25,6 +30,10 @@ from seqlab.secrets import mask_text
 log = logging.getLogger("seqlab")
 
 HOST, PID, STARTED, HEARTBEAT = "process_host", "process_pid", "process_started", "heartbeat"
+# Where the pid means something: the kernel's boot and the pid namespace (a container's own pids);
+# the start time in clock ticks since boot, which a step of the wall clock (NTP, a VM resumed)
+# does not move, as it moves psutil's create_time (computed from the boot time).
+BOOT, PIDNS, START_TICKS = "process_boot", "process_pidns", "process_start_ticks"
 HEARTBEAT_EVERY_S = 60.0
 # Another host's run is ended after this long without a heartbeat: many missed beats, so that a
 # loaded machine or a server away for a while does not end a live run.
@@ -46,30 +55,69 @@ def process_started(pid: int) -> Optional[float]:
         return None
 
 
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def proc_stat(pid: int) -> Optional[tuple[str, str]]:
+    """(state, start time in clock ticks since boot) of process `pid` from /proc, None where it
+    cannot be read (no /proc, hidepid=2 hiding another user's process, gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+    return fields[0], fields[19]
+
+
 def identity(now: Callable[[], float] = time.time) -> dict[str, str]:
     """The tags that say which process owns a run, and its first heartbeat."""
     pid = os.getpid()
+    stat = proc_stat(pid)
     return {HOST: socket.gethostname(), PID: str(pid), STARTED: str(process_started(pid) or ""),
+            BOOT: boot_id(), PIDNS: pid_namespace(), START_TICKS: stat[1] if stat else "",
             HEARTBEAT: str(int(now()))}
 
 
-def _pid_gone(pid: int, started: str) -> Optional[str]:
-    """Why process `pid` (started at `started`, if known) no longer runs; None if it may."""
-    import psutil
+def _exists(pid: int) -> bool:
+    """Whether a process `pid` exists, also one this user may not see in /proc (hidepid=2) or signal."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
+
+def _pid_gone(pid: int, tags: Mapping[str, str]) -> Optional[str]:
+    """Why process `pid`, as the run's tags describe it, no longer runs; None if it may."""
     if pid == os.getpid():
         return None
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return f"pid {pid} has exited"
-        now_started = round(process.create_time(), 2)
-    except psutil.NoSuchProcess:  # a zombie that was reaped in between too
+    if not _exists(pid):
         return f"pid {pid} is gone"
-    except psutil.Error:
+    stat = proc_stat(pid)
+    if stat is None:
         return None  # it exists, but is not ours to inspect
+    if stat[0] == "Z":
+        return f"pid {pid} has exited"
+    ticks = tags.get(START_TICKS, "")
+    if ticks:
+        return f"pid {pid} now belongs to another process" if ticks != stat[1] else None
+    # A run from before START_TICKS: the start time in seconds, as it was recorded.
+    started, now_started = tags.get(STARTED, ""), process_started(pid)
     try:
-        if started and abs(now_started - float(started)) > 1.0:
+        if started and now_started is not None and abs(now_started - float(started)) > 1.0:
             return f"pid {pid} now belongs to another process"
     except ValueError:
         pass
@@ -77,23 +125,73 @@ def _pid_gone(pid: int, started: str) -> Optional[str]:
 
 
 def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
-             timeout_s: float = HEARTBEAT_TIMEOUT_S) -> Optional[str]:
-    """Why the owner of a RUNNING run with these tags is gone; None if it is alive or cannot be told."""
+             timeout_s: float = HEARTBEAT_TIMEOUT_S, beat_seen: Optional[float] = None) -> Optional[str]:
+    """Why the owner of a RUNNING run with these tags is gone; None if it is alive or cannot be
+    told. `beat_seen`: when this observer (its own clock, `now`) first saw the run's current
+    heartbeat value; a run elsewhere is judged by that alone."""
     here = host or socket.gethostname()
     run_host, pid = tags.get(HOST) or tags.get(_SWEEP_HOST), tags.get(PID) or tags.get(_SWEEP_PID)
     if not run_host or not pid or not pid.isdigit():
-        return None  # not a seqlab run, or one from before these tags
-    if run_host == here:
-        gone = _pid_gone(int(pid), tags.get(STARTED, "") if tags.get(PID) else "")
+        return None  # not a seqlab run, one from before these tags, or one that ended (reopened by another client)
+    same_pids = run_host == here and tags.get(PIDNS, pid_namespace()) == pid_namespace()
+    if same_pids:
+        if tags.get(BOOT) and boot_id() and tags[BOOT] != boot_id():
+            return f"{REASON} (the machine {here} has restarted since)"
+        gone = _pid_gone(int(pid), tags if tags.get(PID) else {})
         return f"{REASON} ({gone} on {here})" if gone else None
-    beat = tags.get(HEARTBEAT, "")
-    try:
-        age = now - float(beat)
-    except ValueError:
-        return None  # another host's run without a heartbeat: nothing tells whether it lives
-    if age > timeout_s:
-        return f"{REASON} (no heartbeat from {run_host} for {age / 60:.0f} min)"
+    where = run_host if run_host != here else f"{run_host} (another pid namespace)"
+    if not tags.get(HEARTBEAT) or beat_seen is None:
+        return None  # nothing tells whether it lives, or not yet seen for long enough
+    if now - beat_seen > timeout_s:
+        return f"{REASON} (its heartbeat from {where} has not changed for {(now - beat_seen) / 60:.0f} min)"
     return None
+
+
+class BeatsSeen:
+    """When this observer first saw each run's current heartbeat value, by its own clock: a file
+    per user (the cache folder), so that commands minutes apart add up to a judgement and two
+    machines' clocks are never compared (skew; a heartbeat written by a clock far ahead)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.seen: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.seen = {}
+        self.changed = False
+
+    @classmethod
+    def of_store(cls, tracking_uri: str) -> "BeatsSeen":
+        """This user's record for one store (its URL hashed: the file name shows no password)."""
+        import hashlib
+
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return cls(cache / "seqlab" / f"heartbeats-{hashlib.sha1(str(tracking_uri).encode()).hexdigest()[:16]}.json")
+
+    def first_seen(self, run_id: str, beat: str, now: float) -> float:
+        value = self.seen.get(run_id)
+        if value is None or value[0] != beat:
+            self.seen[run_id], self.changed = [beat, now], True
+            return now
+        return float(value[1])
+
+    def forget(self, run_id: str) -> None:
+        self.changed |= self.seen.pop(run_id, None) is not None
+
+    def save(self, running: set[str]) -> None:
+        """Keep what is still running; written whole (another command may write it at the same time: the last one wins)."""
+        stale = set(self.seen) - running
+        if not (self.changed or stale):
+            return
+        for run_id in stale:
+            self.seen.pop(run_id)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.seen))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # an unwritable cache: other hosts' runs are then never judged, which ends no live one
 
 
 def _running_runs(client: Any) -> Iterator[Any]:
@@ -113,16 +211,21 @@ def _running_runs(client: Any) -> Iterator[Any]:
 
 
 def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optional[str] = None,
-                  timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[tuple[str, str]]:
+                  timeout_s: float = HEARTBEAT_TIMEOUT_S, seen: Optional[BeatsSeen] = None) -> list[tuple[str, str]]:
     """End KILLED every RUNNING run of the store whose process is gone; return (run id, reason)."""
     from seqlab.resume.points import STOPPED_AT
 
-    ended = []
+    seen = seen or BeatsSeen.of_store(client.tracking_uri)
+    ended, running = [], set()
     for run in _running_runs(client):
-        reason = why_dead(run.data.tags, now(), host, timeout_s)
+        run_id = run.info.run_id
+        running.add(run_id)
+        beat = run.data.tags.get(HEARTBEAT)
+        first = seen.first_seen(run_id, beat, now()) if beat else None
+        reason = why_dead(run.data.tags, now(), host, timeout_s, beat_seen=first)
         if reason is None:
             continue
-        run_id = run.info.run_id
+        seen.forget(run_id)
         try:
             client.set_tag(run_id, "failure_reason", mask_text(reason))  # every failure_reason masked where it is written
             client.set_terminated(run_id, "KILLED")
@@ -135,6 +238,7 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
         resumable = f"; continue it with resume={run_id}" if STOPPED_AT in run.data.tags else ""
         log.warning("tracking  run %s (%s) was left RUNNING: %s; ended KILLED%s",
                     run_id, run.info.run_name, reason, resumable)
+    seen.save(running)
     return ended
 
 

@@ -160,6 +160,18 @@ class MlflowTracker:
                 pass
             self.monitor = None
         self.sender.end(status, reason)
+        self._give_up_process()
+
+    def _give_up_process(self) -> None:
+        """The run's process tag emptied once the run has ended (after, so that a crash in
+        between leaves a run the reaper can still judge): a client that reopens the run later
+        is not judged by this process's death (seqlab.store.ghosts)."""
+        from seqlab.store.ghosts import PID
+
+        try:
+            self.client.set_tag(self.run_id, PID, "")
+        except Exception:  # noqa: BLE001 - an ended run's ownership is not worth an error
+            pass
 
     @contextmanager
     def run(
