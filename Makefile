@@ -6,7 +6,8 @@ STAMP := $(VENV)/.seqlab-installed
 PORT ?= 5000
 HOST ?= 127.0.0.1
 # make server: where the server keeps runs and artifacts (defaults: mlruns/server/). A team server:
-# BACKEND_STORE_URI=postgresql://user:password@dbhost:5432/mlflow ARTIFACTS=s3://bucket/mlflow HOST=0.0.0.0
+# BACKEND_STORE_URI=postgresql://user:password@dbhost:5432/mlflow (best in the environment: BACKEND_STORE_URI=... make server)
+# ARTIFACTS=s3://bucket/mlflow HOST=0.0.0.0
 BACKEND_STORE_URI ?=
 ARTIFACTS ?=
 # make server with a HOST other than loopback signs users in (MLflow basic-auth): the admin's password
@@ -45,8 +46,12 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 
 server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, with sign-in; PORT=...) that stores runs and serves artifacts
 	$(PY) -m seqlab.store.server --host $(HOST) --port $(PORT) \
-		$(if $(BACKEND_STORE_URI),--backend-store-uri '$(BACKEND_STORE_URI)') $(if $(ARTIFACTS),--artifacts-destination '$(ARTIFACTS)') \
 		$(if $(ADMIN_PASSWORD_FILE),--admin-password-file '$(ADMIN_PASSWORD_FILE)')
+
+# The stores go to the server in its environment: on a command line (make's echo, ps) a
+# PostgreSQL URL would show its password to everyone on the machine.
+server: export MLFLOW_BACKEND_STORE_URI = $(BACKEND_STORE_URI)
+server: export MLFLOW_ARTIFACTS_DESTINATION = $(ARTIFACTS)
 
 serve: $(STAMP) ## serve a trained network over REST: make serve MODEL=runs:/<run id>/model (or models:/NAME/VERSION; SERVE_PORT=5001)
 	@test -n "$(MODEL)" || { echo "error: say which model: make serve MODEL=runs:/<run id>/model"; exit 1; }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import CONF_DIR, TINY, artifact_paths, no_runs, runs_of
+from conftest import CONF_DIR, ROOT, TINY, artifact_paths, no_runs, runs_of
 from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
@@ -362,3 +363,32 @@ def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, mo
             assert mlflow.MlflowClient(server.uri).search_experiments()[0].name == "Default"  # MLflow, not the other program
     finally:
         squatter.shutdown()
+
+
+@pytest.mark.slow
+def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, tmp_path):
+    # Issue 24, point 6: `make server BACKEND_STORE_URI=postgresql://user:password@...` echoed the
+    # password and left it on the command lines of seqlab.store.server and mlflow server (ps).
+    import psutil
+
+    from conftest import POSTGRES_PASSWORD
+    from seqlab.store.server import free_port, wait_until_up
+
+    port = free_port()
+    # As the README says to start it: the URL in make's environment (BACKEND_STORE_URI=... make server).
+    make = subprocess.Popen(["make", "-s", "server", f"ARTIFACTS={tmp_path / 'art'}", f"PORT={port}"], cwd=ROOT,
+                            env={**os.environ, "BACKEND_STORE_URI": postgres}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}", timeout_s=120)
+        tree = [psutil.Process(make.pid), *psutil.Process(make.pid).children(recursive=True)]
+        lines = [" ".join(p.cmdline()) for p in tree if p.is_running()]
+        assert any("mlflow" in line and "server" in line for line in lines), lines
+        assert [line for line in lines if POSTGRES_PASSWORD in line] == []
+        client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
+        assert client.search_experiments()  # it serves the PostgreSQL store
+    finally:
+        os.killpg(make.pid, signal.SIGTERM)
+        out, _ = make.communicate(timeout=60)
+    assert POSTGRES_PASSWORD not in out
+    assert "store postgresql://seqlab:***@127.0.0.1" in out

@@ -58,20 +58,26 @@ def check_backend(backend_store_uri: str) -> None:
         )
 
 
+# The server's stores go to it in its environment, not on its command line, which every user of
+# the machine can read (ps): a PostgreSQL URL holds a password, an artifact URL may hold a key.
+BACKEND_ENV, ARTIFACTS_ENV = "MLFLOW_BACKEND_STORE_URI", "MLFLOW_ARTIFACTS_DESTINATION"
+
+
+def stores_env(backend_store_uri: str, artifacts_destination: str) -> dict[str, str]:
+    return {BACKEND_ENV: backend_store_uri, ARTIFACTS_ENV: artifacts_destination}
+
+
 def command(
-    backend_store_uri: str,
-    artifacts_destination: str,
     host: str = "127.0.0.1",
     port: int = 5000,
     workers: int = 1,
     app_name: Optional[str] = None,
 ) -> list[str]:
+    """`mlflow server`'s command line; its stores come from stores_env."""
     mlflow_cli = Path(sys.executable).parent / "mlflow"
     return [
         str(mlflow_cli) if mlflow_cli.exists() else "mlflow",
         "server",
-        "--backend-store-uri", backend_store_uri,
-        "--artifacts-destination", artifacts_destination,
         "--serve-artifacts",
         "--host", host,
         "--port", str(port),
@@ -184,14 +190,14 @@ class LocalServer:
         self.auth_env = auth_env or {}
         self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
-        self._command = functools.partial(command, backend_store_uri, artifacts_destination, host,
-                                          app_name=server_auth.APP_NAME if auth_env else None)
+        self._command = functools.partial(command, host, app_name=server_auth.APP_NAME if auth_env else None)
+        self.stores = stores_env(backend_store_uri, artifacts_destination)
         self._use(port or free_port(host))
 
     def _use(self, port: int) -> None:
         self.port = port
         self.uri = f"http://{self.host}:{port}"
-        self.cmd = self._command(port)
+        self.cmd = self._command(port=port)
 
     def start(self, wait: bool = True) -> "LocalServer":
         """Start the server; with wait, return once it answers (else see `wait_until_up`). A port
@@ -224,7 +230,7 @@ class LocalServer:
                 # job runner is not needed for tracking.
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-                env={**os.environ, **self.auth_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                env={**os.environ, **self.stores, **self.auth_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             )
         finally:
             if out is not subprocess.DEVNULL:
@@ -261,10 +267,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "artifacts, so that clients need only its address (logger=mlflow_server or "
         "MLFLOW_TRACKING_URI=http://HOST:PORT).",
     )
-    parser.add_argument("--backend-store-uri", default=f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
-                        help="sqlite:///path/mlflow.db (default: %(default)s) or postgresql://user:password@host:5432/db")
-    parser.add_argument("--artifacts-destination", default=str(Path(DEFAULT_DIR).resolve() / "artifacts"),
-                        help="a folder or s3://bucket/path where the server keeps artifacts (default: %(default)s)")
+    # Also from the environment (make server passes them so): a password on a command line is
+    # there for every user of the machine to read.
+    parser.add_argument("--backend-store-uri",
+                        default=os.environ.get(BACKEND_ENV) or f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
+                        help=f"sqlite:///path/mlflow.db (default: {BACKEND_ENV} or sqlite under {DEFAULT_DIR}/) or "
+                        "postgresql://user:password@host:5432/db (better in the environment: a command line is public)")
+    parser.add_argument("--artifacts-destination",
+                        default=os.environ.get(ARTIFACTS_ENV) or str(Path(DEFAULT_DIR).resolve() / "artifacts"),
+                        help=f"a folder or s3://bucket/path where the server keeps artifacts (default: {ARTIFACTS_ENV} "
+                        f"or {DEFAULT_DIR}/artifacts)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: users sign in; "
                         f"the admin's password from {server_auth.ADMIN_PASSWORD} or --admin-password-file, "
@@ -289,8 +301,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # The store's address as given may hold its password; the message's own examples do not.
         print(f"error: {str(error).replace(args.backend_store_uri, mask_uris(args.backend_store_uri))}", file=sys.stderr)
         return 2
-    cmd = command(args.backend_store_uri, args.artifacts_destination, args.host, args.port, args.workers,
-                  app_name=server_auth.APP_NAME if auth_env else None)
+    cmd = command(args.host, args.port, args.workers, app_name=server_auth.APP_NAME if auth_env else None)
     address = f"http://{args.host}:{args.port}"
     print(f"MLflow server on {address} (store {mask_uris(args.backend_store_uri)}, "
           f"artifacts {mask_uris(args.artifacts_destination)})", flush=True)
@@ -301,7 +312,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"warning   no sign-in ({server_auth.ALLOW_OPEN}=1): anyone who reaches {address} can read and change "
               "every run", flush=True)
     print(f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri={address}", flush=True)
-    env = {**os.environ, **(auth_env or {}), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, **stores_env(args.backend_store_uri, args.artifacts_destination), **(auth_env or {}),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     os.execvpe(cmd[0], cmd, env)  # the server in the foreground: Ctrl-C stops it
     return 0
 
