@@ -157,3 +157,25 @@ def test_a_reopened_run_records_its_new_tags_masked(tmp_path, store):
     tags = store.get_run(first.run_id).data.tags
     assert "pg-pass-4711" not in tags["hydra_overrides"]
     assert tags["hydra_overrides"] == f"logger.fallback_uri=postgresql://bob:***@db/mlflow resume={first.run_id}"
+
+
+def test_folders_holding_a_resolved_config_are_this_users_only(compose_cfg, run_cli, tmp_path):
+    # Issue 24, point 6: config.yaml, Hydra's .hydra/ and train.log hold the resolved config (a
+    # database password in paths.optuna_storage, say); other users of the machine must not read them.
+    import stat
+
+    from seqlab.train import train
+
+    cfg = compose_cfg(*TINY)
+    (tmp_path / "out").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "out").chmod(0o755)
+    train(cfg)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700
+    proc = run_cli("-m", *TINY, "seed=0")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    (sweep,) = (tmp_path / "logs" / "multiruns").iterdir()
+    assert stat.S_IMODE(sweep.stat().st_mode) == 0o700
+    single = run_cli(*TINY)
+    assert single.returncode == 0
+    (run,) = (tmp_path / "logs" / "runs").iterdir()
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700 and (run / "config.yaml").is_file()

@@ -222,3 +222,14 @@ def masked_copy(path: Path) -> Iterator[Path]:
         else:
             _masked_file(path, target)
         yield target
+
+
+def private(folder: Path) -> None:
+    """A run's (or a sweep's) folder for this user only: its files hold the resolved config, which
+    may hold a password (config.yaml, Hydra's .hydra/, train.log before masking took over), and a
+    shared machine's other users must not read them. The folder, not each file: whatever is
+    written inside later is covered too."""
+    try:
+        Path(folder).chmod(0o700)
+    except OSError:
+        pass  # a folder this user does not own (a shared log folder given as paths.output_dir)

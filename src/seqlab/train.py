@@ -24,9 +24,11 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
     validate(cfg)  # before anything heavy is imported or any data is loaded
-    from seqlab.secrets import guard
+    from seqlab.secrets import guard, private
 
     guard(cfg)  # from here on, its credentials show as *** on the console and in train.log
+    if job.output_dir.is_dir():
+        private(job.output_dir)
     if cfg.resume:
         if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
             done = continue_job(cfg, job)

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
-from seqlab.secrets import guard, mask_text
+from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.job import PlannedJob, SweepInfo, is_run_id, job_key
 from seqlab.sweeps.study import VERDICT_FILE
 from seqlab.sweeps.summary import collect, format_summary, summary_csv
@@ -134,6 +134,7 @@ class MlflowSweepCallback(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        private(sweep_dir)  # its jobs' folders hold their resolved configs
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
         self.sweep_dir = sweep_dir
         self.tracker = instantiate(config.logger)
