@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 import seqlab.schema  # noqa: F401  registers the typed config schema
+from seqlab.ddp.ranks import rank_overrides
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
 os.environ["SEQLAB_ENTRY"] = str(Path(__file__).resolve())  # how DDP's other processes start
@@ -27,6 +28,7 @@ def cli() -> None:
     """The command line: sys.argv as `python train.py ...` got it (tests call this in-process)."""
     # A misspelled key gets one line with the nearest keys, a value that is not one of its key's
     # choices one line with the choices (Hydra's own messages take several lines).
+    sys.argv += rank_overrides()  # a DDP rank: the job's overrides came in the environment, not on its command line
     groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
     problem = seqlab.schema.unknown_key(sys.argv[1:], groups) or seqlab.schema.bad_choice(sys.argv[1:])
     if problem:

@@ -106,3 +106,27 @@ def test_a_rank_zero_stuck_after_a_death_is_ended_by_the_watch(tmp_path):
         time.sleep(0.01)
     assert ended == [f"DDP process rank 1 (pid 102) was killed by SIGKILL, so the job stopped; "
                      f"its output: {tmp_path}/train_ddp_process_1.log"]
+
+
+@pytest.mark.slow
+def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_command_lines(tmp_path, store):
+    # Issue 24, point 6: a password typed on the command line stays where it was typed; the
+    # processes the job starts show no overrides (ps shows command lines to every user).
+    secret = "pg-pass-9911"
+    proc = start_cli(tmp_path, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                     "data.n_samples=640", "data.batch_size=32", "trainer.max_epochs=2", "logger.system_metrics=false",
+                     f"paths.optuna_storage=postgresql://bob:{secret}@dbhost/optuna", stderr=subprocess.STDOUT)
+    try:
+        rank1 = _rank_process(psutil.Process(proc.pid), 1)
+        line = " ".join(rank1.cmdline())
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert secret not in line and "trainer.devices=2" not in line, line
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FINISHED"
+    # rank 1 trained with the job's config: the same number of steps as rank 0 logged
+    assert run.data.params["trainer.devices"] == "2"
+    assert len(store.get_metric_history(run.info.run_id, "train_loss")) > 0

@@ -5,6 +5,7 @@ start-up path)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from contextlib import contextmanager
@@ -12,6 +13,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from seqlab import SeqlabError
+
+RANK_OVERRIDES = "SEQLAB_RANK_OVERRIDES"  # a DDP job's overrides, for the ranks it starts (start_ranks_as_this_job)
+
+
+def rank_overrides() -> list[str]:
+    """In a rank that start_ranks_as_this_job started (LOCAL_RANK > 0): the job's overrides,
+    which came in the environment; elsewhere nothing."""
+    given = os.environ.pop(RANK_OVERRIDES, None)
+    if not given or os.environ.get("LOCAL_RANK", "0") == "0":
+        return []
+    return list(json.loads(given))
 
 
 def process_rank() -> int:
@@ -84,9 +96,14 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
             config += ["--config-path" if source.provider == "main" else "--config-dir", source.path]
     config += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
 
+    # The job's overrides go to the ranks in their environment (inherited: Lightning copies this
+    # process's environment for each), not on their command lines, which every user of the
+    # machine can read (ps) and which may hold a password the user typed.
+    os.environ[RANK_OVERRIDES] = json.dumps(list(overrides))
+
     def command(local_rank: int) -> tuple[list[str], str]:
         return [
-            sys.executable, entry, *config, *overrides,
+            sys.executable, entry, *config,
             f'hydra.run.dir="{output_dir}"',
             f"hydra.job.name=train_ddp_process_{local_rank}",
             "hydra.output_subdir=null",  # rank 0 wrote .hydra/
