@@ -314,10 +314,7 @@ def _check_start(cfg: DictConfig) -> None:
     _require(cfg.replicas >= 1, f"replicas must be a positive integer (1: one network a job), got {cfg.replicas}")
     _require(cfg.checkpoint.interval_s >= 0,
              f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}")
-    _require(
-        not (cfg.resume and cfg.ckpt_path),
-        "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one",
-    )
+    _require(not (cfg.resume and cfg.ckpt_path), "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one")
     if cfg.ckpt_path:
         _require(Path(cfg.ckpt_path).is_file(), f"ckpt_path={cfg.ckpt_path}: no such file")
 

@@ -161,6 +161,21 @@ def numbered(launches: list[Launch], first_pack: int = 0) -> list[list[str]]:
     return out
 
 
+def pack_launches(jobs: list[list[str]], default_size: Any, unpackable: Any,
+                  packs: list[list[list[str]]]) -> tuple[list[tuple[list[str], list[int]]], list[str]]:
+    """group and numbered for a search's batch of trials: each launch's overrides and the places
+    in `jobs` of the jobs it trains, and the lines group says; each new pack is appended to
+    `packs` (the sweep's plan so far: pack numbers go on from batch to batch)."""
+    planned, notes = group(jobs, default_size, unpackable)
+    out = []
+    for launch, args in zip(planned, numbered(planned, first_pack=len(packs))):
+        members = launch.members or [launch.overrides]
+        out.append((args, [jobs.index(m) for m in members]))
+        if launch.members:
+            packs.append(launch.members)
+    return out, notes
+
+
 @dataclass
 class PackPlan:
     """packs.json: every pack of the sweep, its members' overrides."""

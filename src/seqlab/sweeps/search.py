@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -25,14 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.secrets import mask_text, mask_uris
-from seqlab.sweeps.packs import PackPlan, group, key_of, member_dir, numbered, pack_size, why_unpackable
+from seqlab.sweeps.packs import PackPlan, key_of, member_dir, pack_launches, pack_size, why_unpackable
 from seqlab.sweeps import optuna_private
 from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
 from seqlab.sweeps.study import (
     INTERRUPTED, RETRY_OF, STARTING, SearchError, flatten_space, make_pruner, make_sampler, override_value,
     overrides_for, parse_space, storage_for,
 )
-from seqlab.sweeps.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_AT
+from seqlab.sweeps.trial import ENV_TRIAL, PRUNED_AT, study_environment
 
 OBJECTIVES = ("best_val_rmse", "final_val_rmse")
 SAMPLERS = ("tpe", "random")
@@ -260,8 +259,7 @@ class Search:
         # The jobs reach the study through this process's environment, which every launcher passes
         # on (in-process, joblib's workers, SLURM's --export=ALL): not on their command lines,
         # which Hydra prints and stores (.hydra/overrides.yaml), as a URL with a password would be.
-        before = {k: os.environ.get(k) for k in (ENV_STORAGE, ENV_STUDY)}
-        os.environ[ENV_STORAGE], os.environ[ENV_STUDY] = self.storage_url, study.study_name
+        restore_environment = study_environment(self.storage_url, study.study_name)
         done = len(self._finished(study))
         tracking = self._tracking()
         progress = (f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}" if done < self.n_trials else
@@ -308,11 +306,7 @@ class Search:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-            for key, value in before.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            restore_environment()
         from seqlab.sweeps.search_report import SearchRan, report
 
         ran = SearchRan(self.objective, self.storage_url, self.arguments, self.sweep_dir,
@@ -327,26 +321,18 @@ class Search:
         each pack one job whose members report to their own trials; the others one a job."""
         if self.pack is None:
             return [(args, [i]) for i, args in enumerate(overrides)]
-
-        def unpackable(args: list[str]) -> Optional[str]:
-            return why_unpackable(self.sweeper.hydra_context.config_loader.load_sweep_config(self.config, args))
-
-        planned, notes = group(overrides, self.pack, unpackable)
-        for line in notes:
-            print(line, flush=True)
-        out = []
-        for launch, args in zip(planned, numbered(planned, first_pack=len(self.packs))):
-            if launch.members is None:
-                out.append((args, [overrides.index(launch.overrides)]))
-                continue
-            which = [overrides.index(m) for m in launch.members]
-            print(f"pack      trials {', '.join(str(trials[i].number) for i in which)} train as one pack (pack {len(self.packs)})",
-                  flush=True)
-            self.packs.append(launch.members)
-            out.append((args, which))
+        loader = self.sweeper.hydra_context.config_loader
+        first = len(self.packs)
+        launches, notes = pack_launches(overrides, self.pack, lambda args: why_unpackable(loader.load_sweep_config(self.config, args)),
+                                        self.packs)
+        packed = [which for _, which in launches if len(which) > 1]
+        for n, which in enumerate(packed, first):
+            notes.append(f"pack      trials {', '.join(str(trials[i].number) for i in which)} train as one pack (pack {n})")
+        if notes:
+            print("\n".join(notes), flush=True)
         if self.packs:
             PackPlan(self.packs).write(self.sweep_dir)  # before the launch: each pack job reads its members there
-        return out
+        return launches
 
     def _trial_overrides(self, study: optuna.Study, trial: optuna.trial.Trial) -> list[str]:
         return [

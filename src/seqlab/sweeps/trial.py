@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 ENV_STORAGE = "SEQLAB_OPTUNA_STORAGE"
 ENV_STUDY = "SEQLAB_OPTUNA_STUDY"
@@ -33,6 +33,21 @@ def current() -> Optional[TrialLink]:
     if not number:
         return None
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number))
+
+
+def study_environment(storage: str, study: str) -> Callable[[], None]:
+    """The study in this process's environment, where its jobs (and a pack's members) find it;
+    returns what puts the environment back as it was."""
+    before = {k: os.environ.get(k) for k in (ENV_STORAGE, ENV_STUDY)}
+    os.environ[ENV_STORAGE], os.environ[ENV_STUDY] = storage, study
+
+    def restore() -> None:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return restore
 
 
 def member_link(overrides: list[str]) -> Optional[TrialLink]:
