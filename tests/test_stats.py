@@ -138,6 +138,14 @@ def test_a_packs_members_count_once_for_speed_and_each_for_accuracy():
     text = verdict(rows)
     assert "Most networks trained per second (a pack counts all its members; the machine used fully): " \
            "cpu, batch 64, perf=fast, packed (840 ± 508 model-steps/s, n = 2)" in text  # t(0.975, 1) x sd 56.6 / sqrt 2
+    # Beside runs alone, "where is one run fastest" is theirs: a member's samples/s is its pack's
+    # steps x its own batch, shared by K networks, and never ranked against a run alone.
+    alone = [RunRow(f"a{k}", f"a{k}", "FINISHED", "cpu", 64, "fast", 100.0 + k, (100.0 + k) * 64, None, None, 0.1,
+                    best_val_rmse=0.1, seed=k, model_steps_per_s=100.0 + k) for k in range(3)]
+    text = verdict(rows + alone)
+    assert "Highest throughput of one run: cpu, batch 64, perf=fast (6,464" in text
+    assert "Most networks trained per second (a pack counts all its members; the machine used fully): " \
+           "cpu, batch 64, perf=fast, packed (840" in text
 
 
 def test_unequal_variances_are_tested_by_welch_not_by_student():

@@ -113,3 +113,61 @@ def test_the_latest_value_holds_across_separate_writes(tmp_path, store):
         assert store.get_run(tracker.run_id).data.metrics["train_loss"] == 0.125
         rows.con.close()
     assert sorted(m.step for m in store.get_metric_history(tracker.run_id, "train_loss")) == [3, 5, 7]
+
+
+# Issue 24, point 2: a helper that dies or stalls is found at once, and nothing waits on it forever.
+def test_a_helper_that_dies_is_found_at_the_next_send_and_this_process_writes_from_there(tmp_path, store, caplog):
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    with caplog.at_level(logging.WARNING, logger="seqlab"), tracker.run("r", {}):
+        tracker.log_series(*_series(1, 100))
+        tracker.sender.writer.proc.kill()
+        tracker.sender.writer.proc.wait()
+        tracker.log_series(*_series(101, 100))
+        # Taken over at that send, said in one line: what the helper had not confirmed is in the
+        # store now (not kept in memory until the end, where a kill -9 of the trainer lost it).
+        assert tracker.sender.writer is None
+        assert caplog.text.count("the step writer stopped") == 1
+        assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")][:100] == list(range(1, 101))
+        tracker.log_series(*_series(201, 10))
+        tracker.sync_metrics()
+        assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 211))
+
+
+def test_closing_a_stopped_helper_ends_within_its_deadline(tmp_path, store):
+    import os
+    import signal
+
+    from seqlab.tracking.step_writer import StepWriter
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline")
+    with tracker.run("r", {}):
+        writer = StepWriter(f"sqlite:///{tmp_path}/mlruns/mlflow.db", tracker.run_id)
+        os.kill(writer.proc.pid, signal.SIGSTOP)  # it reads nothing from here: the pipe fills
+        rows = [("train_loss", 0.5, 1_000_000 + s, s) for s in range(1, 200_001)]
+        for i in range(0, len(rows), 1000):
+            writer.send(rows[i:i + 1000])
+        assert writer.unwritten  # more than the pipe took
+        started = time.monotonic()
+        left, why = writer.close(timeout_s=2)
+        assert time.monotonic() - started < 10
+        assert len(left) == len(rows) and why is not None  # every row handed back, to be written from here
+
+
+def test_a_checkpoint_is_published_only_after_the_steps_before_it_are_stored(tmp_path, store, monkeypatch):
+    # A stalled helper: its rows would be lost by a kill, while resume= continues after the
+    # checkpoint: a permanent gap. Publishing waits for them, and takes over from a stalled helper.
+    import os
+    import signal
+
+    from seqlab.resume import points
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    checkpoint = tmp_path / "interrupted.ckpt"
+    checkpoint.write_bytes(b"state")
+    monkeypatch.setattr(tracker, "sync_metrics", lambda timeout_s=2.0, f=tracker.sync_metrics: f(timeout_s))
+    with tracker.run("r", {}):
+        os.kill(tracker.sender.writer.proc.pid, signal.SIGSTOP)
+        tracker.log_series(*_series(1, 500))
+        points.publish_resume_point(tracker, checkpoint, 500)
+        assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 501))
+        assert store.get_run(tracker.run_id).data.tags[points.STOPPED_AT] == "500"

@@ -31,7 +31,10 @@ def store_checkpoint(tracker: Any, path: Path, artifact_path: str = "checkpoints
 
 def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
     """Make `path` the checkpoint `resume=RUN_ID` continues from: the artifact first, then the tag
-    that says it is there (a kill between the two leaves the previous one in force)."""
+    that says it is there (a kill between the two leaves the previous one in force). The run's
+    metrics are stored first: resume= continues after the checkpoint and does not send its steps
+    again, so a step still on its way to the store when the process is killed would be lost for good."""
+    tracker.sync_metrics()
     store_checkpoint(tracker, path)
     tracker.set_tags({STOPPED_AT: step})
 

@@ -41,6 +41,11 @@ def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+# How long a checkpoint waits for the metrics before it (sync_metrics): the step writer usually
+# needs a fraction of a second; one that needs longer is replaced by this process's own writes.
+SYNC_WAIT_S = 30.0
+
+
 class MlflowTracker:
     """Built from conf/logger/ (the defaults are the schema's, seqlab.schema.LoggerConfig).
     `run()` opens a run; everything else logs to it. `rank` > 0 (a DDP job's other processes):
@@ -251,6 +256,10 @@ class MlflowTracker:
     def wait_for_metrics(self) -> None:
         """Every metric sent so far is stored when this returns."""
         self.sender.wait()
+
+    def sync_metrics(self, timeout_s: float = SYNC_WAIT_S) -> None:
+        """Every metric sent so far is stored when this returns; training goes on sending after."""
+        self.sender.sync(timeout_s)
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         self.sender.artifact(Path(path), artifact_path)

@@ -52,6 +52,9 @@ class NullSender:
     def wait(self) -> None:
         pass
 
+    def sync(self, timeout_s: float) -> None:
+        pass
+
     def params(self, params: list[Param]) -> None:
         pass
 
@@ -66,6 +69,10 @@ class NullSender:
 
     def end(self, status: str, reason: Optional[str]) -> None:
         pass
+
+
+# A step writer found dead or stalled gets this long to say what it wrote before it is killed.
+TAKE_OVER_WAIT_S = 5.0
 
 
 class DirectSender:
@@ -86,26 +93,41 @@ class DirectSender:
         self.client.log_batch(self.run_id, tags=tags)
 
     def metrics(self, metrics: list[Metric]) -> None:
+        if self.writer is not None and not self.writer.alive():
+            self._close_writer(TAKE_OVER_WAIT_S)  # found at once: from here this process writes, nothing piles up
         if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
             self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
             return
+        self._log(metrics, self.synchronous)
+
+    def _log(self, metrics: list[Metric], synchronous: bool) -> None:
         for i in range(0, len(metrics), MAX_BATCH):
-            operation = self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=self.synchronous)
+            operation = self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=synchronous)
             if operation is not None:
                 self.pending.append(operation)
 
     def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
         _upload(self.client, self.run_id, path, artifact_path)
 
-    def _close_writer(self) -> None:
+    def _close_writer(self, timeout_s: float = 300.0) -> None:
         writer, self.writer = self.writer, None
         if writer is None:
             return
-        left, why = writer.close()
+        left, why = writer.close(timeout_s)
         if left:
             log.warning("tracking  the step writer stopped (%s): its last %d metric values are written from here",
                         why, len(left))
-            self.metrics([Metric(k, v, ts, step) for k, v, ts, step in left])
+            self._log([Metric(k, v, ts, step) for k, v, ts, step in left], synchronous=True)  # stored before anything else
+
+    def sync(self, timeout_s: float) -> None:
+        """Every metric sent so far is stored when this returns, the step writer kept: before
+        something that depends on them is published (a checkpoint that resume= continues after).
+        A writer that does not manage it in timeout_s is replaced by this process's own writes."""
+        if self.writer is not None and not self.writer.drain(timeout_s):
+            self._close_writer(TAKE_OVER_WAIT_S)
+        pending, self.pending = self.pending, []
+        for operation in pending:
+            operation.wait()
 
     def wait(self) -> None:
         """Every metric sent so far is stored when this returns (the step writer is closed: later
@@ -157,6 +179,11 @@ class OutboxSender:
 
     def wait(self) -> None:
         pass  # the outbox sends in order: what follows is stored after what was sent before
+
+    def sync(self, timeout_s: float) -> None:
+        """What the outbox holds sent, if the server takes it within timeout_s; during an outage
+        training goes on and the metrics wait in memory (issue 24, point 5: not yet on disk)."""
+        self.outbox.drain(timeout_s)
 
     def params(self, params: list[Param]) -> None:
         self.record.params.update({p.key: p.value for p in params})

@@ -78,17 +78,39 @@ class StepWriter:
                 return
             self.unwritten = self.unwritten[n:]
 
+    def alive(self) -> bool:
+        """The child still takes rows (a dead one is found by the next send, not at the end)."""
+        return not self.broken and self.proc.poll() is None
+
+    def drain(self, timeout_s: float) -> bool:
+        """Every row sent so far written and confirmed by the child; False if it is gone or has
+        not done so within timeout_s (stopped, or stalled on a locked store)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._write()
+            self._drop_confirmed()
+            if not self.rows and not self.unwritten:
+                return True
+            if not self.alive() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
     def close(self, timeout_s: float = 300.0) -> tuple[list[Row], Optional[str]]:
-        """Wait for the child to write everything; returns (rows not confirmed, why) - ([], None)
-        when all were written."""
-        os.set_blocking(self.fd, True)
-        self._write()
+        """Wait (at most timeout_s: a stopped or stalled child is killed then) for the child to
+        write everything; returns (rows not confirmed, why) - ([], None) when all were written."""
+        deadline = time.monotonic() + timeout_s
+        while self.unwritten and self.alive() and time.monotonic() < deadline:
+            self._write()  # never a blocking write: a child that stopped reading would hold it forever
+            if self.unwritten:
+                select.select([], [self.fd], [], 0.1)
+        if self.unwritten:
+            self.proc.kill()  # what it was not given is returned below, with what it did not confirm
         try:
             self.proc.stdin.close()
         except OSError:
             pass
         try:
-            self.proc.wait(timeout_s)
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
