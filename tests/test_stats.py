@@ -138,6 +138,7 @@ def test_a_packs_members_count_once_for_speed_and_each_for_accuracy():
     text = verdict(rows)
     assert "Most networks trained per second (a pack counts all its members; the machine used fully): " \
            "cpu, batch 64, perf=fast, packed (840 ± 508 model-steps/s, n = 2)" in text  # t(0.975, 1) x sd 56.6 / sqrt 2
+    assert text.startswith("n = 8 repeats per configuration (seeds 0-3);")  # a run of seeds said short (packs of 32: 0-95)
     # Beside runs alone, "where is one run fastest" is theirs: a member's samples/s is its pack's
     # steps x its own batch, shared by K networks, and never ranked against a run alone.
     alone = [RunRow(f"a{k}", f"a{k}", "FINISHED", "cpu", 64, "fast", 100.0 + k, (100.0 + k) * 64, None, None, 0.1,

@@ -225,6 +225,18 @@ def _best_text(groups: list[Group], metric: str, unit: str, spec: str) -> Option
     return g, text
 
 
+def _spans(numbers: list[int]) -> str:
+    """0, 1, 2 as they are; a longer run of consecutive numbers as 0-95 (a sweep with packs of 32)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}, {a + 1}, {b}" if b == a + 2 else f"{a}-{b}"
+                     for a, b in spans)
+
+
 def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     groups = group_runs(rows)
     finished = [g for g in groups if g.n]
@@ -233,7 +245,7 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
         seeds = sorted({r.seed for g in finished for r in g.finished if r.seed is not None})
         parts.append(
             f"{n_text(finished)} repeats per configuration"
-            + (f" (seeds {', '.join(map(str, seeds))})" if seeds else "")
+            + (f" (seeds {_spans(seeds)})" if seeds else "")
             + f"; ± is the 95% Student-t interval of the mean; a configuration is ahead of another only where "
               f"{TEST_NAME} (two-sided, p < {ALPHA:g}) says so, \"tied within noise\" otherwise."
         )
