@@ -186,3 +186,30 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
         build(nodes, tracker=tracker)
     assert str(caught.value) == ("callbacks.progress needs 'timer', which no callback above it is named and the run "
                                  "does not provide: keep callbacks.timer, or switch off callbacks.progress")
+
+
+def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_path, monkeypatch):
+    # Issue 23: two train.py runs started together by a shell loop shared logs/runs/<second>/ (the
+    # batch-64 run's overrides.yaml said batch 32, and they shared checkpoints/). Hydra's clock
+    # frozen at one second here, as for two processes started in it.
+    import datetime
+
+    import hydra.core.utils
+    from hydra import compose, initialize_config_dir
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 12, 1, 10, 0, 0)
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", Frozen)
+    folders = []
+    for batch in (32, 64):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}", f"data.batch_size={batch}"],
+                          return_hydra_config=True)
+        assert cfg.hydra.run.dir == cfg.hydra.run.dir  # one value per composed config
+        folders += [cfg.hydra.run.dir, cfg.hydra.sweep.dir]
+    run_a, sweep_a, run_b, sweep_b = folders
+    assert run_a != run_b and sweep_a != sweep_b
+    assert run_a.startswith(f"{tmp_path}/logs/runs/2026-12-01_10-00-00-") and len(run_a.rsplit("-", 1)[1]) == 6

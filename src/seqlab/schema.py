@@ -4,6 +4,7 @@ is loaded. Light imports only: this runs on the CLI's start-up path."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -220,6 +221,10 @@ def register() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("seqlab_accelerators", accelerators_present, replace=True)
+    # A few random hex digits after the second in Hydra's output folders: two runs started in the
+    # same second (a shell loop, a SLURM array) get folders of their own. Cached, as Hydra's `now`:
+    # one value per composed config, which Hydra copies into a sweep's jobs.
+    OmegaConf.register_new_resolver("seqlab_unique", lambda: os.urandom(3).hex(), replace=True, use_cache=True)
 
 
 register()
