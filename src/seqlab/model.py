@@ -59,7 +59,9 @@ class CNNLSTM(nn.Module):
           c = sigmoid(i) * tanh(g), h = sigmoid(o) * tanh(c).
         Gradients are the same too (the skipped terms have zero gradient either way)."""
         tap = (self.conv.kernel_size[0] - 1) // 2  # the tap that sees step t itself
-        h = F.linear(x, self.conv.weight[:, :, tap], self.conv.bias)  # (B, filters)
+        # The tap copied out first: a strided slice (every kernel_size-th value) made the product
+        # and its backward 0.40 ms a step at batch 64 here, against 0.29 ms from a copy.
+        h = F.linear(x, self.conv.weight[:, :, tap].contiguous(), self.conv.bias)  # (B, filters)
         h = self.relu(self.bn(h))
         lstm = self.lstm
         bias = None if lstm.bias_ih_l0 is None else lstm.bias_ih_l0 + lstm.bias_hh_l0

@@ -93,7 +93,12 @@ class PackedCNNLSTM(nn.Module):
         member k's dropout mask is drawn from generators[k] where given (its run alone draws it
         from its own stream)."""
         tap = (self.kernel_size - 1) // 2
-        h = torch.baddbmm(self.conv_bias.unsqueeze(1), x, self.conv_weight[:, :, :, tap].transpose(1, 2))
+        # (filters x features) @ x^T, the centre tap copied out first: as x @ (a strided slice)^T,
+        # MKL's batched product and its backward took 1.30 ms of a K=8 step and 3.7 ms of a K=32
+        # one here (AMD EPYC), this way 0.48 and 2.0 ms (the backward's weight gradient is then a
+        # product with the small matrix first).
+        centre = self.conv_weight[:, :, :, tap].contiguous()
+        h = torch.baddbmm(self.conv_bias.unsqueeze(2), centre, x.transpose(1, 2)).transpose(1, 2)
         h = torch.relu(self._batch_norm(h))
         bias = self.lstm_bias_ih + self.lstm_bias_hh
         z = torch.baddbmm(bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2))  # gates i, f, g, o
