@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from seqlab import SeqlabError
 
@@ -207,7 +207,6 @@ class TrainConfig:
 def accelerators_present() -> str:
     """'cpu', or 'cpu,gpu' where an NVIDIA GPU is visible: a sweep value, found without
     importing torch (this runs while Hydra composes)."""
-    import os
     import shutil
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -218,12 +217,9 @@ def accelerators_present() -> str:
 
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    from omegaconf import OmegaConf
-
     OmegaConf.register_new_resolver("seqlab_accelerators", accelerators_present, replace=True)
-    # A few random hex digits after the second in Hydra's output folders: two runs started in the
-    # same second (a shell loop, a SLURM array) get folders of their own. Cached, as Hydra's `now`:
-    # one value per composed config, which Hydra copies into a sweep's jobs.
+    # Random digits after the second in Hydra's folders (runs started in the same second get their
+    # own); cached as Hydra's `now`: one value per composed config, copied into a sweep's jobs.
     OmegaConf.register_new_resolver("seqlab_unique", lambda: os.urandom(3).hex(), replace=True, use_cache=True)
 
 

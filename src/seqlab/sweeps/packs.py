@@ -41,14 +41,24 @@ def key_of(override: str) -> str:
     return override.lstrip("+~").partition("=")[0]
 
 
+def given(job: list[str], key: str, default: Any) -> Any:
+    """`key`'s value in a job's overrides, else `default` (the sweep's own config's)."""
+    return next((o.partition("=")[2] for o in job if key_of(o) == key), default)
+
+
+def _count(value: Any) -> int:
+    """A whole number as given on the command line; 0 for anything else."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
 def pack_size(value: Any) -> Optional[int]:
     """`pack` as members per pack; None: one by one (off, 1)."""
     if value is None or str(value).lower() in ("off", "false", "1"):
         return None
-    try:
-        size = int(str(value))
-    except ValueError:
-        size = 0
+    size = _count(value)
     if size < 1:
         raise SeqlabError(f"pack={value}: give the most members a pack may hold (e.g. pack=8), or pack=off")
     return size
@@ -62,11 +72,8 @@ def replicated(jobs: list[list[str]], default: Any, compose: Callable[[list[str]
     `compose(overrides)`: the job's composed config."""
     out, dropped = [], {}
     for job in jobs:
-        count = next((o.partition("=")[2] for o in job if key_of(o) == "replicas"), default)
-        try:
-            k = int(str(count))
-        except ValueError:
-            k = 0
+        count = given(job, "replicas", default)
+        k = _count(count)
         if k < 1:
             raise SeqlabError(f"replicas={count}: give how many networks of each job's config to train in one pack (1: one)")
         if k == 1:
@@ -120,7 +127,7 @@ def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> t
     keys (packable and MEMBER_KEYS), plus `pack_job=N` (set by the caller: `numbered`)."""
     groups: dict[tuple, list[tuple[int, list[str]]]] = {}
     for place, job in enumerate(jobs):
-        size = pack_size(next((o.partition("=")[2] for o in job if key_of(o) == "pack"), default_size))
+        size = pack_size(given(job, "pack", default_size))
         if size is None:
             groups[("alone", place)] = [(place, job)]
             continue
