@@ -161,3 +161,24 @@ def test_a_checkpoint_is_published_only_after_the_steps_before_it_are_stored(tmp
         points.publish_resume_point(tracker, checkpoint, 500)
         assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 501))
         assert store.get_run(tracker.run_id).data.tags[points.STOPPED_AT] == "500"
+
+
+def test_a_helper_slower_than_training_never_holds_unbounded_memory(tmp_path, store, monkeypatch, caplog):
+    # A stopped helper stands for one far slower than training: past the cap, training waits for
+    # it (here: not at all) and then writes in its place; what it held is stored, not kept.
+    import os
+    import signal
+
+    from seqlab.tracking import senders
+
+    monkeypatch.setattr(senders, "MAX_UNCONFIRMED_ROWS", 1_000)
+    monkeypatch.setattr(senders, "SLOW_WRITER_WAIT_S", 0.5)
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    with caplog.at_level(logging.WARNING, logger="seqlab"), tracker.run("r", {}):
+        os.kill(tracker.sender.writer.proc.pid, signal.SIGSTOP)
+        tracker.log_series(*_series(1, 300))  # 600 rows: under the cap, kept for the helper
+        assert tracker.sender.writer is not None
+        tracker.log_series(*_series(301, 300))  # 1,200: over it
+        assert tracker.sender.writer is None and "the step writer stopped" in caplog.text
+        tracker.sync_metrics()
+        assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 601))

@@ -73,6 +73,11 @@ class NullSender:
 
 # A step writer found dead or stalled gets this long to say what it wrote before it is killed.
 TAKE_OVER_WAIT_S = 5.0
+# Rows a live step writer may hold unconfirmed (about 100 bytes each, kept twice until the pipe
+# takes them): past this, training waits for it (up to SYNC_WAIT_S) or writes in its place, so a
+# helper slower than training (a store on a slow disk) costs time, never unbounded memory.
+MAX_UNCONFIRMED_ROWS = 500_000
+SLOW_WRITER_WAIT_S = 30.0
 
 
 class DirectSender:
@@ -97,6 +102,8 @@ class DirectSender:
             self._close_writer(TAKE_OVER_WAIT_S)  # found at once: from here this process writes, nothing piles up
         if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
             self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
+            if len(self.writer.rows) > MAX_UNCONFIRMED_ROWS and not self.writer.drain(SLOW_WRITER_WAIT_S):
+                self._close_writer(TAKE_OVER_WAIT_S)
             return
         self._log(metrics, self.synchronous)
 
