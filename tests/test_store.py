@@ -101,3 +101,23 @@ def test_four_simultaneous_first_runs_on_a_new_store_all_finish(tmp_path):
     runs = runs_of(mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db"), "seqlab")
     assert sorted(r.info.run_name for r in runs) == [f"first-{i}" for i in range(4)]
     assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_a_process_opens_a_local_store_once(tmp_path, monkeypatch):
+    # A pack's members and an in-process sweep's jobs share one opened client: the lock, the
+    # half-created check and MLflow's schema check (about 0.3 s) are paid once per process.
+    from seqlab.store import local
+
+    uri = f"sqlite:///{tmp_path}/once/mlflow.db"
+    (tmp_path / "once").mkdir()
+    first = local.open_client(uri)
+
+    def no_second_open(db):
+        raise AssertionError("the store was opened again")
+
+    monkeypatch.setattr(local, "store_lock", no_second_open)
+    assert local.open_client(uri) is first
+    other = f"sqlite:///{tmp_path}/other/mlflow.db"
+    (tmp_path / "other").mkdir()
+    with pytest.raises(AssertionError, match="opened again"):
+        local.open_client(other)  # another store is opened as before

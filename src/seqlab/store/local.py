@@ -16,7 +16,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from seqlab import SeqlabError, one_line
 
@@ -97,6 +97,13 @@ def half_created(db: Path) -> Optional[str]:
             f"that created it at the same moment): {what}; {fix}")
 
 
+# A local store's client, once opened and checked, for every later run of this process on the
+# same file (a pack's members, an in-process sweep's jobs): opening one costs MLflow about 0.3 s
+# (its engine and schema check), a second of an 8-member pack. Keyed by the file's identity, so
+# a store deleted and made again is opened again.
+_OPENED: dict[tuple[str, int, int], Any] = {}
+
+
 def open_client(tracking_uri: str):
     """An MlflowClient on `tracking_uri`; for a local store, created (or migrated) by one process
     at a time, and refused in one line when it was left half-created."""
@@ -104,6 +111,9 @@ def open_client(tracking_uri: str):
     db = sqlite_path(tracking_uri)
     if db is None:
         return mlflow.MlflowClient(tracking_uri=tracking_uri)
+    key = _identity(tracking_uri, db)
+    if key in _OPENED:
+        return _OPENED[key]
     with store_lock(db):
         problem = half_created(db)
         if problem:
@@ -113,4 +123,15 @@ def open_client(tracking_uri: str):
             client.search_experiments(max_results=1)  # the registry's tables too, while the lock is held
         except Exception as error:  # a newer or older schema, a damaged file
             raise StoreError(f"the MLflow store {db}: {one_line(error)}") from None
+    key = _identity(tracking_uri, db)
+    if key is not None:
+        _OPENED[key] = client
     return client
+
+
+def _identity(tracking_uri: str, db: Path) -> Optional[tuple[str, int, int]]:
+    try:
+        found = db.stat()
+    except OSError:
+        return None
+    return tracking_uri, found.st_dev, found.st_ino
