@@ -35,11 +35,10 @@ def current() -> Optional[TrialLink]:
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number))
 
 
-def study_environment(storage: str, study: str) -> Callable[[], None]:
-    """The study in this process's environment, where its jobs (and a pack's members) find it;
-    returns what puts the environment back as it was."""
-    before = {k: os.environ.get(k) for k in (ENV_STORAGE, ENV_STUDY)}
-    os.environ[ENV_STORAGE], os.environ[ENV_STUDY] = storage, study
+def _set_environment(values: dict[str, str]) -> Callable[[], None]:
+    """`values` in this process's environment; returns what puts the environment back as it was."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
 
     def restore() -> None:
         for key, value in before.items():
@@ -48,6 +47,12 @@ def study_environment(storage: str, study: str) -> Callable[[], None]:
             else:
                 os.environ[key] = value
     return restore
+
+
+def study_environment(storage: str, study: str) -> Callable[[], None]:
+    """The study in this process's environment, where its jobs (and a pack's members) find it;
+    returns what puts the environment back as it was."""
+    return _set_environment({ENV_STORAGE: storage, ENV_STUDY: study})
 
 
 def member_link(overrides: list[str]) -> Optional[TrialLink]:
@@ -64,18 +69,12 @@ def member_link(overrides: list[str]) -> Optional[TrialLink]:
 def as_current(link: Optional[TrialLink]) -> Iterator[None]:
     """`link` as this process's trial while a pack's member trains on its own (a pack that cannot
     train packed runs its members one by one, each as its job alone)."""
-    if link is None:
-        yield
-        return
-    before = os.environ.get(ENV_TRIAL)
-    os.environ[ENV_TRIAL] = str(link.number)
+    restore = _set_environment({ENV_TRIAL: str(link.number)}) if link is not None else None
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV_TRIAL, None)
-        else:
-            os.environ[ENV_TRIAL] = before
+        if restore is not None:
+            restore()
 
 
 def trial_tags() -> dict[str, str]:

@@ -74,7 +74,7 @@ class NullSender:
 # A step writer found dead or stalled gets this long to say what it wrote before it is killed.
 TAKE_OVER_WAIT_S = 5.0
 # Rows a live step writer may hold unconfirmed (about 100 bytes each, kept twice until the pipe
-# takes them): past this, training waits for it (up to SYNC_WAIT_S) or writes in its place, so a
+# takes them): past this, training waits for it (SLOW_WRITER_WAIT_S) or writes in its place, so a
 # helper slower than training (a store on a slow disk) costs time, never unbounded memory.
 MAX_UNCONFIRMED_ROWS = 500_000
 SLOW_WRITER_WAIT_S = 30.0
