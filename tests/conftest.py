@@ -147,12 +147,13 @@ def run_process(tmp_path):
     return _run
 
 
-def start_cli(tmp_path, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE, new_session: bool = False):
+def start_cli(tmp_path, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE, new_session: bool = False,
+              env: dict[str, str] | None = None):
     """train.py started as a user would, in the background (for tests that signal or stop it), in a
     process of its own (tests/zygote.py): a Popen-like handle."""
     import zygote
 
-    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
+    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env),
                         stdout=stdout, stderr=stderr, new_session=new_session)
 
 
@@ -204,3 +205,20 @@ def postgres():
     finally:
         subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A one-node SLURM cluster on loopback (tests/slurm_cluster.py), one per test run: its `env`
+    (SLURM_CONF, PATH) points a command at it. Skipped where SLURM's packages are absent or the
+    daemons cannot run as root (.ci/run installs slurm-wlm)."""
+    import slurm_cluster
+
+    why = slurm_cluster.missing()
+    if why:
+        pytest.skip(why)
+    cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

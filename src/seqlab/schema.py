@@ -4,16 +4,15 @@ is loaded. Light imports only: this runs on the CLI's start-up path."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from seqlab import SeqlabError
+from seqlab import SeqlabError, resolvers
 
 def _choices(name: str, *values: str) -> type[StrEnum]:
     """A config key's choices as an Enum field, which OmegaConf checks at compose time. Members are
@@ -204,23 +203,9 @@ class TrainConfig:
     replicas: int = 1  # a multirun's job as N networks of its config in one pack (seeds seed*N .. seed*N+N-1)
 
 
-def accelerators_present() -> str:
-    """'cpu', or 'cpu,gpu' where an NVIDIA GPU is visible: a sweep value, found without
-    importing torch (this runs while Hydra composes)."""
-    import shutil
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    has_gpu = Path("/dev/nvidia0").exists() and visible not in ("", "-1")
-    has_gpu = has_gpu or (shutil.which("nvidia-smi") is not None and Path("/proc/driver/nvidia/gpus").is_dir())
-    return "cpu,gpu" if has_gpu else "cpu"
-
-
 def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    OmegaConf.register_new_resolver("seqlab_accelerators", accelerators_present, replace=True)
-    # Random digits after the second in Hydra's folders (runs started in the same second get their
-    # own); cached as Hydra's `now`: one value per composed config, copied into a sweep's jobs.
-    OmegaConf.register_new_resolver("seqlab_unique", lambda: os.urandom(3).hex(), replace=True, use_cache=True)
+    resolvers.register()
 
 
 register()

@@ -4,6 +4,7 @@ glue (`main`). Heavy imports happen inside the functions so `train.py --help` st
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
+from seqlab.resume.requeue import Preempted
 from seqlab.schema import validate
 from seqlab.sweeps.job import Job, JobResult, check_single_run_resume, continue_job, fmt, resume_command
 
@@ -51,6 +53,12 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         device, device_error = None, error
     sweep = job.sweep_info()
     tracker = open_tracker(cfg.logger, job, sweep)
+    if job.multirun and not cfg.resume and job.rank == 0:  # started again by a cluster (a requeue): its run continues
+        from seqlab.resume.requeue import previous_attempt
+
+        cfg.resume = previous_attempt(job.output_dir, sweep.sweep_id, tracker.connect(), JobResult.read_if_any)
+        if cfg.resume:
+            job.overrides.append(f"resume={cfg.resume}")
     accelerator = device.accelerator if device else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
     tags = run_tags(cfg, job, device, sweep)
@@ -298,11 +306,18 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
             raise died from None  # another rank died: the line that names it, not rank 0's lost collective
         if stop.saved is not None and job.rank == 0:
             publish_resume_point(tracker, stop.saved, trainer.global_step)
-            log.error("stopped by %s at step %d (epoch %d); checkpoint %s; continue with:\n  %s",
-                      stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved,
-                      resume_command(job.overrides, tracker.run_id))
+            then = f"continue with:\n  {resume_command(job.overrides, tracker.run_id)}"
+            if stop.preempted() is not None:
+                then = "the job is requeued and continues this run"
+            elif job.multirun and os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
+                then = f"if SLURM requeued the job, it continues this run by itself; else {then}"
+            log.error("stopped by %s at step %d (epoch %d); checkpoint %s; %s",
+                      stop.signal, trainer.global_step, trainer.current_epoch + 1, stop.saved, then)
         if stop.signal == "SIGINT":
             raise KeyboardInterrupt from None  # Ctrl-C took Lightning's SIGTERM path to stop cleanly
+        preempted = stop.preempted()
+        if preempted is not None:
+            raise preempted from None  # the job is requeued once its run has ended (_main_job)
         raise
 
 
@@ -415,6 +430,9 @@ def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
         result = job.result or JobResult(status, job.num, job.sweep_info().sweep_id, job.overrides)
         result.status, result.reason = status, one_line(error)
         job.write(result)
+        if isinstance(error, Preempted):
+            log.error("preempted: MLflow run %s ended KILLED; the job is requeued and continues it", result.run_id)
+            error.requeue()  # submitit requeues the job and ends this process
         if status == "KILLED":
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit

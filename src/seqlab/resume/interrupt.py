@@ -19,7 +19,8 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from seqlab import SeqlabError
 from seqlab.moved import param_now
 from seqlab.resume.checkpoints import save_checkpoint
-from seqlab.resume.points import CHECKPOINT, STOPPED_AT, fetch_checkpoint
+from seqlab.resume.points import CHECKPOINT, STOPPED_AT, deliver_unsent, fetch_checkpoint
+from seqlab.resume.requeue import Preempted, preempt_signal
 from seqlab.training.lightning_private import request_stop
 
 log = logging.getLogger("seqlab")
@@ -31,8 +32,10 @@ _MAY_DIFFER = ("paths.", "logger.", "resume", "ckpt_path", "notes", "trainer.max
 
 class GracefulStop(pl.Callback):
     """SIGTERM: Lightning stops at the end of the running step (SIGTERMException). Ctrl-C is made
-    to do the same; a second Ctrl-C stops at once, without a checkpoint. The checkpoint is saved
-    when Lightning reports the stop, at that step boundary.
+    to do the same; a second Ctrl-C stops at once, without a checkpoint. In a submitit job (SLURM),
+    so is submitit's time-limit/preemption signal (SIGUSR2), after which the job is requeued
+    (seqlab.resume.requeue). The checkpoint is saved when Lightning reports the stop, at that step
+    boundary.
 
     Single-process training only (`enabled`): under DDP each process decides on its own signal
     and a checkpoint needs them all at one barrier, so there Lightning's own handling stays."""
@@ -40,16 +43,20 @@ class GracefulStop(pl.Callback):
     def __init__(self, path: Path, enabled: bool = True) -> None:
         self.path = path
         self.enabled = enabled
-        self.signal: Optional[str] = None  # SIGINT | SIGTERM, once one arrived
+        self.signal: Optional[str] = None  # SIGINT | SIGTERM | SIGUSR2, once one arrived
         self.saved: Optional[Path] = None
         self._trainer: Optional[pl.Trainer] = None
         self._previous: Any = None
+        self._submitit: Any = None  # submitit's own handler of its preemption signal, called once the run has ended
+        self._preempt = preempt_signal()
         self._deferred = False  # a stop waiting for the end of the epoch
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
         if self.enabled and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            if self._preempt is not None:
+                self._submitit = signal.signal(self._preempt, self._on_preempt)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.signal is not None:
@@ -58,6 +65,13 @@ class GracefulStop(pl.Callback):
         log.warning("stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
         # Lightning's graceful stop: it ends the loop at the next step boundary.
         request_stop(self._trainer)
+
+    def _on_preempt(self, signum: int, frame: Any) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+            log.warning("%s: the job is preempted or near its time limit; stopping after this step to save a "
+                        "checkpoint, then the job is requeued and continues this run", self.signal)
+            request_stop(self._trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         # A stop that lands on the epoch's last batch waits for the epoch's end (its validation,
@@ -76,6 +90,14 @@ class GracefulStop(pl.Callback):
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+        if self._submitit is not None:
+            signal.signal(self._preempt, self._submitit)
+
+    def preempted(self) -> Optional[Preempted]:
+        """After a stop on submitit's signal: what requeues the job once its run has ended."""
+        if self._submitit is None or self.signal != signal.Signals(self._preempt).name or not callable(self._submitit):
+            return None
+        return Preempted(self._preempt, self._submitit)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()
@@ -144,11 +166,15 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
             f"give the run's overrides: {overrides or '(none)'} resume={run_id}"
         )
     try:
-        return fetch_checkpoint(client, run_id, dst)
+        checkpoint = fetch_checkpoint(client, run_id, dst)
     except (MlflowException, OSError):
         raise SeqlabError(
             f"resume={run_id}: the run has no checkpoints/{CHECKPOINT} (one is saved when Ctrl-C or SIGTERM stops training)"
         ) from None
+    sent = deliver_unsent(client, run_id, dst)  # before the run reopens: its stored steps decide what is logged again
+    if sent:
+        log.info("resume    %d metric value(s) the run had not stored at its checkpoint were sent first", sent)
+    return checkpoint
 
 
 def start_point(cfg: Any, job: Any, tracker: Any, params: Mapping[str, str], name: str) -> tuple[Optional[Path], str]:

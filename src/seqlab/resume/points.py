@@ -6,6 +6,7 @@ Lightning): the sweep callback and the store's reaper read the tag's name."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from seqlab.resume.safe_writes import replace_atomically
 
 CHECKPOINT = "interrupted.ckpt"
+UNSENT = "interrupted.unsent.json"  # the metrics a tracking server had not stored yet at the checkpoint
 STOPPED_AT = "interrupted_at_step"  # the run's tag while it has a checkpoint to resume from
 
 
@@ -30,13 +32,35 @@ def store_checkpoint(tracker: Any, path: Path, artifact_path: str = "checkpoints
 
 
 def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
-    """Make `path` the checkpoint `resume=RUN_ID` continues from: the artifact first, then the tag
-    that says it is there (a kill between the two leaves the previous one in force). The run's
-    metrics are stored first: resume= continues after the checkpoint and does not send its steps
-    again, so a step still on its way to the store when the process is killed would be lost for good."""
+    """Make `path` the checkpoint `resume=RUN_ID` continues from: the artifacts first, then the tag
+    that says they are there (a kill between the two leaves the previous one in force). resume=
+    continues after the checkpoint and does not send its steps again, so every metric before it
+    must reach the store: the run's metrics are stored first (sync_metrics), and what a tracking
+    server has not taken yet (a backlog: the server slower than training, or away) goes beside
+    the checkpoint, UNSENT, which the resumed run sends first (deliver_unsent)."""
     tracker.sync_metrics()
+    rows = [[m.key, m.value, m.timestamp, m.step] for m in tracker.unsent_metrics()]
+    unsent = path.with_name(UNSENT)
+    replace_atomically(unsent, lambda tmp: tmp.write_text(json.dumps(rows)))
+    store_checkpoint(tracker, unsent)  # always: an empty one replaces an earlier checkpoint's
     store_checkpoint(tracker, path)
-    tracker.set_tags({STOPPED_AT: step})
+    tracker.set_tags_now({STOPPED_AT: step})
+
+
+def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
+    """Send the metrics a stopped run had not stored when its checkpoint was published (a store
+    holds a row it already has once: rows the run sent after all are not doubled); how many."""
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    try:
+        path = Path(client.download_artifacts(run_id, f"checkpoints/{UNSENT}", str(dst)))
+    except (MlflowException, OSError):
+        return 0  # a checkpoint from before UNSENT
+    rows = json.loads(path.read_text())
+    for i in range(0, len(rows), 1000):  # MLflow's most metrics a call
+        client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i : i + 1000]], synchronous=True)
+    return len(rows)
 
 
 def drop_resume_point(tracker: Any) -> None:

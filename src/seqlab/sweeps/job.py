@@ -171,6 +171,14 @@ class JobResult:
     def read(cls, path: Path) -> "JobResult":
         return cls(**json.loads(path.read_text()))
 
+    @classmethod
+    def read_if_any(cls, output_dir: Path) -> Optional["JobResult"]:
+        """What an earlier start of this job wrote in its folder (None: this is its first)."""
+        try:
+            return cls.read(output_dir / JOB_FILE)
+        except (OSError, ValueError, TypeError):
+            return None
+
 
 def job_key(overrides: list[str] | str) -> str:
     """What identifies a sweep's job across a resumption: its overrides, in any order, without

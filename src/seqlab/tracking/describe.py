@@ -11,6 +11,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from seqlab.resume.requeue import scheduler_tags
 from seqlab.secrets import mask_flat
 from seqlab.sweeps.job import Job, SweepInfo
 from seqlab.tracking.run import flatten
@@ -61,6 +62,7 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, s
     }
     if device is not None:
         tags.update(accelerator=device.accelerator, device_name=device.name)
+    tags.update(scheduler_tags())  # a SLURM job's id and start: a requeued job finds its run by them
     commit = git_commit(Path(cfg.paths.root_dir))
     if commit:
         tags["git_commit"] = tags["mlflow.source.git.commit"] = commit

@@ -138,6 +138,8 @@ class MlflowTracker:
             # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
             client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in all_tags.items()])
             client.update_run(resume_run_id, status="RUNNING")
+            if "failure_reason" in client.get_run(resume_run_id).data.tags:  # why it stopped then: not why it ends now
+                client.delete_tag(resume_run_id, "failure_reason")
             self.run_id = resume_run_id
         else:
             self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -230,6 +232,15 @@ class MlflowTracker:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         tags = mask_flat({k: str(v) for k, v in tags.items()})
         self.sender.tags([RunTag(k, v) for k, v in tags.items()])
+
+    def set_tags_now(self, tags: Mapping[str, Any]) -> None:
+        """Tags stored before anything still queued (a server's backlog): the resume point's."""
+        tags = mask_flat({k: str(v) for k, v in tags.items()})
+        self.sender.tags_now([RunTag(k, v) for k, v in tags.items()])
+
+    def unsent_metrics(self) -> list[Metric]:
+        """The metrics sent so far that the store does not hold yet."""
+        return self.sender.unsent()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)

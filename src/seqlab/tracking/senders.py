@@ -27,6 +27,8 @@ log = logging.getLogger("seqlab")
 
 MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
 MAX_PARAMS = 100
+# How long a resume point waits for a server's backlog before the rest goes with the checkpoint.
+OUTBOX_SYNC_S = 2.0
 
 
 def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
@@ -53,6 +55,12 @@ class NullSender:
         pass
 
     def sync(self, timeout_s: float) -> None:
+        pass
+
+    def unsent(self) -> list[Metric]:
+        return []
+
+    def tags_now(self, tags: list[RunTag]) -> None:
         pass
 
     def params(self, params: list[Param]) -> None:
@@ -96,6 +104,13 @@ class DirectSender:
 
     def tags(self, tags: list[RunTag]) -> None:
         self.client.log_batch(self.run_id, tags=tags)
+
+    tags_now = tags
+
+    def unsent(self) -> list[Metric]:
+        """The metrics sent that the store does not hold yet (after sync: none, but for a
+        writer that has just died)."""
+        return [Metric(k, v, ts, step) for k, v, ts, step in self.writer.rows] if self.writer is not None else []
 
     def metrics(self, metrics: list[Metric]) -> None:
         if self.writer is not None and not self.writer.alive():
@@ -188,9 +203,26 @@ class OutboxSender:
         pass  # the outbox sends in order: what follows is stored after what was sent before
 
     def sync(self, timeout_s: float) -> None:
-        """What the outbox holds sent, if the server takes it within timeout_s; during an outage
-        training goes on and the metrics wait in memory (issue 24, point 5: not yet on disk)."""
-        self.outbox.drain(timeout_s)
+        """What the outbox holds sent, if the server takes it within a short wait: a server
+        slower than training, or away, leaves a backlog that a stop could not wait for (SLURM
+        kills a job KillWait after its SIGTERM). What is still here then goes with the checkpoint
+        (`unsent`, seqlab.resume.points), and the resumed run sends it first."""
+        self.outbox.drain(min(timeout_s, OUTBOX_SYNC_S))
+
+    def unsent(self) -> list[Metric]:
+        with self.outbox.cond:
+            return [m for item in self.outbox.queue for m in item.get("metrics", ())]
+
+    def tags_now(self, tags: list[RunTag]) -> None:
+        """Tags that must not wait behind the outbox's backlog (the resume point's); during an
+        outage they join the queue."""
+        self.record.tags.update({t.key: t.value for t in tags})
+        try:
+            self.client.log_batch(self.run_id, tags=tags)
+        except Exception as error:  # noqa: BLE001 - classified
+            if not transient(error):
+                raise
+            self.outbox.put({"tags": tags})
 
     def params(self, params: list[Param]) -> None:
         self.record.params.update({p.key: p.value for p in params})

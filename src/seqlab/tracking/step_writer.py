@@ -206,9 +206,11 @@ def open_rows(tracking_uri: str, run_id: str):
 
 def _main(run_id: str, acks_path: str) -> int:
     tracking_uri = os.environ["SEQLAB_STEP_WRITER_URI"]
-    # Ctrl-C reaches the terminal's whole process group: the training process decides when to
-    # stop, and this one ends when its input does.
+    # Ctrl-C reaches the terminal's whole process group, and a scheduler's SIGTERM every process
+    # of the job (SLURM's requeue and scancel, docker stop): the training process decides when to
+    # stop and sends its last rows then; this one ends when its input does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(int(os.environ.get("SEQLAB_STEP_WRITER_NICE", "10")))
     writer = open_rows(tracking_uri, run_id)
     stdin = sys.stdin.buffer
