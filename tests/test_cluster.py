@@ -19,8 +19,8 @@ from conftest import start_cli, runs_of
 ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
                "trainer.accelerator=cpu"]
 # A job long enough to be stopped mid-run: 7 steps an epoch (410 training samples, batch 64).
-LONG = ["data.n_samples=512", "trainer.max_epochs=600"]
-LONG_STEPS = 7 * 600
+LONG = ["data.n_samples=512", "trainer.max_epochs=150"]
+LONG_STEPS = 7 * 150
 
 
 def _server(mlflow_server, experiment: str) -> list[str]:

@@ -1,0 +1,123 @@
+"""Many search processes on one study (Optuna's way to add workers, and the only way to search
+across a cluster): the same `hparams_search=optuna` command started N times, on one machine or as
+SLURM array tasks, against one study database.
+
+- Nobody fails another worker's live trial. Each worker renews Optuna's trial heartbeat for the
+  trials it runs (`Heartbeats`); a worker that died is found by Optuna's own check
+  (`fail_stale_trials`: no heartbeat for `grace_period` seconds, by the database's clock), and the
+  failed-trial callback (`retry_stale`) enqueues the same values again, which the next free worker
+  runs.
+- The total stays n_trials. A worker asks only for slots no trial holds (`free_slots`); two that
+  ask for the last slot at the same moment both get a trial, and the one with the higher number
+  gives it back (`surplus`): it waits in the study, unasked, with its values, for a later run that
+  raises n_trials.
+- The report is written by the worker that finishes last: the others see trials still running
+  elsewhere and leave it to that one.
+
+Heartbeats need a database storage (SQLite, PostgreSQL, ...): Optuna 5's journal file storage has
+none, so there a worker killed outright leaves its trial RUNNING (see README, "Scaling out")."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable, Optional
+
+import optuna
+
+from seqlab.sweeps import optuna_private
+from seqlab.sweeps.study import INTERRUPTED, RETRY_OF, STARTING
+
+SURPLUS = "seqlab_surplus"  # a trial given back: it holds no slot until a worker asks it again
+
+
+def retried(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
+    """The trial numbers that another trial runs again (its RETRY_OF)."""
+    return {t.user_attrs[RETRY_OF] for t in trials if RETRY_OF in t.user_attrs}
+
+
+def holds_slot(trial: optuna.trial.FrozenTrial, again: set[int]) -> bool:
+    """Whether a trial counts toward n_trials: finished, running or waiting to run, but not one that
+    was interrupted or whose worker died (its values run again in another trial), nor one given back."""
+    states = optuna.trial.TrialState
+    if trial.state == states.FAIL:
+        return not trial.user_attrs.get(INTERRUPTED) and trial.number not in again
+    if trial.state == states.WAITING:
+        return not trial.user_attrs.get(SURPLUS)
+    return True
+
+
+def free_slots(study: optuna.Study, n_trials: int) -> int:
+    trials = study.get_trials(deepcopy=False)
+    again = retried(trials)
+    return n_trials - sum(holds_slot(t, again) for t in trials)
+
+
+def surplus(study: optuna.Study, mine: list[optuna.trial.Trial], n_trials: int) -> list[optuna.trial.Trial]:
+    """Which of the trials this worker has just asked for lie past n_trials, counting every trial
+    that holds a slot in the order of their numbers (unique and increasing: the lowest keep theirs)."""
+    trials = study.get_trials(deepcopy=False)
+    again = retried(trials)
+    keep = {t.number for t in sorted((t for t in trials if holds_slot(t, again)), key=lambda t: t.number)[:n_trials]}
+    return [t for t in mine if t.number not in keep]
+
+
+def give_back(study: optuna.Study, trial: optuna.trial.Trial) -> None:
+    trial.set_user_attr(SURPLUS, True)
+    optuna_private.set_trial_waiting(study, trial)
+
+
+def taken_again(trial: optuna.trial.Trial) -> None:
+    """A trial given back earlier and now asked by a worker holds a slot again."""
+    if trial.user_attrs.get(SURPLUS):
+        trial.set_user_attr(SURPLUS, False)
+
+
+def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Optuna's failed-trial callback for a trial whose worker stopped beating: the same values again."""
+    if trial.params:
+        study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number, STARTING: trial.user_attrs.get(STARTING, False)})
+    print(f"trial {trial.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again", flush=True)
+
+
+def running_elsewhere(study: optuna.Study, mine: Iterable[int] = ()) -> list[int]:
+    states = optuna.trial.TrialState
+    return [t.number for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)) if t.number not in set(mine)]
+
+
+class Heartbeats:
+    """Renews Optuna's heartbeat of the trials this worker runs, from a daemon thread (the launcher
+    holds the main thread while jobs train). Nothing where the storage has no heartbeat."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+        self.every_s: Optional[float] = getattr(storage, "heartbeat_interval", None)
+        self.trial_ids: list[int] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, trials: list[optuna.trial.Trial]) -> None:
+        with self._lock:
+            self.trial_ids = [t._trial_id for t in trials]
+        self._beat()  # at once: a trial without a heartbeat record is never found stale
+        if self.every_s and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="seqlab-trial-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        if not self.every_s:
+            return
+        with self._lock:
+            ids = list(self.trial_ids)
+        for trial_id in ids:
+            try:
+                self.storage.record_heartbeat(trial_id)
+            except Exception:  # noqa: BLE001 - a busy database: the next beat tries again
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
