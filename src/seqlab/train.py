@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -121,8 +120,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     from seqlab.resume.interrupt import check_checkpoint
     from seqlab.resume.points import store_checkpoint
     from seqlab.training.devices import use_cores
+    from seqlab.training.noise import quiet_libraries
 
-    _quiet_libraries(cfg)
+    quiet_libraries(cfg.perf.loader)
     use_cores(device, cfg.deterministic, job.cpu_share())
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     parts = _build(cfg, job, tracker, device)
@@ -168,27 +168,6 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     else:
         model_uri = None
     return Outcome(parts, summary, wall, baseline, device, kept, model_uri)
-
-
-def _quiet_libraries(cfg: DictConfig) -> None:
-    # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
-    logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
-    # Its warnings repeat what the outbox says once when a tracking server goes away.
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
-    # Noise that says nothing to a user of this project: an internal deprecation in Lightning,
-    # and a hint about step-level self.log calls, which this module does not make.
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
-    # The module marks host-to-device copies for the profiler and defers to Lightning for the rest.
-    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`")
-    # Under DDP: the epoch metrics are torchmetrics states, which synchronise across processes
-    # themselves, and every process validates on the whole validation set.
-    warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting")
-    if cfg.perf.loader == "tensor":
-        # The data module saves and restores the position in the epoch's order (data.module),
-        # which Lightning does not see on the loader itself. (A DataLoader's is not saved: there
-        # the warning stands.)
-        warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
 
 
 def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:

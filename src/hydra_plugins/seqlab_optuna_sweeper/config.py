@@ -33,7 +33,12 @@ class SeqlabOptunaSweeperConf:
     n_trials: int = 20  # in total: a rerun of the same command continues the study up to this many
     n_jobs: Optional[int] = None  # trials launched at once; null: as many as the launcher runs side by side
     study_name: Optional[str] = None  # null: named for the experiment and a hash of the command and space
-    storage: Optional[str] = None  # an SQLAlchemy URL (the preset: paths.optuna_storage); the jobs reach their trials through it
+    storage: Optional[str] = None  # an SQLAlchemy URL (the preset: paths.optuna_storage), or journal:///path/file.log; the jobs reach their trials through it
+    # Many workers on one study (the same command run N times): each renews its trials' heartbeat
+    # every heartbeat_interval s; a trial silent for grace_period s (its worker died) fails and its
+    # values run again. Database storages only (Optuna's journal files have no heartbeat).
+    heartbeat_interval: int = 30
+    grace_period: int = 120
     sampler: SamplerConf = field(default_factory=SamplerConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
     # config key -> {type: float|int|categorical, low, high, log, step | choices}, or a list of choices

@@ -24,10 +24,12 @@ class SeqlabOptunaSweeper(Sweeper):
         n_jobs: Optional[int] = None,
         study_name: Optional[str] = None,
         storage: Optional[str] = None,
+        heartbeat_interval: int = 30,
+        grace_period: int = 120,
     ) -> None:
         self.settings = dict(
             objective=objective, n_trials=n_trials, n_jobs=n_jobs, study_name=study_name, storage=storage,
-            sampler=sampler, pruner=pruner, params=params,
+            sampler=sampler, pruner=pruner, params=params, heartbeat=(heartbeat_interval, grace_period),
         )
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None

@@ -15,6 +15,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -24,9 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.secrets import mask_text, mask_uris
-from seqlab.sweeps.packs import PackPlan, key_of, member_dir, pack_launches, pack_size, why_unpackable
-from seqlab.sweeps import optuna_private
-from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
+from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
+from seqlab.sweeps import optuna_private, workers
+from seqlab.sweeps.job import SweepInfo
+from seqlab.sweeps.search_runs import Tracking, job_result
 from seqlab.sweeps.study import (
     INTERRUPTED, RETRY_OF, STARTING, SearchError, flatten_space, make_pruner, make_sampler, override_value,
     overrides_for, parse_space, storage_for,
@@ -54,7 +56,8 @@ class Search:
 
     def __init__(self, sweeper: Any, arguments: Sequence[str], *, objective: str, n_trials: int,
                  n_jobs: Optional[int], study_name: Optional[str], storage: Optional[str],
-                 sampler: DictConfig, pruner: DictConfig, params: DictConfig) -> None:
+                 sampler: DictConfig, pruner: DictConfig, params: DictConfig,
+                 heartbeat: tuple[int, int] = (30, 120)) -> None:
         self.sweeper = sweeper
         self.config: DictConfig = sweeper.config
         self.arguments = list(arguments)
@@ -63,6 +66,7 @@ class Search:
         self.n_jobs = n_jobs
         self.study_name = study_name
         self.storage_url = storage
+        self.heartbeat = heartbeat  # (interval s, grace period s) of the trials this worker runs (seqlab.sweeps.workers)
         self.sampler_spec = OmegaConf.to_container(sampler, resolve=True)
         self.pruner_spec = OmegaConf.to_container(pruner, resolve=True)
         self.params = flatten_space(OmegaConf.to_container(params, resolve=True) if params is not None else {})
@@ -182,7 +186,11 @@ class Search:
 
     def _open(self, space: Mapping[str, Any], batch: int) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = storage_for(self.storage_url)
+        # Heartbeats with ask/tell: this process renews them itself (seqlab.sweeps.workers), which
+        # Optuna's warnings (meant for study.optimize, and "experimental" since 2.9) do not know.
+        warnings.filterwarnings("ignore", message=r".*Heartbeat of storage is supposed to be used with Study.optimize")
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        storage = storage_for(self.storage_url, (*self.heartbeat, workers.retry_stale))
         name = self._name()
         found = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == name]
         existing = found[0].n_trials if found else 0
@@ -197,17 +205,21 @@ class Search:
         return study
 
     def _finished(self, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-        states = optuna.trial.TrialState
-        return [t for t in study.get_trials(deepcopy=False)
-                if t.state in (states.COMPLETE, states.PRUNED) or (t.state == states.FAIL and not t.user_attrs.get(INTERRUPTED))]
+        """Trials that ended and count toward n_trials (not one interrupted, nor one whose worker died)."""
+        trials = study.get_trials(deepcopy=False)
+        again = workers.retried(trials)
+        return [t for t in trials if t.state.is_finished() and workers.holds_slot(t, again)]
 
     def _prepare(self, study: optuna.Study, space: Mapping[str, Any]) -> None:
-        """Trial 0 is the config's own values; trials a stop interrupted run again with theirs."""
+        """Trial 0 is the config's own values; trials a stop interrupted, or whose worker died, run
+        again with theirs. Other workers' live trials are left alone (seqlab.sweeps.workers)."""
         states = optuna.trial.TrialState
+        optuna.storages.fail_stale_trials(study)  # no heartbeat for grace_period: FAIL, retried (workers.retry_stale)
         for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
-            # Left running by a search that was killed outright (kill -9): nothing trains it now.
-            optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
-            study.tell(t.number, state=states.FAIL)
+            # Left running by a worker on this machine that was killed outright (kill -9): nothing trains it now.
+            if workers.worker_gone(t):
+                optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
+                study.tell(t.number, state=states.FAIL)
         trials = study.get_trials(deepcopy=False)
         retried = {t.user_attrs.get(RETRY_OF) for t in trials}
         for t in trials:
@@ -273,9 +285,23 @@ class Search:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, self._sigterm_handler)
         returns = []
+        beats = workers.Heartbeats(optuna_private.storage_of(study))
         try:
-            while done < self.n_trials:
-                trials = [study.ask(space) for _ in range(min(batch * (self.pack or 1), self.n_trials - done))]
+            while True:
+                free = workers.free_slots(study, self.n_trials)  # other workers' running trials hold theirs
+                if free <= 0:
+                    break
+                trials = [study.ask(space) for _ in range(min(batch * (self.pack or 1), free))]
+                for t in trials:
+                    workers.taken(t)
+                beats.watch(trials)
+                for t in workers.surplus(study, trials, self.n_trials):  # another worker took the last slot meanwhile
+                    workers.give_back(study, t)
+                    trials.remove(t)
+                    print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
+                          "for a run with a higher n_trials)", flush=True)
+                if not trials:
+                    break
                 self.in_flight = trials
                 overrides = [self._trial_overrides(study, t) for t in trials]
                 for t in trials:
@@ -295,18 +321,25 @@ class Search:
                           f"{'-' if outcome.value is None else f'{outcome.value:.4g}'}  run {outcome.run_name or '-'}"
                           + (f"  ({outcome.note})" if outcome.note else ""), flush=True)
                 self.in_flight = []
+                beats.watch([])
                 if self.stop_signal is not None:
                     raise SystemExit(128 + self.stop_signal)
-                done = len(self._finished(study))
+                optuna.storages.fail_stale_trials(study)  # a worker that died meanwhile: its trial runs again
         except BaseException as error:
             self._interrupted(study, tracking)
             if isinstance(error, KeyboardInterrupt):
                 raise SystemExit(130) from None
             raise
         finally:
+            beats.stop()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
             restore_environment()
+        elsewhere = workers.running_elsewhere(study)
+        if elsewhere:  # the worker that finishes last writes the report, with every trial in it
+            print(f"search    trial(s) {', '.join(map(str, elsewhere))} still train in other workers on this study: "
+                  "the last of them to finish writes the report", flush=True)
+            return returns
         from seqlab.sweeps.search_report import SearchRan, report
 
         ran = SearchRan(self.objective, self.storage_url, self.arguments, self.sweep_dir,
@@ -342,18 +375,18 @@ class Search:
             f"++hydra.job.env_set.{ENV_TRIAL}={trial.number}",  # the study: this process's environment (run)
         ]
 
-    def _tracking(self) -> Optional["_Tracking"]:
+    def _tracking(self) -> Optional["Tracking"]:
         sweep = SweepInfo.read(self.sweep_dir)
         if sweep.tracking_uri is None:  # the sweep callback is not configured: no MLflow parent run
             return None
-        return _Tracking(sweep)
+        return Tracking(sweep)
 
-    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["_Tracking"],
+    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["Tracking"],
               member: Optional[int] = None) -> Outcome:
         """Tell the study how the trial ended, from its MLflow run (or its job's result file);
         `member`: its place in the pack job `ret` (None: a job of its own)."""
         states = optuna.trial.TrialState
-        result = _job_result(ret, member)
+        result = job_result(ret, member)
         run = tracking.run_of(study.study_name, trial.number) if tracking else None
         run_id = run.info.run_id if run else (result.run_id if result else None)
         run_name = run.info.run_name if run else (result.run_name if result else None)
@@ -380,7 +413,7 @@ class Search:
             tracking.tag(run_id, {"trial_state": state.name})
         return Outcome(trial.number, state.name, value, run_id, run_name, note)
 
-    def _interrupted(self, study: optuna.Study, tracking: Optional["_Tracking"]) -> None:
+    def _interrupted(self, study: optuna.Study, tracking: Optional["Tracking"]) -> None:
         """The trials that were training when the search stopped are not counted as finished:
         they fail, marked for a run again with the same values when the command is repeated, and
         their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
@@ -403,45 +436,3 @@ def _trial_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     """The trial as the study's storage holds it now (get_trials reads unfinished trials afresh:
     a job in another process reports to them)."""
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
-def _job_result(ret: Any, member: Optional[int] = None) -> Optional[JobResult]:
-    """The job's own result file (seqlab_job.json), a pack member's in its folder, if it got as far as writing one."""
-    try:
-        out = Path(ret.hydra_cfg.hydra.runtime.output_dir)
-        out = (member_dir(out, member) if member is not None else out) / JOB_FILE
-        return JobResult.read(out) if out.is_file() else None
-    except Exception:  # noqa: BLE001 - a job that failed to compose has no hydra_cfg
-        return None
-
-
-class _Tracking:
-    """The sweep's MLflow side: the jobs' store (or the sweep's loopback server over it) and the
-    parent run the sweep callback opened."""
-
-    def __init__(self, sweep: SweepInfo) -> None:
-        import mlflow
-
-        self.client = mlflow.MlflowClient(sweep.tracking_uri)
-        # The parent run is written to the store itself (the callback's choice, see seqlab.sweeps.callback).
-        self.parent_client = mlflow.MlflowClient(sweep.store_uri or sweep.tracking_uri)
-        self.parent_run_id = sweep.parent_run_id
-        self.experiment_id = sweep.experiment_id
-
-    def runs_of(self, study: str, number: Optional[int] = None) -> list:
-        query = f"tags.optuna_study = '{study}'" + (f" and tags.optuna_trial = '{number}'" if number is not None else "")
-        return self.client.search_runs([self.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=5000)
-
-    def run_of(self, study: str, number: int) -> Any:
-        runs = self.runs_of(study, number)
-        return runs[0] if runs else None
-
-    def tag(self, run_id: str, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(run_id, key, str(value))
-
-    def kill(self, study: str, number: int) -> None:
-        for run in self.runs_of(study, number):
-            if run.info.status == "RUNNING":  # a job in another process (joblib) that was not told
-                self.client.set_terminated(run.info.run_id, "KILLED")
-            self.client.set_tag(run.info.run_id, "trial_state", "FAIL")

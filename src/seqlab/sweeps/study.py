@@ -7,7 +7,7 @@ it is used: the sweep callback, in every multirun, reads only the names here."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from seqlab import SeqlabError
 
@@ -144,12 +144,26 @@ def make_pruner(spec: Mapping[str, Any]) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def storage_for(url: str) -> optuna.storages.BaseStorage:
-    """The study database. SQLite takes one writer at a time: jobs side by side wait for the
-    lock (up to a minute) instead of failing at once."""
+JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/study.log
+
+
+def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None) -> optuna.storages.BaseStorage:
+    """The study's storage: a database (SQLAlchemy URL), or Optuna's journal file (journal:///path,
+    an append-only log with its own file lock: safe on NFS, no server). SQLite takes one writer at a
+    time: jobs side by side wait for the lock (up to a minute) instead of failing at once.
+    `heartbeat`: (interval s, grace period s, failed-trial callback) for the searching process,
+    whose trials' heartbeats tell a dead worker from a live one (seqlab.sweeps.workers)."""
     import optuna
 
+    if url.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        path = Path("/" + url[len(JOURNAL):].lstrip("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    beats = {} if heartbeat is None else dict(heartbeat_interval=heartbeat[0], grace_period=heartbeat[1],
+                                              heartbeat_stale_trial_callback=heartbeat[2])
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return optuna.storages.RDBStorage(url)
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats)
+    return optuna.storages.RDBStorage(url, **beats)

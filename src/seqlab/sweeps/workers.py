@@ -20,14 +20,17 @@ none, so there a worker killed outright leaves its trial RUNNING (see README, "S
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Iterable, Optional
 
 import optuna
 
+from seqlab.store.ghosts import identity, why_dead
 from seqlab.sweeps import optuna_private
 from seqlab.sweeps.study import INTERRUPTED, RETRY_OF, STARTING
 
 SURPLUS = "seqlab_surplus"  # a trial given back: it holds no slot until a worker asks it again
+WORKER = "seqlab_worker"  # the process that runs the trial (host, pid, ...: seqlab.store.ghosts.identity)
 
 
 def retried(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
@@ -47,9 +50,11 @@ def holds_slot(trial: optuna.trial.FrozenTrial, again: set[int]) -> bool:
 
 
 def free_slots(study: optuna.Study, n_trials: int) -> int:
+    """How many trials a worker may ask for now: n_trials less those that ended or run (waiting
+    ones are not deducted: an ask takes them first)."""
     trials = study.get_trials(deepcopy=False)
     again = retried(trials)
-    return n_trials - sum(holds_slot(t, again) for t in trials)
+    return n_trials - sum(holds_slot(t, again) and t.state != optuna.trial.TrialState.WAITING for t in trials)
 
 
 def surplus(study: optuna.Study, mine: list[optuna.trial.Trial], n_trials: int) -> list[optuna.trial.Trial]:
@@ -66,10 +71,22 @@ def give_back(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     optuna_private.set_trial_waiting(study, trial)
 
 
-def taken_again(trial: optuna.trial.Trial) -> None:
-    """A trial given back earlier and now asked by a worker holds a slot again."""
+def taken(trial: optuna.trial.Trial) -> None:
+    """A trial this worker has just asked for: which process runs it (a worker on the same machine
+    killed outright is found gone at once, without waiting for the grace period), and one given
+    back earlier holds a slot again."""
+    trial.set_user_attr(WORKER, identity())
     if trial.user_attrs.get(SURPLUS):
         trial.set_user_attr(SURPLUS, False)
+
+
+def worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the worker of a RUNNING trial is provably gone: a process of this machine that no
+    longer runs (or, from before workers said who they are, any worker: as searches did then)."""
+    worker = trial.user_attrs.get(WORKER)
+    if not isinstance(worker, dict):
+        return True
+    return why_dead(worker, time.time()) is not None  # another host's worker: its heartbeat tells (fail_stale_trials)
 
 
 def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -98,7 +115,7 @@ class Heartbeats:
 
     def watch(self, trials: list[optuna.trial.Trial]) -> None:
         with self._lock:
-            self.trial_ids = [t._trial_id for t in trials]
+            self.trial_ids = [optuna_private.trial_id(t) for t in trials]
         self._beat()  # at once: a trial without a heartbeat record is never found stale
         if self.every_s and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="seqlab-trial-heartbeat", daemon=True)

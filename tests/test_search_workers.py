@@ -1,0 +1,78 @@
+"""Many search workers on one study: the same hparams_search command run twice at once shares the
+study without failing the other's trials and stops at n_trials; a worker that died is found by
+Optuna's trial heartbeat and its values run again, while another host's live trial is left alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import optuna
+import pytest
+
+from conftest import runs_of, start_cli
+from test_search import TINY, _preset
+
+LR = {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}
+
+
+def _study(tmp_path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/mlruns/optuna.db")
+
+
+@pytest.mark.slow
+def test_two_workers_started_together_share_one_study_up_to_n_trials(tmp_path, store):
+    preset = _preset(tmp_path, {"n_trials": 8, "study_name": "shared", "pruner": {"name": "none"},
+                                "params": {"optimizer": {"lr": LR}}})
+    workers = [start_cli(tmp_path, "-m", *preset, *TINY) for _ in range(2)]
+    outs = []
+    for proc in workers:
+        out, err = proc.communicate(timeout=400)
+        outs.append(out)
+        assert proc.returncode == 0, (out + err)[-4000:]
+    study = _study(tmp_path, "shared")
+    states = [t.state.name for t in study.trials if t.state != optuna.trial.TrialState.WAITING]
+    assert states == ["COMPLETE"] * 8  # no trial failed by the other worker, and no ninth
+    ran = [{int(line.split()[1]) for line in out.splitlines() if line.startswith("trial ") and " COMPLETE " in line}
+           for out in outs]
+    assert ran[0] and ran[1] and not ran[0] & ran[1]  # both worked, never on the same trial
+    assert ran[0] | ran[1] == {t.number for t in study.trials if t.state.name == "COMPLETE"}
+    assert sum("search: study 'shared': 8 complete" in out for out in outs) >= 1  # the last to finish reports
+    runs = [r for r in runs_of(store, "seqlab") if "optuna_trial" in r.data.tags]
+    assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(run_cli, tmp_path):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(study_name="shared", storage=storage)
+    dead, live = study.ask(), study.ask()
+    for trial, host in ((dead, "node7"), (live, "node8")):  # two workers on other hosts
+        trial.suggest_float("optimizer.lr", 1.0e-4, 1.0e-2, log=True)
+        trial.set_user_attr("seqlab_worker", {"process_host": host, "process_pid": "4242"})
+        storage.record_heartbeat(trial._trial_id)
+    beating = threading.Event()
+
+    def beat():  # node8's worker: alive, renewing its heartbeat
+        while not beating.wait(0.3):
+            storage.record_heartbeat(live._trial_id)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.5)  # node7's heartbeat is now older than the grace period
+        preset = _preset(tmp_path, {"n_trials": 3, "study_name": "shared", "pruner": {"name": "none"},
+                                    "heartbeat_interval": 1, "grace_period": 2, "params": {"optimizer": {"lr": LR}}})
+        proc = run_cli("-m", *preset, *TINY)
+        trials = {t.number: t for t in _study(tmp_path, "shared").trials}
+    finally:
+        beating.set()
+        thread.join()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert f"trial {dead.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again" in proc.stdout
+    assert trials[dead.number].state.name == "FAIL" and trials[live.number].state.name == "RUNNING"
+    (retry,) = [t for t in trials.values() if t.user_attrs.get("retry_of") == dead.number]
+    assert retry.state.name == "COMPLETE" and retry.params == trials[dead.number].params
+    assert sum(t.state.name == "COMPLETE" for t in trials.values()) == 2  # with the live one: n_trials=3
+    assert f"trial(s) {live.number} still train in other workers on this study" in proc.stdout
+    assert "search: study" not in proc.stdout  # node8's worker finishes last and reports
