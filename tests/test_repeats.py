@@ -149,3 +149,41 @@ def test_a_sweep_still_running_is_told_from_one_that_died():
     assert not _alive({"sweep_host": here, "sweep_pid": "4194304"})  # above Linux's highest pid: gone
     assert not _alive({"sweep_host": "elsewhere", "sweep_pid": str(os.getppid())})
     assert not _alive({})  # a sweep from before these tags
+
+
+@pytest.mark.slow
+def test_resume_from_another_host_leaves_a_job_with_a_live_heartbeat_alone(run_cli, store, tmp_path):
+    """A sweep's job still training on a compute node (another host, a fresh heartbeat) is left
+    alone by resume=latest from a login node; once its heartbeat has stood still for 15 minutes by
+    the asking host's own clock (not by comparing clocks), it counts as dead and runs again."""
+    from seqlab.store.ghosts import BeatsSeen
+
+    sweep = ["-m", "seed=0,1", *TINY, "logger.system_metrics=false"]
+    assert run_cli(*sweep).returncode == 0
+    (job1,) = [r for r in runs_of(store, "seqlab") if r.data.tags.get("job_num") == "1"]
+    # As if job 1 still trained on node9: RUNNING, its process there, a heartbeat written by
+    # node9's clock an hour ahead of ours (clocks are not compared).
+    store.update_run(job1.info.run_id, "RUNNING")
+    beat = str(int(time.time()) + 3600)
+    for key, value in {"process_host": "node9", "process_pid": "4242", "heartbeat": beat}.items():
+        store.set_tag(job1.info.run_id, key, value)
+
+    alive = run_cli(*sweep, "resume=latest")
+    assert alive.returncode == 0, alive.stdout[-3000:] + alive.stderr[-3000:]
+    assert "1 still running (their heartbeat is alive) are left alone" in alive.stdout
+    assert f"job 1 still trains in run {job1.info.run_name} ({job1.info.run_id}) on node9" in alive.stdout
+    assert "2 jobs, 0 failed, 1 still running elsewhere" in alive.stdout
+    assert store.get_run(job1.info.run_id).info.status == "RUNNING"
+    assert len([r for r in runs_of(store, "seqlab") if r.data.tags.get("job_num") == "1"]) == 1  # not run again
+
+    # The same heartbeat value, first seen here 20 minutes ago: stale by this host's own clock.
+    seen = BeatsSeen.of_store(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    seen.seen[job1.info.run_id], seen.changed = [beat, time.time() - 20 * 60], True
+    seen.save({job1.info.run_id})
+    dead = run_cli(*sweep, "resume=latest")
+    assert dead.returncode == 0, dead.stdout[-3000:] + dead.stderr[-3000:]
+    ended = store.get_run(job1.info.run_id)
+    assert ended.info.status == "KILLED"
+    assert "its heartbeat from node9 has not changed for 20 min" in ended.data.tags["failure_reason"]
+    again = [r for r in runs_of(store, "seqlab") if r.data.tags.get("job_num") == "1"]
+    assert len(again) == 2 and again[-1].info.status == "FINISHED"

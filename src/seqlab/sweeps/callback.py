@@ -223,23 +223,23 @@ class MlflowSweepCallback(Callback):
             if key in plan:
                 continue
             status = run.info.status
-            if status == "RUNNING":
-                # The sweep that ran it is gone (kill -9, a lost machine): end it, and run the job again.
-                client.set_tag(run.info.run_id, "failure_reason", "its sweep stopped without ending it; the resumed sweep runs it again")
-                client.set_terminated(run.info.run_id, "KILLED")
-                status = "KILLED"
+            # Still RUNNING after the store's reaper (seqlab.store.ghosts, when the store was opened):
+            # its process lives here, or it runs elsewhere (a compute node) with a heartbeat that this
+            # process has not seen stand still for long. Left alone, whatever host asks: never run twice.
             plan[key] = PlannedJob(
                 run.info.run_id, run.info.run_name, status, resumable=status == "KILLED" and STOPPED_AT in t,
                 accelerator=t.get("accelerator"), batch_size=int(run.data.params["data.batch_size"])
                 if run.data.params.get("data.batch_size", "").isdigit() else None,
                 it_per_s=m.get("it_per_s_median"), val_rmse=m.get("final_val_rmse"), best_val_rmse=m.get("best_val_rmse"),
+                host=t.get("process_host"),
             )
         self.sweep_id = sweep_id
-        counts = {s: sum(e.status == s for e in plan.values()) for s in ("FINISHED", "KILLED", "FAILED")}
+        counts = {s: sum(e.status == s for e in plan.values()) for s in ("FINISHED", "KILLED", "FAILED", "RUNNING")}
         note = " (its parent run was still RUNNING: the sweep was killed without ending it)" if parent.info.status == "RUNNING" else ""
         print(f"resuming sweep {sweep_id} (parent run {parent.info.run_id}){note}: {counts['FINISHED']} job(s) FINISHED "
               f"before are skipped, {sum(e.resumable for e in plan.values())} KILLED continue from their checkpoint, "
-              "the others run", flush=True)
+              + (f"{counts['RUNNING']} still running (their heartbeat is alive) are left alone, " if counts["RUNNING"] else "")
+              + "the others run", flush=True)
         return parent, plan
 
     def _exit_on_signal(self, signum: int, frame: Any) -> None:
@@ -282,9 +282,12 @@ class MlflowSweepCallback(Callback):
         # the way still ends it and stops the sweep's server.
         sweep_dir = Path(config.hydra.sweep.dir)
         results = collect(sweep_dir, self.sweep_id)
-        failed = [r for r in results if r.status != "FINISHED"]
+        running = [r for r in results if r.status == "RUNNING"]  # a resumed sweep's jobs that still train elsewhere
+        failed = [r for r in results if r.status not in ("FINISHED", "RUNNING")]
         table = format_summary(results, self.resume_plan)
         header = f"sweep {self.sweep_id}{' (resumed)' if self.resume_plan is not None else ''}: {len(results)} jobs, {len(failed)} failed"
+        if running:
+            header += f", {len(running)} still running elsewhere (left alone: resume again once they end)"
         if self.tracker is not None and self.tracker.run_id:
             header += f"; MLflow parent run {self.tracker.run_id} in experiment '{self.tracker.experiment_name}'"
         print(mask_text(f"\n{header}\n{table}\noutputs in {sweep_dir}"), flush=True)  # the table quotes overrides

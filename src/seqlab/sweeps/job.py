@@ -96,13 +96,14 @@ class PlannedJob:
     """A job of a resumed sweep as the sweep left it: its newest run, and what the summary shows of it."""
     run_id: str
     run_name: Optional[str]
-    status: str  # FINISHED | KILLED | FAILED
+    status: str  # FINISHED | KILLED | FAILED | RUNNING (alive elsewhere: left alone)
     resumable: bool  # KILLED with a checkpoint to continue from
     accelerator: Optional[str] = None
     batch_size: Optional[int] = None
     it_per_s: Optional[float] = None
     val_rmse: Optional[float] = None
     best_val_rmse: Optional[float] = None
+    host: Optional[str] = None  # where its process runs (process_host)
 
 
 @dataclass
@@ -230,6 +231,13 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         )
         job.write(result)
         log.info("done      job %s FINISHED before, in run %s (%s): skipped", job.num, entry.run_name, entry.run_id)
+        return result
+    if entry.status == "RUNNING":
+        result = JobResult("RUNNING", job.num, info.sweep_id, job.overrides, run_id=entry.run_id, run_name=entry.run_name,
+                           reason=f"still running on {entry.host or 'another host'}: left alone")
+        job.write(result)
+        log.info("running   job %s still trains in run %s (%s) on %s, its heartbeat alive: left alone",
+                 job.num, entry.run_name, entry.run_id, entry.host or "another host")
         return result
     if entry.status == "KILLED" and entry.resumable:
         cfg.resume = entry.run_id

@@ -32,6 +32,8 @@ def _status(result: JobResult, plan: Optional[dict[str, PlannedJob]]) -> str:
         return result.status
     if before.status == "FINISHED":
         return "FINISHED (done before: skipped)"
+    if before.status == "RUNNING":
+        return "RUNNING (elsewhere: left alone)"
     return f"{result.status} (continued)"
 
 
