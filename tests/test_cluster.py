@@ -1,16 +1,14 @@
 """Past one machine, for real: sweeps as SLURM jobs on a one-node cluster (the `slurm` fixture,
 tests/slurm_cluster.py), a DDP job of two SLURM tasks, and a job stopped mid-run by the cluster
-(scontrol requeue; submitit's time-limit/preemption signal) that continues its own MLflow run."""
+(scontrol requeue) that continues its own MLflow run. Without SLURM: tests/test_preemption.py."""
 
 from __future__ import annotations
 
 import collections
-import signal
 import time
 from pathlib import Path
 
 import mlflow
-import psutil
 import pytest
 
 from conftest import start_cli, runs_of
@@ -113,26 +111,3 @@ def test_a_requeued_slurm_job_continues_its_run(slurm, mlflow_server, tmp_path):
     assert "stopped by SIGTERM at step" in logs
     assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
     assert _each_step_once(client, run.info.run_id) == list(range(1, LONG_STEPS + 1))
-
-
-@pytest.mark.slow
-def test_submitits_preemption_signal_requeues_a_local_job(tmp_path, store):
-    """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its requeue."""
-    proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", *LONG)
-    try:
-        _wait_until_training(tmp_path, proc)
-        (job,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                  if "submitit.core._submit" in " ".join(p.cmdline())]
-        job.send_signal(signal.SIGUSR2)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    _, (run,) = _runs(store, "seqlab")
-    assert run.info.status == "FINISHED" and "interrupted_at_step" not in run.data.tags
-    logs = _job_logs(tmp_path)
-    assert "SIGUSR2: the job is preempted or near its time limit" in logs
-    assert "preempted: MLflow run" in logs and "Requeued job" in logs  # submitit's own line
-    assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
-    assert _each_step_once(store, run.info.run_id) == list(range(1, LONG_STEPS + 1))

@@ -158,7 +158,7 @@ def test_resume_from_another_host_leaves_a_job_with_a_live_heartbeat_alone(run_c
     the asking host's own clock (not by comparing clocks), it counts as dead and runs again."""
     from seqlab.store.ghosts import BeatsSeen
 
-    sweep = ["-m", "seed=0,1", *TINY, "logger.system_metrics=false"]
+    sweep = ["-m", "seed=0,1", *TINY, "trainer.max_epochs=1", "logger.system_metrics=false"]
     assert run_cli(*sweep).returncode == 0
     (job1,) = [r for r in runs_of(store, "seqlab") if r.data.tags.get("job_num") == "1"]
     # As if job 1 still trained on node9: RUNNING, its process there, a heartbeat written by
