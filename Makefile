@@ -17,9 +17,12 @@ ARGS ?=
 # make serve: the model to serve (a run's, or a registered version) and where
 MODEL ?=
 SERVE_PORT ?= 5001
+# make sync: where the runs are (default: this project's store) and the server they go to (default: MLFLOW_TRACKING_URI)
+FROM ?=
+TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test ui server serve clean
+.PHONY: help install train test ui server serve sync clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -52,6 +55,9 @@ server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HO
 # PostgreSQL URL would show its password to everyone on the machine.
 server: export MLFLOW_BACKEND_STORE_URI = $(BACKEND_STORE_URI)
 server: export MLFLOW_ARTIFACTS_DESTINATION = $(ARTIFACTS)
+
+sync: $(STAMP) ## copy runs from a local store into a tracking server, once: make sync FROM=sqlite:///path/mlflow.db TO=http://host:5000
+	$(PY) scripts/sync.py $(if $(FROM),--from '$(FROM)') $(if $(TO),--to '$(TO)')
 
 serve: $(STAMP) ## serve a trained network over REST: make serve MODEL=runs:/<run id>/model (or models:/NAME/VERSION; SERVE_PORT=5001)
 	@test -n "$(MODEL)" || { echo "error: say which model: make serve MODEL=runs:/<run id>/model"; exit 1; }

@@ -1,0 +1,70 @@
+"""Compute nodes without the server: runs tracked into a local store, copied into the tracking
+server by scripts/sync.py, whole and once."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+from conftest import ROOT, TINY, artifact_paths, runs_of
+from inprocess import run_script
+
+SYNC = ROOT / "scripts" / "sync.py"
+
+
+def _by_name(client, experiment: str) -> dict:
+    return {r.info.run_name: r for r in runs_of(client, experiment)}
+
+
+@pytest.mark.slow
+def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_path, mlflow_server):
+    experiment = "synced-sweep"
+    proc = run_cli("-m", "seed=0,1", *TINY, "logger.system_metrics=false", f"logger.experiment_name={experiment}")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    local = _by_name(store, experiment)
+    assert len(local) == 3  # the sweep's parent and its two jobs
+    # A job still training when the sync runs: it waits for the next one.
+    still = store.create_run(store.get_experiment_by_name(experiment).experiment_id, run_name="still-training")
+    src = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+
+    first = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"sync      3 run(s) copied from {src} to {mlflow_server.uri}; 0 copied before" in first.stdout
+    assert f"1 run(s) still RUNNING in the source are left for the next sync: {still.info.run_id}" in first.stdout
+
+    server = mlflow.MlflowClient(mlflow_server.uri)
+    copied = _by_name(server, experiment)
+    assert copied.keys() == local.keys()
+    parent = next(r for r in copied.values() if r.data.tags.get("sweep_role") == "parent")
+    for name, run in local.items():
+        copy = copied[name]
+        assert copy.data.tags["seqlab_synced_from"] == run.info.run_id
+        assert (copy.info.status, copy.info.start_time, copy.info.end_time) == (run.info.status, run.info.start_time, run.info.end_time)
+        assert copy.data.params == run.data.params and copy.data.metrics == run.data.metrics
+        history = lambda client, r: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(r.info.run_id, "train_loss")]  # noqa: E731
+        assert history(server, copy) == history(store, run)
+        assert artifact_paths(server, copy.info.run_id) == artifact_paths(store, run.info.run_id)
+        if run.data.tags.get("sweep_role") != "parent":
+            assert copy.data.tags["mlflow.parentRunId"] == parent.info.run_id  # the parent's copy, not the source's
+            # the run's network, a logged model of the copy that loads and predicts
+            (model,) = server.search_logged_models([copy.info.experiment_id], filter_string=f"source_run_id = '{copy.info.run_id}'")
+            files = mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, tracking_uri=mlflow_server.uri,
+                                                        dst_path=str(tmp_path / "model" / name))
+            network = mlflow.pytorch.load_model(files)
+            assert sum(p.numel() for p in network.parameters()) > 0
+
+    store.set_terminated(still.info.run_id, "FINISHED")
+    again = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "sync      1 run(s) copied" in again.stdout and "3 copied before" in again.stdout
+    assert len(runs_of(server, experiment)) == 4  # nothing twice
+
+
+def test_sync_needs_a_destination_and_an_existing_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    nowhere = run_script(SYNC, ["--from", f"sqlite:///{tmp_path}/mlruns/mlflow.db"])
+    assert nowhere.returncode == 1
+    assert nowhere.stderr.strip() == "error: say where the runs go: --to http://host:5000 (or set MLFLOW_TRACKING_URI)"
+    missing = run_script(SYNC, ["--from", f"sqlite:///{tmp_path}/none/mlflow.db", "--to", "http://127.0.0.1:9"])
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"error: --from sqlite:///{tmp_path}/none/mlflow.db: no such store"
