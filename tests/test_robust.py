@@ -464,3 +464,51 @@ def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, m
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
     assert steps == list(range(1, 4 * 13 + 1))
+
+
+def test_a_slow_server_is_waited_for_while_an_away_one_is_given_up():
+    """Slow is not down: the end of a run waits as long as the server keeps taking writes (a server
+    slower than training), and gives up only after outage_wait_s in which it took none."""
+    import time as clock
+
+    from seqlab.tracking.outbox import Outbox
+
+    taken = []
+    slow = Outbox(lambda item: (clock.sleep(0.05), taken.append(item)), "http://slow")
+    for n in range(30):  # 1.5 s of work for a server that takes one write in 0.05 s
+        slow.put({"n": n})
+    assert slow.drain(0.4, idle=True) and len(taken) == 30  # never 0.4 s without progress
+    slow.close()
+
+    def away(item):
+        raise ConnectionError("no answer")
+
+    gone = Outbox(away, "http://away", retry_s=0.05)
+    gone.put({"n": 0})
+    started = clock.monotonic()
+    assert not gone.drain(0.4, idle=True)
+    assert 0.35 < clock.monotonic() - started < 3
+    gone.close()
+
+
+def test_a_runs_copy_for_the_fallback_store_keeps_its_metrics_on_disk_not_in_memory():
+    import tracemalloc
+
+    from mlflow.entities import Metric
+
+    from seqlab.tracking.senders import RunRecord
+
+    record = RunRecord("run", {})
+    batch = [Metric("train_loss", 0.5 + i * 1e-6, 1_700_000_000_000 + i, i) for i in range(1000)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(200):  # 200,000 values: about 30 MB as Metric objects in a list
+        record.metrics.extend(batch)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(record.metrics) == 200_000 and grown < 2_000_000
+    read = [m for b in record.metrics.batches() for m in b]
+    assert len(read) == 200_000 and (read[1].key, read[1].value, read[1].timestamp, read[1].step) == (
+        "train_loss", 0.5 + 1e-6, 1_700_000_000_001, 1)
+    record.metrics.extend(batch[:1])  # after reading, more still goes at the end
+    assert sum(len(b) for b in record.metrics.batches()) == 200_001

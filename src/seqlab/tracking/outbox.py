@@ -40,6 +40,7 @@ class Outbox:
         self.closed = False
         self.down_since: Optional[float] = None
         self.refused: list[str] = []  # writes the server rejected (not retried)
+        self.sent = 0  # items the server has taken: a slow server makes progress, an away one none
         self.thread = threading.Thread(target=self._run, name="seqlab-outbox", daemon=True)
         self.thread.start()
 
@@ -73,17 +74,24 @@ class Outbox:
             with self.cond:
                 if self.queue:  # close() may have emptied it meanwhile
                     self.queue.popleft()
+                self.sent += 1
                 self.cond.notify_all()
             if self.down_since is not None:
                 log.warning("tracking  the server is back after %.0f s: the waiting metrics were sent",
                             time.monotonic() - self.down_since)
                 self.down_since = None
 
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until everything queued is sent; False if the server has not taken it in time."""
+    def drain(self, timeout_s: float, idle: bool = False) -> bool:
+        """Wait until everything queued is sent; False if the server has not taken it in time.
+        `idle`: the time counts only while nothing is sent, so a server that is up but slower
+        than training (one worker, SQLite) is waited for as long as it keeps taking writes: slow
+        is not down."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
+            sent = self.sent
             while self.queue:
+                if idle and self.sent != sent:
+                    sent, deadline = self.sent, time.monotonic() + timeout_s
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

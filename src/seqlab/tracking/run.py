@@ -214,7 +214,8 @@ class MlflowTracker:
         tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
         local.start(record.name or "run", tags)
         local.log_params(record.params)
-        local.sender.metrics(record.metrics)
+        for batch in record.metrics.batches():
+            local.sender.metrics(batch)
         for path, artifact_path in record.artifacts:
             local.log_artifact(path, artifact_path)
         local.end(status)

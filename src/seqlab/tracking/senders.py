@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 import logging
+import pickle
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -173,14 +175,45 @@ class DirectSender:
             self.client.set_terminated(self.run_id, status)
 
 
+class MetricJournal:
+    """A run's metrics as sent, kept on disk, not in memory (an unnamed temporary file, gone with
+    the process): a long run's copy for the fallback store costs about 60 bytes of disk a value,
+    and no memory, however long the run."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="seqlab-metrics-")
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def extend(self, metrics: list[Metric]) -> None:
+        pickle.dump([(m.key, m.value, m.timestamp, m.step) for m in metrics], self.file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.count += len(metrics)
+
+    def batches(self) -> Iterator[list[Metric]]:
+        """Everything extended so far, in the order it was sent."""
+        self.file.flush()
+        self.file.seek(0)
+        try:
+            while True:
+                try:
+                    rows = pickle.load(self.file)
+                except EOFError:
+                    return
+                yield [Metric(k, v, ts, step) for k, v, ts, step in rows]
+        finally:
+            self.file.seek(0, 2)  # further batches go after the last
+
+
 @dataclass
 class RunRecord:
-    """Everything a run sent to a server, kept for a copy to the fallback store."""
+    """Everything a run sent to a server, kept for a copy to the fallback store (its metrics on disk)."""
 
     name: str
     tags: dict[str, str]
     params: dict[str, str] = field(default_factory=dict)
-    metrics: list[Metric] = field(default_factory=list)
+    metrics: MetricJournal = field(default_factory=MetricJournal)
     artifacts: list[tuple[Path, Optional[str]]] = field(default_factory=list)
 
 
@@ -258,8 +291,13 @@ class OutboxSender:
         if self.outbox.down_since is not None:
             log.warning("tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
                         self.outage_wait_s, self.client.tracking_uri)
+        elif len(self.outbox.queue) > 10:
+            log.info("tracking  sending the run's last %d batch(es) of metrics: the server is slower than training",
+                     len(self.outbox.queue))
         try:
-            if not self.outbox.drain(self.outage_wait_s):
+            # Given up only after outage_wait_s in which the server took nothing: a slow server is
+            # waited for (copying the run elsewhere would leave the server's copy half-written).
+            if not self.outbox.drain(self.outage_wait_s, idle=True):
                 raise ConnectionError("the tracking server did not come back")
             for path, artifact_path in self.unsent_artifacts:
                 try:
