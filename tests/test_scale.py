@@ -87,13 +87,13 @@ def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_serve
 @pytest.mark.fresh_store  # the sweep makes a new store's tables before its jobs race to
 def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_path):
     proc = run_process("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                   "data.batch_size=16,32,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)
+                   "data.batch_size=16,64", "optimizer.lr=0.001,0.003", *TINY, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "database is locked" not in out
     (parent,), children = _children(store)
-    assert parent.info.status == "FINISHED" and parent.data.tags["n_jobs"] == "6"
-    assert len(children) == 6
+    assert parent.info.status == "FINISHED" and parent.data.tags["n_jobs"] == "4"
+    assert len(children) == 4
     threads = str(max(1, cpu_count() // 2))
     for run in children:
         bs = int(run.data.params["data.batch_size"])

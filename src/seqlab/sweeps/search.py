@@ -288,38 +288,10 @@ class Search:
         beats = workers.Heartbeats(optuna_private.storage_of(study))
         try:
             while True:
-                free = workers.free_slots(study, self.n_trials)  # other workers' running trials hold theirs
-                if free <= 0:
+                batch_returns = self._one_batch(study, space, batch, tracking, beats)
+                if batch_returns is None:
                     break
-                trials = [study.ask(space) for _ in range(min(batch * (self.pack or 1), free))]
-                for t in trials:
-                    workers.taken(t)
-                beats.watch(trials)
-                for t in workers.surplus(study, trials, self.n_trials):  # another worker took the last slot meanwhile
-                    workers.give_back(study, t)
-                    trials.remove(t)
-                    print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
-                          "for a run with a higher n_trials)", flush=True)
-                if not trials:
-                    break
-                self.in_flight = trials
-                overrides = [self._trial_overrides(study, t) for t in trials]
-                for t in trials:
-                    shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in t.params.items()}
-                    print(f"trial {t.number:<3} {' '.join(overrides_for(shown))}", flush=True)
-                launches = self._launches(overrides, trials)
-                batch_returns = self.sweeper.launcher.launch([args for args, _ in launches], initial_job_idx=self.job_idx)
-                self.job_idx += len(batch_returns)
                 returns.append(batch_returns)
-                told = [(trials[i], ret, k if len(which) > 1 else None)
-                        for (_, which), ret in zip(launches, batch_returns) for k, i in enumerate(which)]
-                for t, ret, member in sorted(told, key=lambda told: told[0].number):
-                    outcome = self._tell(study, t, ret, tracking, member)
-                    # A pruned trial's value is its last reported val_rmse, not the objective.
-                    measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
-                    print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
-                          f"{'-' if outcome.value is None else f'{outcome.value:.4g}'}  run {outcome.run_name or '-'}"
-                          + (f"  ({outcome.note})" if outcome.note else ""), flush=True)
                 self.in_flight = []
                 beats.watch([])
                 if self.stop_signal is not None:
@@ -346,6 +318,43 @@ class Search:
                         time.monotonic() - self.started, self.compose)
         report(ran, study, tracking)
         return returns
+
+    def _one_batch(self, study: optuna.Study, space: Mapping[str, Any], batch: int, tracking: Optional["Tracking"],
+                   beats: workers.Heartbeats) -> Optional[list]:
+        """Ask for the trials of one batch (as many as are free, up to the batch), launch them and
+        tell the study how each ended; the launcher's returns, or None when no slot is left."""
+        free = workers.free_slots(study, self.n_trials)  # other workers' running trials hold theirs
+        if free <= 0:
+            return None
+        trials = [study.ask(space) for _ in range(min(batch * (self.pack or 1), free))]
+        for t in trials:
+            workers.taken(t)
+        beats.watch(trials)
+        for t in workers.surplus(study, trials, self.n_trials):  # another worker took the last slot meanwhile
+            workers.give_back(study, t)
+            trials.remove(t)
+            print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
+                  "for a run with a higher n_trials)", flush=True)
+        if not trials:
+            return None
+        self.in_flight = trials
+        overrides = [self._trial_overrides(study, t) for t in trials]
+        for t in trials:
+            shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in t.params.items()}
+            print(f"trial {t.number:<3} {' '.join(overrides_for(shown))}", flush=True)
+        launches = self._launches(overrides, trials)
+        batch_returns = self.sweeper.launcher.launch([args for args, _ in launches], initial_job_idx=self.job_idx)
+        self.job_idx += len(batch_returns)
+        told = [(trials[i], ret, k if len(which) > 1 else None)
+                for (_, which), ret in zip(launches, batch_returns) for k, i in enumerate(which)]
+        for t, ret, member in sorted(told, key=lambda told: told[0].number):
+            outcome = self._tell(study, t, ret, tracking, member)
+            # A pruned trial's value is its last reported val_rmse, not the objective.
+            measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
+            print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
+                  f"{'-' if outcome.value is None else f'{outcome.value:.4g}'}  run {outcome.run_name or '-'}"
+                  + (f"  ({outcome.note})" if outcome.note else ""), flush=True)
+        return batch_returns
 
     def _launches(self, overrides: list[list[str]], trials: list[optuna.trial.Trial]) -> list[tuple[list[str], list[int]]]:
         """What the launcher runs for this batch of trials: each launch's overrides and the trials

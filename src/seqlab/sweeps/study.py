@@ -6,6 +6,7 @@ it is used: the sweep callback, in every multirun, reads only the names here."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
@@ -163,7 +164,19 @@ def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
     beats = {} if heartbeat is None else dict(heartbeat_interval=heartbeat[0], grace_period=heartbeat[1],
                                               heartbeat_stale_trial_callback=heartbeat[2])
+    # Workers started together on a new study database race to create its tables (measured: two
+    # searches started at once on a new SQLite file, one failed on alembic_version's UNIQUE
+    # constraint). A SQLite file is created under its lock file, one process at a time; a database
+    # server's tables by whoever gets there first, the others trying again once it is done.
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats)
-    return optuna.storages.RDBStorage(url, **beats)
+        from seqlab.store.local import store_lock
+
+        with store_lock(Path(url[len("sqlite:///"):])):
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats)
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, **beats)
+        except Exception as error:  # noqa: BLE001 - SQLAlchemy's IntegrityError/ProgrammingError of the race
+            if attempt == 2 or not any(word in str(error) for word in ("alembic_version", "already exists", "duplicate")):
+                raise
+            time.sleep(1.0)
