@@ -177,7 +177,7 @@ class DirectSender:
 
 class MetricJournal:
     """A run's metrics as sent, kept on disk, not in memory (an unnamed temporary file, gone with
-    the process): a long run's copy for the fallback store costs about 60 bytes of disk a value,
+    the process): a long run's copy for the fallback store costs about 25 bytes of disk a value,
     and no memory, however long the run."""
 
     def __init__(self) -> None:
