@@ -1,7 +1,7 @@
 """A one-node SLURM cluster on loopback for the tests (the `slurm` fixture in conftest.py), from
 Debian's packages (slurm-wlm), without systemd or munge: auth/none, no accounting, state in a
 folder of the test session. Settings that make a requeue take seconds instead of minutes:
-KillWait=5, cred_expire=5 and a scheduler that looks every second.
+KillWait=10 (a stop with its checkpoint fits in it, on a loaded machine too), cred_expire=5 and a scheduler that looks every second.
 
 submitit asks `sacct` for job states, which needs accounting; a stand-in first on PATH answers
 from `scontrol show job` (jobs stay there MinJobAge, 300 s by default: longer than any test)."""
@@ -48,7 +48,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
-KillWait=5
+KillWait=10
 NodeName=localhost NodeAddr=127.0.0.1 NodeHostname=localhost CPUs={cpus} Sockets=1 CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """

@@ -95,7 +95,7 @@ def test_a_requeued_slurm_job_continues_its_run(slurm, mlflow_server, tmp_path):
     try:
         _wait_until_training(tmp_path, proc)
         (job,) = [line.split()[0] for line in slurm.queue()]
-        slurm.run("scontrol", "requeue", job)  # SIGTERM now, SIGKILL KillWait (5 s) later, then a new start
+        slurm.run("scontrol", "requeue", job)  # SIGTERM now, SIGKILL KillWait (10 s) later, then a new start
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -99,13 +99,13 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
 
 @pytest.mark.slow
 def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
-    proc = run_process("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", "hydra/launcher=joblib",
+    proc = run_process("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra/launcher=joblib",
                    "hydra.launcher.n_jobs=2", *TINY)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "2 trials at a time" in out and "parallel jobs log through http://127.0.0.1:" in out
     (parent,), trials = _parent_and_trials(store)
-    assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1", "2"]
+    assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1"]
     assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
     assert {t.data.tags["trial_state"] for t in trials} <= {"COMPLETE", "PRUNED"}
     from seqlab.sweeps.job import cpu_count
