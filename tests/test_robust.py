@@ -392,6 +392,7 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, comp
         steps = [m.step for m in client.get_metric_history(result.run_id, "train_loss")]
         assert steps == list(range(1, 8 * 26 + 1))  # nothing lost while the server was away
         assert len(client.get_metric_history(result.run_id, "val_rmse")) == 8
+        assert not list((tmp_path / "out").glob(".seqlab-metrics-*"))  # the journal goes once the server has the run
         assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(result.run_id, "checkpoints")}
         # Training went on while the server was away: epochs 3 to 5 were trained in the outage.
         assert _steps_between(client, result.run_id, clock["stop_ms"], clock["restart_ms"]) == list(range(2 * 26 + 1, 5 * 26 + 1))
@@ -512,3 +513,43 @@ def test_a_runs_copy_for_the_fallback_store_keeps_its_metrics_on_disk_not_in_mem
         "train_loss", 0.5 + 1e-6, 1_700_000_000_001, 1)
     record.metrics.extend(batch[:1])  # after reading, more still goes at the end
     assert sum(len(b) for b in record.metrics.batches()) == 200_001
+
+
+def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_journal(tmp_path, store):
+    """A job killed outright while its server was away (SIGKILL after SIGTERM within SLURM's
+    KillWait, the OOM killer): the rows the server never confirmed are in the journal in the job's
+    folder, and resume= sends exactly those first."""
+    import time as clock
+
+    from mlflow.entities import Metric
+
+    from seqlab.resume.journal import deliver_journal, journal_paths
+    from seqlab.tracking.senders import OutboxSender, RunRecord
+    from seqlab.resume.journal import MetricJournal
+
+    run_id = store.create_run(store.get_experiment_by_name("Default").experiment_id).info.run_id
+    answered = []
+
+    class Server:  # takes the first batch, then is away
+        tracking_uri = "http://away:5000"
+
+        def log_batch(self, run_id, metrics=(), tags=(), synchronous=True):
+            if answered:
+                raise ConnectionError("no answer")
+            answered.append(len(metrics))
+
+    sender = OutboxSender(Server(), run_id, RunRecord("run", {}, metrics=MetricJournal(tmp_path, run_id)), 60, None)
+    sender.outbox.retry_s = 0.05
+    for first in (1, 26, 51, 76):  # four batches of 25 steps
+        sender.metrics([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(first, first + 25)])
+    deadline = clock.monotonic() + 10
+    while sender.record.metrics.sent < 25 and clock.monotonic() < deadline:
+        clock.sleep(0.02)
+    sender.outbox.close()  # the process is killed here: nothing more is sent, nothing ended
+    assert answered == [25] and sender.record.metrics.sent == 25
+    assert all(p.is_file() for p in journal_paths(tmp_path, run_id))
+
+    assert deliver_journal(store, run_id, tmp_path) == 75
+    assert [m.step for m in store.get_metric_history(run_id, "train_loss")] == list(range(26, 101))
+    assert not any(p.exists() for p in journal_paths(tmp_path, run_id))  # sent once: gone
+    assert deliver_journal(store, run_id, tmp_path) == 0

@@ -66,7 +66,8 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     start_from, name = start_point(cfg, job, tracker, params, name)
     parent = sweep.parent_run_id if sweep.tracking_uri == tracker.tracking_uri else None
 
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume), \
+    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume,
+                     journal_dir=job.output_dir), \
             heartbeat(tracker):
         # Written now so that a sweep (and main's error path) knows this job's run.
         job.write(JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,

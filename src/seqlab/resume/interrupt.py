@@ -19,6 +19,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from seqlab import SeqlabError
 from seqlab.moved import param_now
 from seqlab.resume.checkpoints import save_checkpoint
+from seqlab.resume.journal import deliver_journal
 from seqlab.resume.points import CHECKPOINT, STOPPED_AT, deliver_unsent, fetch_checkpoint
 from seqlab.resume.requeue import Preempted, preempt_signal
 from seqlab.training.lightning_private import request_stop
@@ -171,9 +172,14 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(
             f"resume={run_id}: the run has no checkpoints/{CHECKPOINT} (one is saved when Ctrl-C or SIGTERM stops training)"
         ) from None
-    sent = deliver_unsent(client, run_id, dst)  # before the run reopens: its stored steps decide what is logged again
+    # Before the run reopens (its stored steps decide what is logged again): what the run's
+    # server had not stored when its checkpoint was published, and what a process killed outright
+    # journaled in its folder and the server never confirmed.
+    sent = deliver_unsent(client, run_id, dst)
+    folder = run.data.params.get("paths.output_dir")
+    sent += deliver_journal(client, run_id, Path(folder)) if folder and Path(folder).is_dir() else 0
     if sent:
-        log.info("resume    %d metric value(s) the run had not stored at its checkpoint were sent first", sent)
+        log.info("resume    %d metric value(s) the run had not stored were sent first", sent)
     return checkpoint
 
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import LoggerConfig as _Defaults
+from seqlab.resume.journal import MetricJournal
 from seqlab.secrets import mask_flat
 from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
@@ -117,9 +118,11 @@ class MlflowTracker:
         parent_run_id: Optional[str] = None,
         description: str = "",
         resume_run_id: Optional[str] = None,
+        journal_dir: Optional[Path] = None,
     ) -> str:
         """Create the run (a child of parent_run_id if given) and return its id; or open the
-        existing run `resume_run_id` again, to continue it."""
+        existing run `resume_run_id` again, to continue it. `journal_dir`: where a server's run
+        keeps its metrics' journal (seqlab.resume.journal; None: a temporary file)."""
         if self.rank > 0:
             self.sender = NullSender()
             return ""
@@ -144,7 +147,7 @@ class MlflowTracker:
         else:
             self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
         if self.is_server:
-            record = RunRecord(run_name, dict(all_tags))
+            record = RunRecord(run_name, dict(all_tags), metrics=MetricJournal(journal_dir, self.run_id))
             self.sender = OutboxSender(client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback)
         else:
             self.sender = DirectSender(client, self.run_id, self.step_writer, self.synchronous)
@@ -188,10 +191,11 @@ class MlflowTracker:
         parent_run_id: Optional[str] = None,
         description: str = "",
         resume_run_id: Optional[str] = None,
+        journal_dir: Optional[Path] = None,
     ) -> Iterator["MlflowTracker"]:
         """Open a run (or reopen `resume_run_id`); end it FINISHED if the block completes, KILLED
         if interrupted, FAILED (with the reason as the `failure_reason` tag) on any other exception."""
-        self.start(run_name, tags, parent_run_id, description, resume_run_id)
+        self.start(run_name, tags, parent_run_id, description, resume_run_id, journal_dir)
         status, reason = "FAILED", None
         try:
             yield self

@@ -12,16 +12,15 @@
 from __future__ import annotations
 
 import logging
-import pickle
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
 from seqlab import one_line
+from seqlab.resume.journal import MetricJournal
 from seqlab.secrets import mask_text
 from seqlab.tracking.outbox import Outbox, transient
 
@@ -175,37 +174,6 @@ class DirectSender:
             self.client.set_terminated(self.run_id, status)
 
 
-class MetricJournal:
-    """A run's metrics as sent, kept on disk, not in memory (an unnamed temporary file, gone with
-    the process): a long run's copy for the fallback store costs about 25 bytes of disk a value,
-    and no memory, however long the run."""
-
-    def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile(prefix="seqlab-metrics-")
-        self.count = 0
-
-    def __len__(self) -> int:
-        return self.count
-
-    def extend(self, metrics: list[Metric]) -> None:
-        pickle.dump([(m.key, m.value, m.timestamp, m.step) for m in metrics], self.file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.count += len(metrics)
-
-    def batches(self) -> Iterator[list[Metric]]:
-        """Everything extended so far, in the order it was sent."""
-        self.file.flush()
-        self.file.seek(0)
-        try:
-            while True:
-                try:
-                    rows = pickle.load(self.file)
-                except EOFError:
-                    return
-                yield [Metric(k, v, ts, step) for k, v, ts, step in rows]
-        finally:
-            self.file.seek(0, 2)  # further batches go after the last
-
-
 @dataclass
 class RunRecord:
     """Everything a run sent to a server, kept for a copy to the fallback store (its metrics on disk)."""
@@ -229,8 +197,13 @@ class OutboxSender:
         self.client, self.run_id, self.record = client, run_id, record
         self.outage_wait_s = outage_wait_s
         self.copy_to_fallback = copy_to_fallback
-        self.outbox = Outbox(lambda item: client.log_batch(run_id, synchronous=True, **item), client.tracking_uri)
+        self.outbox = Outbox(self._send, client.tracking_uri)
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
+
+    def _send(self, item: dict[str, Any]) -> None:
+        self.client.log_batch(self.run_id, synchronous=True, **item)
+        # In order: the journal's first rows are the ones the server holds (seqlab.resume.journal).
+        self.record.metrics.confirm(len(item.get("metrics", ())))
 
     def wait(self) -> None:
         pass  # the outbox sends in order: what follows is stored after what was sent before
@@ -316,3 +289,4 @@ class OutboxSender:
             self.outbox.close()
             for refused in self.outbox.refused:
                 log.warning("tracking  the server refused a write: %s", refused)
+        self.record.metrics.discard()  # the run is whole on the server, or in the fallback store

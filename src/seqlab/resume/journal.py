@@ -1,0 +1,101 @@
+"""A run's metrics as sent to a tracking server, kept on disk: `MetricJournal`.
+
+Two uses. The run's copy for the fallback store (a server that never comes back) reads them from
+disk, so a long run costs about 25 bytes of disk a value and no memory. And, kept in the job's
+folder (`journal_paths`, with a count of the rows the server has confirmed, in order),
+they survive the process: a job killed outright while the server was away or behind (SIGKILL
+after SIGTERM within SLURM's KillWait, `docker stop`, the OOM killer) leaves the rows the server
+never got there, and `resume=` (or the requeued job) sends them first (`deliver_journal`). Light
+imports only: MLflow loads where rows are made."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+def journal_paths(folder: Path, run_id: str) -> tuple[Path, Path]:
+    """The journal of run `run_id` in `folder`, and its count of confirmed rows."""
+    return folder / f".seqlab-metrics-{run_id}.journal", folder / f".seqlab-metrics-{run_id}.sent"
+
+
+class MetricJournal:
+    """Rows appended as the run sends them; `confirm(n)` as the server takes them, in order. In
+    `folder` (named files that outlive a kill), else an unnamed temporary file."""
+
+    def __init__(self, folder: Optional[Path] = None, run_id: str = "") -> None:
+        self.paths = journal_paths(folder, run_id) if folder is not None else None
+        if folder is not None:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # a job's folder: this user's only (secrets.private)
+        self.file = open(self.paths[0], "w+b") if self.paths else tempfile.TemporaryFile(prefix="seqlab-metrics-")
+        self.sent_fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) if self.paths else None
+        self.count = 0
+        self.sent = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def extend(self, metrics: list[Any]) -> None:
+        pickle.dump([(m.key, m.value, m.timestamp, m.step) for m in metrics], self.file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.file.flush()  # into the kernel: a kill of this process loses none of it
+        self.count += len(metrics)
+
+    def confirm(self, n: int) -> None:
+        """The server holds n more of the rows, the next in order."""
+        self.sent += n
+        if self.sent_fd is not None and n:
+            os.pwrite(self.sent_fd, f"{self.sent:<20d}".encode(), 0)
+
+    def batches(self, skip: int = 0) -> Iterator[list[Any]]:
+        """Everything extended so far, in the order it was sent (but the first `skip` rows)."""
+        yield from _read(self.file, skip)
+        self.file.seek(0, 2)  # further batches go after the last
+
+    def discard(self) -> None:
+        """The run is whole somewhere: the journal is not needed again."""
+        self.file.close()
+        if self.sent_fd is not None:
+            os.close(self.sent_fd)
+            self.sent_fd = None
+        for path in self.paths or ():
+            path.unlink(missing_ok=True)
+
+
+def _read(file: Any, skip: int) -> Iterator[list[Any]]:
+    from mlflow.entities import Metric
+
+    file.flush()
+    file.seek(0)
+    while True:
+        try:
+            rows = pickle.load(file)
+        except (EOFError, pickle.UnpicklingError):  # the end, or a batch cut off by the kill
+            return
+        if skip >= len(rows):
+            skip -= len(rows)
+            continue
+        yield [Metric(k, v, ts, step) for k, v, ts, step in rows[skip:]]
+        skip = 0
+
+
+def deliver_journal(client: Any, run_id: str, folder: Path) -> int:
+    """Send what a killed process journaled for `run_id` and its server never confirmed (the
+    store keeps a row it already has once); how many rows. The journal is removed once sent."""
+    path, sent_path = journal_paths(folder, run_id)
+    if not path.is_file():
+        return 0
+    try:
+        sent = int(sent_path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        sent = 0
+    n = 0
+    with open(path, "rb") as file:
+        for batch in _read(file, sent):
+            for i in range(0, len(batch), 1000):  # MLflow's most metrics a call
+                client.log_batch(run_id, metrics=batch[i : i + 1000], synchronous=True)
+            n += len(batch)
+    for leftover in (path, sent_path):
+        leftover.unlink(missing_ok=True)
+    return n
