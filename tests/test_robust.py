@@ -553,3 +553,18 @@ def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_
     assert [m.step for m in store.get_metric_history(run_id, "train_loss")] == list(range(26, 101))
     assert not any(p.exists() for p in journal_paths(tmp_path, run_id))  # sent once: gone
     assert deliver_journal(store, run_id, tmp_path) == 0
+
+
+def test_an_unreachable_tracking_database_is_one_line_with_its_password_masked(run_cli):
+    # Issue 24, point 8, beyond the study: an MLflow store on a PostgreSQL server that is down. MLflow
+    # itself would retry for about 100 s and print a warning per try.
+    from seqlab.store.server import free_port
+
+    url = f"postgresql://bob:pg-pass-4711@127.0.0.1:{free_port()}/mlflow"
+    proc = run_cli(*TINY, f"logger.tracking_uri={url}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "pg-pass-4711" not in out and "retried" not in out
+    (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: logger.tracking_uri=postgresql://bob:***@127.0.0.1:"), line
+    assert "Connection refused" in line and "check that its server is up" in line, line
