@@ -568,3 +568,32 @@ def test_an_unreachable_tracking_database_is_one_line_with_its_password_masked(r
     (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
     assert line.startswith("error: logger.tracking_uri=postgresql://bob:***@127.0.0.1:"), line
     assert "Connection refused" in line and "check that its server is up" in line, line
+
+
+def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, store):
+    """The next command that opens the store (the reaper, seqlab.store.ghosts) sends a dead run's
+    unconfirmed metrics from its job's folder, then ends it KILLED: no resume= needed."""
+    import subprocess
+    import sys
+
+    from mlflow.entities import Metric
+
+    from seqlab.resume.journal import MetricJournal, journal_paths
+    from seqlab.store.ghosts import end_dead_runs, identity
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process of this machine that has ended
+    tags = {**identity(), "process_pid": str(gone.pid), "process_start_ticks": "1"}
+    run = store.create_run(store.get_experiment_by_name("Default").experiment_id, tags=tags)
+    run_id = run.info.run_id
+    folder = tmp_path / "job"
+    store.log_param(run_id, "paths.output_dir", str(folder))
+    journal = MetricJournal(folder, run_id)
+    journal.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(1, 11)])
+    journal.confirm(4)  # the server had taken steps 1-4 (here they never reached this store: only 5-10 may come)
+    journal.file.close()  # the process is gone
+
+    (ended,) = end_dead_runs(store)
+    assert ended[0] == run_id and store.get_run(run_id).info.status == "KILLED"
+    assert [m.step for m in store.get_metric_history(run_id, "train_loss")] == list(range(5, 11))
+    assert not any(p.exists() for p in journal_paths(folder, run_id))

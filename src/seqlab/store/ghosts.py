@@ -227,6 +227,7 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
             continue
         seen.forget(run_id)
         try:
+            _deliver_journal(client, run)
             client.set_tag(run_id, "failure_reason", mask_text(reason))  # every failure_reason masked where it is written
             client.set_terminated(run_id, "KILLED")
         except Exception as refused:  # noqa: BLE001 - deleted meanwhile, another user's, no permission
@@ -240,6 +241,19 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
                     run_id, run.info.run_name, reason, resumable)
     seen.save(running)
     return ended
+
+
+def _deliver_journal(client: Any, run: Any) -> None:
+    """What the dead process sent to its server and the server never confirmed, from the journal in
+    its job's folder (seqlab.resume.journal) where this machine has it: stored before the run ends."""
+    from seqlab.resume.journal import deliver_journal
+
+    folder = run.data.params.get("paths.output_dir")
+    if folder and Path(folder).is_dir():
+        sent = deliver_journal(client, run.info.run_id, Path(folder))
+        if sent:
+            log.warning("tracking  run %s: %d metric value(s) its process had journaled and its server never "
+                        "confirmed were sent", run.info.run_id, sent)
 
 
 class Heartbeat:
