@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from conftest import TINY, runs_of, start_cli
+from conftest import ROOT, TINY, runs_of, start_cli
 from seqlab import SeqlabError
 from seqlab.train import train
 
@@ -566,8 +566,14 @@ def test_an_unreachable_tracking_database_is_one_line_with_its_password_masked(r
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback" not in out and "pg-pass-4711" not in out and "retried" not in out
     (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert line.startswith("error: logger.tracking_uri=postgresql://bob:***@127.0.0.1:"), line
-    assert "Connection refused" in line and "check that its server is up" in line, line
+    assert line.startswith("error: postgresql://bob:***@127.0.0.1:"), line
+    assert "the tracking database does not answer" in line and "Connection refused" in line, line
+    # The same for the scripts that open a store (compare.py; sync.py opens it the same way).
+    from inprocess import run_script
+
+    compare = run_script(ROOT / "scripts" / "compare.py", ["--tracking-uri", url])
+    assert compare.returncode == 1 and "pg-pass-4711" not in compare.stdout + compare.stderr
+    assert compare.stderr.strip().startswith("error: postgresql://bob:***@127.0.0.1:")
 
 
 def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, store):

@@ -104,12 +104,41 @@ def half_created(db: Path) -> Optional[str]:
 _OPENED: dict[tuple[str, int, int], Any] = {}
 
 
+# MLflow stores on a database server, opened by SQLAlchemy (not through a tracking server), and their ports.
+DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
+
+
+def is_database(uri: str) -> bool:
+    return uri.split(":", 1)[0].split("+")[0] in DATABASES
+
+
+def check_database(uri: str, timeout_s: float = 5.0) -> None:
+    """A database server's port answers; else one line at once (MLflow would retry a refused
+    connection for about 100 s, a warning a try, then raise SQLAlchemy's traceback)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from seqlab.secrets import mask_uris
+
+    parts = urlparse(uri)
+    if not parts.hostname:  # a local socket: left to the driver
+        return
+    try:
+        socket.create_connection((parts.hostname, parts.port or DATABASES[parts.scheme.split("+")[0]]), timeout_s).close()
+    except OSError as error:
+        raise StoreError(f"{mask_uris(uri)}: the tracking database does not answer ({one_line(error)}); "
+                         "check that its server is up and the URL is right") from None
+
+
 def open_client(tracking_uri: str):
     """An MlflowClient on `tracking_uri`; for a local store, created (or migrated) by one process
-    at a time, and refused in one line when it was left half-created."""
+    at a time, and refused in one line when it was left half-created; a database server that does
+    not answer is one line."""
     import mlflow
     db = sqlite_path(tracking_uri)
     if db is None:
+        if is_database(tracking_uri):
+            check_database(tracking_uri)
         return mlflow.MlflowClient(tracking_uri=tracking_uri)
     key = _identity(tracking_uri, db)
     if key in _OPENED:

@@ -20,6 +20,7 @@ from seqlab import SeqlabError, one_line
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.resume.journal import MetricJournal
 from seqlab.secrets import mask_flat, mask_text, mask_uris
+from seqlab.store.local import is_database
 from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
 from seqlab.tracking.history import MetricHistory
@@ -42,17 +43,6 @@ def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-# MLflow stores on a database server, opened by SQLAlchemy (not through a tracking server), and their ports.
-_DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
-
-
-def _reachable(url: str, timeout_s: float = 5.0) -> None:
-    """A database server's port answers (a refused or silent one raises OSError at once)."""
-    import socket
-
-    parts = urlparse(url)
-    if parts.hostname:  # none: a local socket, left to the driver
-        socket.create_connection((parts.hostname, parts.port or _DATABASES[parts.scheme.split("+")[0]]), timeout_s).close()
 
 # How long a checkpoint waits for the metrics before it (sync_metrics): the step writer usually
 # needs a fraction of a second; one that needs longer is replaced by this process's own writes.
@@ -116,14 +106,13 @@ class MlflowTracker:
         if self.client is None:
             from seqlab.store.ghosts import end_dead_runs
 
-            database = self.tracking_uri.split(":", 1)[0].split("+")[0] in _DATABASES
             try:
-                if database:
-                    _reachable(self.tracking_uri)  # MLflow would retry a refused connection for about 100 s
-                client = client_for(self.tracking_uri)
+                client = client_for(self.tracking_uri)  # a database server that does not answer: one line (store.local)
                 end_dead_runs(client)  # runs whose process died without closing them
+            except SeqlabError:
+                raise
             except Exception as error:  # noqa: BLE001 - a database store's driver errors: one line, the password masked
-                if not database:
+                if not is_database(self.tracking_uri):
                     raise
                 raise SeqlabError(
                     f"logger.tracking_uri={mask_uris(self.tracking_uri)}: the tracking database cannot be used: "
