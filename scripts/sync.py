@@ -34,19 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     from seqlab import SeqlabError, one_line
     from seqlab.secrets import mask_text, mask_uris
     from seqlab.store.ghosts import end_dead_runs
-    from seqlab.store.local import open_client
     from seqlab.store.server_auth import client_credentials
     from seqlab.store.sync import sync
-    from seqlab.tracking import check_server
+    from seqlab.tracking.connect import client_for
 
     target = client_credentials(args.target)  # a user:password in it is sent, not shown
     try:
         if args.source.startswith("sqlite:///") and not Path(args.source[len("sqlite:///"):]).is_file():
             raise SeqlabError(f"--from {mask_uris(args.source)}: no such store")
-        source = open_client(args.source)
-        if target.startswith(("http://", "https://")):
-            check_server(target)  # no server there, or a refused sign-in: one line
-        destination = open_client(target)
+        source = client_for(args.source)
+        destination = client_for(target)  # a server that does not answer, or refuses the sign-in: one line
     except SeqlabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
