@@ -15,7 +15,7 @@ from conftest import start_cli, runs_of
 
 # Jobs of one CPU each, so the two-core node runs two at once; small enough for any node.
 ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
-               "trainer.accelerator=cpu"]
+               "trainer.accelerator=cpu", "logger.system_metrics=false"]
 # A job long enough to be stopped mid-run: 7 steps an epoch (410 training samples, batch 64).
 LONG = ["data.n_samples=512", "trainer.max_epochs=150"]
 LONG_STEPS = 7 * 150

@@ -16,7 +16,7 @@ from test_cluster import LONG, LONG_STEPS, _each_step_once, _job_logs, _runs, _w
 @pytest.mark.slow
 def test_submitits_preemption_signal_requeues_a_local_job(tmp_path, store):
     """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its requeue."""
-    proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", *LONG)
+    proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", "logger.system_metrics=false", *LONG)
     try:
         _wait_until_training(tmp_path, proc)
         (job,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
