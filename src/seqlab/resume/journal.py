@@ -80,6 +80,12 @@ def _read(file: Any, skip: int) -> Iterator[list[Any]]:
         skip = 0
 
 
+def send_metrics(client: Any, run_id: str, metrics: list[Any]) -> None:
+    """Metrics a run had not stored, stored now, in MLflow's largest batches."""
+    for i in range(0, len(metrics), 1000):  # MLflow's most metrics a call
+        client.log_batch(run_id, metrics=metrics[i : i + 1000], synchronous=True)
+
+
 def deliver_journal(client: Any, run_id: str, folder: Path) -> int:
     """Send what a killed process journaled for `run_id` and its server never confirmed (the
     store keeps a row it already has once); how many rows. The journal is removed once sent."""
@@ -93,8 +99,7 @@ def deliver_journal(client: Any, run_id: str, folder: Path) -> int:
     n = 0
     with open(path, "rb") as file:
         for batch in _read(file, sent):
-            for i in range(0, len(batch), 1000):  # MLflow's most metrics a call
-                client.log_batch(run_id, metrics=batch[i : i + 1000], synchronous=True)
+            send_metrics(client, run_id, batch)
             n += len(batch)
     for leftover in (path, sent_path):
         leftover.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from seqlab.resume.journal import send_metrics
 from seqlab.resume.safe_writes import replace_atomically
 
 CHECKPOINT = "interrupted.ckpt"
@@ -58,8 +59,7 @@ def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
     except (MlflowException, OSError):
         return 0  # a checkpoint from before UNSENT
     rows = json.loads(path.read_text())
-    for i in range(0, len(rows), 1000):  # MLflow's most metrics a call
-        client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows[i : i + 1000]], synchronous=True)
+    send_metrics(client, run_id, [Metric(k, v, ts, step) for k, v, ts, step in rows])
     return len(rows)
 
 

@@ -96,9 +96,9 @@ def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     print(f"trial {trial.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again", flush=True)
 
 
-def running_elsewhere(study: optuna.Study, mine: Iterable[int] = ()) -> list[int]:
-    states = optuna.trial.TrialState
-    return [t.number for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)) if t.number not in set(mine)]
+def running_elsewhere(study: optuna.Study) -> list[int]:
+    """The trials still running once this worker's own have ended: other workers'."""
+    return [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
 
 
 class Heartbeats:
