@@ -301,14 +301,14 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32,64", "--out", str(out)],
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32", "--out", str(out)],
                       env={"SEQLAB_ROOT": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
     loops = ("plain", "bare", "naive", "default")
     assert sorted((r["shape"], r["batch_size"], r["loop"]) for r in rows) == sorted(
-        (s, b, l) for s in ("seed", "profile") for b in (32, 64) for l in loops
+        (s, b, l) for s in ("seed", "profile") for b in (32,) for l in loops
     )
     assert all(r["it_per_s"] > 0 and r["steps_per_epoch"] > 0 and len(r["runs"]) == 1 for r in rows)
     assert all(r["samples_per_s"] == pytest.approx(r["it_per_s"] * r["batch_size"]) for r in rows)

@@ -76,7 +76,7 @@ def test_a_target_never_reached_is_said(compose_cfg, store):
 def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
     # replicas=1,3 in the place of the preset's 1,8,32: each perf=fast job also as a pack of 3.
     proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "replicas=1,3", "data.n_samples=1024",
-                   "trainer.max_time=00:00:00:02", "metrics.target_rmse=0.3", "logger.system_metrics=false")
+                   "trainer.max_time=00:00:00:01", "metrics.target_rmse=0.3", "logger.system_metrics=false")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "replicas  2 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed" in proc.stdout
     assert "10 jobs, 0 failed" in proc.stdout

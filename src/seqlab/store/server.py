@@ -88,6 +88,39 @@ def command(
     ]
 
 
+# What `mlflow server` hands its uvicorn process (mlflow/server/__init__.py: _run_server, with the
+# names of mlflow/server/constants.py; test_scale checks them against the pinned MLflow). A
+# loopback server starts uvicorn itself with them: `mlflow server` is a second Python in front of
+# uvicorn that imports MLflow's CLI and opens the store once more only to start it (2.5 of its
+# 6 s of CPU on the 2-core VM), and every parallel sweep and most server tests start one.
+_SERVER_ENV = {BACKEND_ENV: "_MLFLOW_SERVER_FILE_STORE", ARTIFACTS_ENV: "_MLFLOW_SERVER_ARTIFACT_DESTINATION"}
+_SERVER_FIXED_ENV = {
+    "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true",
+    "_MLFLOW_SERVER_ARTIFACT_ROOT": "mlflow-artifacts:/",  # what --serve-artifacts resolves the default root to
+    "_MLFLOW_SGI_NAME": "uvicorn",
+    "_MLFLOW_IN_JOB_EXECUTOR": "false",
+}
+
+
+def uvicorn_command(host: str, port: int) -> list[str]:
+    """The uvicorn command line `mlflow server --workers 1` starts (its _build_uvicorn_command)."""
+    import importlib.util
+
+    log_config = Path(importlib.util.find_spec("mlflow").origin).parent / "server" / "uvicorn_log_config.yaml"
+    return [sys.executable, "-m", "uvicorn", "--log-config", str(log_config), "--host", host, "--port", str(port),
+            "--workers", "1", "mlflow.server.fastapi_app:app"]
+
+
+def uvicorn_env(stores: dict[str, str]) -> dict[str, str]:
+    """The environment `mlflow server` gives its uvicorn process, for the stores of stores_env."""
+    import uuid
+
+    backend = stores[BACKEND_ENV]
+    return {_SERVER_ENV[BACKEND_ENV]: backend, "_MLFLOW_SERVER_REGISTRY_STORE": backend,
+            _SERVER_ENV[ARTIFACTS_ENV]: stores[ARTIFACTS_ENV], **_SERVER_FIXED_ENV,
+            "_MLFLOW_SERVER_BOOT_ID": uuid.uuid4().hex}
+
+
 def _die_with_parent() -> None:
     """In the server's process, before it starts: end when the process that started it ends,
     however that ends (Linux; elsewhere the stop() calls and atexit do it)."""
@@ -190,8 +223,14 @@ class LocalServer:
         self.auth_env = auth_env or {}
         self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
-        self._command = functools.partial(command, host, app_name=server_auth.APP_NAME if auth_env else None)
         self.stores = stores_env(backend_store_uri, artifacts_destination)
+        # Sign-in needs `mlflow server` (it creates the admin user before uvicorn starts).
+        if auth_env:
+            self._command = functools.partial(command, host, app_name=server_auth.APP_NAME)
+            self.env = {**self.stores, **self.auth_env}
+        else:
+            self._command = functools.partial(uvicorn_command, host)
+            self.env = uvicorn_env(self.stores)
         self._use(port or free_port(host))
 
     def _use(self, port: int) -> None:
@@ -208,6 +247,8 @@ class LocalServer:
                 return self
             try:
                 wait_until_up(self.uri, self.proc, log_path=self.log_path)
+                if not self.auth_env:
+                    self._open_store()
                 return self
             except BaseException as error:
                 self.stop()
@@ -218,6 +259,18 @@ class LocalServer:
                     raise
                 self._use(free_port(self.host))
         return self
+
+    def _open_store(self) -> None:
+        """One request that opens the store, so that a new one's tables are made by it alone: uvicorn's
+        MLflow opens its store at the first request that needs it, without a lock, and two clients'
+        first requests at once would both make the tables (`mlflow server` makes them before it
+        starts uvicorn; a sweep's parent makes them before its jobs start)."""
+        import requests
+
+        answer = requests.get(f"{self.uri}/api/2.0/mlflow/experiments/get-by-name",
+                              params={"experiment_name": "Default"}, timeout=120)
+        if answer.status_code != 200:
+            raise SeqlabError(f"the MLflow server for {self.uri} cannot open its store: {answer.text[:300]}")
 
     def _spawn(self) -> None:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -230,7 +283,7 @@ class LocalServer:
                 # job runner is not needed for tracking.
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-                env={**os.environ, **self.stores, **self.auth_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                env={**os.environ, **self.env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             )
         finally:
             if out is not subprocess.DEVNULL:
