@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from conftest import artifact_paths, cli_env, runs_of, start_cli
 from inprocess import run_in_process
@@ -287,7 +288,8 @@ def test_hydra_finds_the_sweeper_plugin():
 
 
 def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
-    from seqlab.sweeps.study import flatten_space, overrides_for, parse_space
+    from seqlab.sweeps.space import flatten_space, parse_space
+    from seqlab.sweeps.study import overrides_for
 
     space = parse_space(flatten_space({
         "optimizer": {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
@@ -310,15 +312,98 @@ def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
         ({"type": "categorical", "choices": []}, "categorical needs a non-empty list of choices"),
         ({"type": "int", "low": 1, "high": 8, "lo": 2}, "int takes high, log, low, step; not lo"),
         ({"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1}, "log: true and step cannot be combined"),
-        ("0.1", "give {type: float|int|categorical, ...} or a list of choices"),
+        (42, "give {type: float|int|categorical, ...}, a list of choices or Hydra's sweep grammar"),
+        ("interval(0.5, 0.5)", "empty range: low=0.5 must be below high=0.5"),
+        ("tag(log, interval(0, 1))", "a log range must stay above 0, got low=0.0"),
+        ("choice()", "not Hydra's sweep grammar"),
+        ("interval(1e-4,", "not Hydra's sweep grammar"),
+        ("glob(*)", "a sweep Optuna cannot sample"),
     ],
 )
 def test_each_kind_of_bad_entry_is_named(spec, message):
-    from seqlab.sweeps.study import SearchError, parse_space
+    from seqlab.sweeps.space import parse_space
+    from seqlab.sweeps.study import SearchError
 
     with pytest.raises(SearchError, match="^hydra.sweeper.params.model.dropout: ") as error:
         parse_space({"model.dropout": spec})
     assert message in str(error.value)
+
+
+# The official Optuna sweeper's cases (hydra-optuna-sweeper's tests: test_create_optuna_distribution_from_config
+# and _from_override), their distributions in Optuna 5's names.
+OFFICIAL_CASES = [
+    ({"type": "categorical", "choices": [1, 2, 3]}, CategoricalDistribution([1, 2, 3])),
+    ({"type": "int", "low": 0, "high": 10}, IntDistribution(0, 10)),
+    ({"type": "int", "low": 0, "high": 10, "step": 2}, IntDistribution(0, 10, step=2)),
+    ({"type": "int", "low": 0, "high": 5}, IntDistribution(0, 5)),
+    ({"type": "int", "low": 1, "high": 100, "log": True}, IntDistribution(1, 100, log=True)),
+    ({"type": "float", "low": 0, "high": 1}, FloatDistribution(0, 1)),
+    ({"type": "float", "low": 0, "high": 10, "step": 2}, FloatDistribution(0, 10, step=2)),
+    ({"type": "float", "low": 1, "high": 100, "log": True}, FloatDistribution(1, 100, log=True)),
+    ("choice(1,2)", CategoricalDistribution([1, 2])),
+    ("choice(true, false)", CategoricalDistribution([True, False])),
+    ("choice('hello', 'world')", CategoricalDistribution(["hello", "world"])),
+    ("shuffle(range(1,3))", CategoricalDistribution((1, 2))),
+    ("range(1,3)", IntDistribution(1, 3)),
+    ("interval(1, 5)", FloatDistribution(1, 5)),
+    ("int(interval(1, 5))", IntDistribution(1, 5)),
+    ("tag(log, interval(1, 5))", FloatDistribution(1, 5, log=True)),
+    ("tag(log, int(interval(1, 5)))", IntDistribution(1, 5, log=True)),
+    ("range(0.5, 5.5, step=1)", FloatDistribution(0.5, 5.5, step=1)),
+    # and the forms the issue names
+    ("tag(log, interval(1e-4, 1e-2))", FloatDistribution(1e-4, 1e-2, log=True)),
+    ("range(8, 64, step=8)", IntDistribution(8, 64, step=8)),
+    ("32,64,128", CategoricalDistribution([32, 64, 128])),  # a plain comma list: a choice
+    ("0.25", CategoricalDistribution([0.25])),  # one value: every trial takes it
+]
+
+
+@pytest.mark.parametrize("entry, expected", OFFICIAL_CASES, ids=[str(e) for e, _ in OFFICIAL_CASES])
+def test_sweep_grammar_and_mappings_give_the_official_sweepers_distributions(entry, expected):
+    from seqlab.sweeps.space import parse_space
+
+    (actual,) = parse_space({"key": entry}).values()
+    if isinstance(expected, CategoricalDistribution):  # shuffle() orders its choices at random
+        assert isinstance(actual, CategoricalDistribution) and set(actual.choices) == set(expected.choices)
+        assert all(type(a) is type(b) for a, b in zip(sorted(actual.choices, key=str), sorted(expected.choices, key=str)))
+    else:
+        assert actual == expected
+
+
+@pytest.mark.slow
+def test_a_search_samples_the_distributions_written_in_hydras_sweep_grammar_on_the_command_line(run_cli, store, tmp_path):
+    """Issue 25's command: Hydra's sweep grammar on the command line replaces the preset's entries
+    for those keys; the study holds their distributions and every trial's run records a value in them."""
+    proc = run_cli("-m", "hparams_search=optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))", "data.batch_size=choice(32,64)",
+                   "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner.name=none", *TINY)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    study = _study(tmp_path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    for trial in study.trials:
+        assert trial.distributions["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
+        assert trial.distributions["data.batch_size"] == CategoricalDistribution([32, 64])
+        assert trial.distributions["model.hidden_size"] == IntDistribution(8, 64, step=8)  # the preset's others stay
+    _, trials = _parent_and_trials(store)
+    assert len(trials) == 4
+    for run in trials:
+        assert 1e-4 <= float(run.data.params["optimizer.lr"]) <= 1e-2
+        assert run.data.params["data.batch_size"] in ("32", "64")
+    assert len({run.data.params["optimizer.lr"] for run in trials}) == 4  # sampled, not one value
+    # Hydra's job records hold the sampled values, not the grammar.
+    assert all("interval" not in run.data.tags["hydra_overrides"] for run in trials)
+
+
+def test_the_command_lines_sweeps_join_the_space_and_the_rest_hold_for_every_trial():
+    from seqlab.sweeps.space import split_arguments
+    from seqlab.sweeps.study import SearchError
+
+    fixed, swept = split_arguments(["trainer.max_epochs=3", "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
+                                    "data.batch_size=choice(32,64)", "model.hidden_size=8,16", "optimizer=adam"])
+    assert fixed == ["trainer.max_epochs=3", "optimizer=adam"]
+    assert swept == {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))", "data.batch_size": "choice(32,64)",
+                     "model.hidden_size": "8,16"}
+    with pytest.raises(SearchError, match=r"^\+model.extra=1,2: a search samples keys the config has; drop the \+"):
+        split_arguments(["+model.extra=1,2"])
 
 
 def test_an_unreachable_study_database_is_one_line_with_its_password_masked(run_cli, store):

@@ -172,7 +172,7 @@ class MlflowSweepCallback(Callback):
             tracking_uri=jobs_uri or self.tracker.tracking_uri,
             store_uri=self.tracker.tracking_uri if jobs_uri else None,
             experiment_id=self.tracker.experiment_id,
-            swept_keys=swept_keys(overrides) + list((config.hydra.sweeper.get("params") or {}).keys()),
+            swept_keys=list(dict.fromkeys(swept_keys(overrides) + list((config.hydra.sweeper.get("params") or {}).keys()))),
             resume_plan=self.resume_plan,
             server_pid=self.server.proc.pid if self.server is not None else None,
         ).write(sweep_dir)

@@ -29,9 +29,9 @@ from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_
 from seqlab.sweeps import optuna_private, workers
 from seqlab.sweeps.job import SweepInfo
 from seqlab.sweeps.search_runs import Tracking, job_result
+from seqlab.sweeps.space import flatten_space, parse_space, split_arguments
 from seqlab.sweeps.study import (
-    INTERRUPTED, RETRY_OF, STARTING, SearchError, flatten_space, make_pruner, make_sampler, override_value,
-    overrides_for, parse_space, storage_for,
+    INTERRUPTED, RETRY_OF, STARTING, SearchError, make_pruner, make_sampler, override_value, overrides_for, storage_for,
 )
 from seqlab.sweeps.trial import ENV_TRIAL, PRUNED_AT, study_environment
 
@@ -60,7 +60,6 @@ class Search:
                  heartbeat: tuple[int, int] = (30, 120)) -> None:
         self.sweeper = sweeper
         self.config: DictConfig = sweeper.config
-        self.arguments = list(arguments)
         self.objective = objective
         self.n_trials = n_trials
         self.n_jobs = n_jobs
@@ -69,6 +68,7 @@ class Search:
         self.heartbeat = heartbeat  # (interval s, grace period s) of the trials this worker runs (seqlab.sweeps.workers)
         self.sampler_spec = OmegaConf.to_container(sampler, resolve=True)
         self.pruner_spec = OmegaConf.to_container(pruner, resolve=True)
+        self.arguments = list(arguments)
         self.params = flatten_space(OmegaConf.to_container(params, resolve=True) if params is not None else {})
         self.sweep_dir = Path(self.config.hydra.sweep.dir)
         self.job_idx = 0
@@ -80,6 +80,10 @@ class Search:
 
     # -- checks, before anything trains ----------------------------------------------------
     def check(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        # The command line's sweeps (`optimizer.lr=tag(log, interval(1e-4, 1e-2))`, `data.batch_size=32,64`)
+        # join the space, over hydra.sweeper.params' entry for the same key; every trial takes the rest.
+        self.arguments, swept = split_arguments(self.arguments)
+        self.params.update(swept)
         if self.objective not in OBJECTIVES:
             raise SearchError(f"hydra.sweeper.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
         if not isinstance(self.n_trials, int) or self.n_trials < 1:
@@ -97,10 +101,6 @@ class Search:
         if not self.storage_url:
             raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
                               "paths.optuna_storage, an SQLite file next to the MLflow store)")
-        swept = [a for a in self.arguments if self._is_sweep(a)]
-        if swept:
-            raise SearchError(f"{swept[0]}: a search takes its ranges from hydra.sweeper.params, not from "
-                              "comma lists or sweep functions on the command line")
         space = parse_space(self.params)
         groups = set(self.config.hydra.runtime.choices.keys())
         for key, distribution in space.items():
@@ -121,16 +121,6 @@ class Search:
     def _keys(self, parent: str) -> list[str]:
         node = OmegaConf.select(self.config, parent, default=None)
         return sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
-
-    @staticmethod
-    def _is_sweep(argument: str) -> bool:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        try:
-            (parsed,) = OverridesParser.create().parse_overrides([argument])
-        except Exception:  # noqa: BLE001 - Hydra reports bad syntax itself
-            return False
-        return parsed.is_sweep_override()
 
     def _compose_extremes(self, space: Mapping[str, Any]) -> None:
         """Every trial's config must compose and pass the schema's checks: each key is tried at
