@@ -21,7 +21,7 @@ OPTIONS = sorted(
 @pytest.mark.parametrize("option", OPTIONS)
 def test_every_option_composes_and_validates(compose_cfg, tmp_path, option):
     extra = []
-    if option in ("data=npz", "data=csv", "data=mat"):
+    if option in ("data=npz", "data=csv", "data=mat", "data=parquet"):
         data_file = tmp_path / f"d.{option[5:]}"
         data_file.write_text("")
         extra.append(f"data.path={data_file}")

@@ -172,6 +172,7 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_nonfinite = drop_nonfinite
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
+        self.columns: Optional[str] = None  # a table's index and target columns, as the source took them
         self.drop_single = False
         self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
@@ -183,6 +184,7 @@ class SeqDataModule(pl.LightningDataModule):
             data.val = self._finite(data.val, "validation data")
         if len(data) == 0:
             raise SeqlabError(f"data: {self.name} holds no samples")
+        self.columns = data.columns
         if data.val is not None:
             self.train, self.val = data, data.val
             log.info("data      validation: the set that came with the data (data.val_fraction not used)")
@@ -259,6 +261,7 @@ class SeqDataModule(pl.LightningDataModule):
         return (
             f"{self.name}: {len(self.train)} train / {n_val} val samples, "
             f"{steps} x {self.n_features} feature(s), {self.n_outputs} response(s)"
+            + (f"; {self.columns}" if self.columns else "")
         )
 
     def train_dataloader(self) -> Iterable[Batch]:

@@ -9,7 +9,6 @@ last real step, not at padding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ class SeqData:
     y: np.ndarray  # (N, responses) float32
     lengths: Optional[np.ndarray] = None  # (N,) int64 real steps, only where they differ
     val: Optional["SeqData"] = None  # a validation set that came with the data
+    columns: Optional[str] = None  # what a table's columns were taken for (its index, the target): the data line says it
 
     def __len__(self) -> int:
         return len(self.x)
@@ -31,11 +31,11 @@ class SeqData:
         if n is None or n >= len(self):
             return self
         lengths = None if self.lengths is None else self.lengths[:n]
-        return SeqData(self.x[:n], self.y[:n], lengths, self.val)
+        return SeqData(self.x[:n], self.y[:n], lengths, self.val, self.columns)
 
     def take(self, index: np.ndarray) -> "SeqData":
         lengths = None if self.lengths is None else self.lengths[index]
-        return SeqData(self.x[index], self.y[index], lengths)
+        return SeqData(self.x[index], self.y[index], lengths, columns=self.columns)
 
 
 def as_sequences(
@@ -149,53 +149,3 @@ def load_npz(
             lengths_val = f["lengths_val"] if "lengths_val" in f.files else None
             data.val = as_sequences(f["X_val"], f["y_val"], f"{path} (X_val, y_val)", lengths_val)
     return data.first(n_samples)
-
-
-def load_csv(
-    path: str,
-    n_samples: Optional[int],
-    seed: int,
-    seq_len: int = 1,
-    header: str | bool = "auto",
-    delimiter: str = ",",
-) -> SeqData:
-    """One sample per row: seq_len * features input values (step-major), target last."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except UnicodeDecodeError:
-        raise SeqlabError(f"{path}: not a text CSV file") from None
-    if not any(line.strip() for line in lines):
-        raise SeqlabError(f"{path}: the file is empty")
-    if header == "auto":
-        first = lines[0].split(delimiter) if lines else []
-        header = not all(_is_number(v) for v in first)
-    rows = lines[1:] if header else lines
-    values = []
-    for lineno, line in enumerate(rows, start=2 if header else 1):
-        if not line.strip():
-            continue
-        cells = line.split(delimiter)
-        try:
-            values.append([float(c) for c in cells])
-        except ValueError:
-            bad = next(c for c in cells if not _is_number(c))
-            raise SeqlabError(f"{path}:{lineno}: not a number: {bad.strip()!r}") from None
-    widths = {len(r) for r in values}
-    if len(widths) != 1:
-        raise SeqlabError(f"{path}: rows have different numbers of columns: {sorted(widths) or 'no rows'}")
-    table = np.asarray(values, dtype=np.float32)
-    n_inputs = table.shape[1] - 1
-    if n_inputs < 1 or n_inputs % seq_len:
-        raise SeqlabError(
-            f"{path}: {n_inputs} input columns cannot be split into data.source.seq_len={seq_len} steps"
-        )
-    x = table[:, :n_inputs].reshape(len(table), seq_len, n_inputs // seq_len)
-    return as_sequences(x, table[:, n_inputs], path).first(n_samples)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
