@@ -40,6 +40,12 @@ def test_a_sweep_with_three_seeds_compares_n_3_with_intervals(run_cli, store, tm
     (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 6 and all("best_val_rmse" in c.data.metrics for c in children)
+    # One `config` tag per configuration, the same on its three repeats: the MLflow UI groups by it.
+    configs = {}
+    for c in children:
+        configs.setdefault(c.data.tags["config"], set()).add((c.data.params["data.batch_size"], c.data.params["seed"]))
+    assert sorted(configs.values(), key=sorted) == [{("32", s) for s in "012"}, {("64", s) for s in "012"}]
+    assert sorted(tag.split(" #")[0] for tag in configs) == ["cpu-bs32", "cpu-bs64"]
     assert {"comparison/comparison.csv", "comparison/comparison_runs.csv", "comparison/verdict.txt",
             "comparison/throughput_vs_batch.png", "comparison/val_rmse_curves.png"} <= artifact_paths(store, parent.info.run_id)
     local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))

@@ -88,6 +88,10 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     assert sorted((r.data.params["data.batch_size"], r.data.params["seed"], r.data.params["perf.name"]) for r in members) == [
         (b, s, "fast") for b in ("128", "32") for s in ("0", "1", "2")]
     assert len({r.data.tags["pack_id"] for r in members}) == 2
+    # a pack's members are repeats (seeds 0, 1, 2) of one configuration: one config tag each pack
+    assert {r.data.tags["pack_id"]: r.data.tags["config"] for r in members} == {
+        r.data.tags["pack_id"]: r.data.tags["config"] for r in reversed(members)}
+    assert len({r.data.tags["config"] for r in members}) == 2
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in members)
     verdict = parent.data.tags["verdict"]
     assert "Most networks trained per second (a pack counts all its members; the machine used fully)" in verdict

@@ -13,7 +13,7 @@ from seqlab.sweeps.runs import RunRow
 from seqlab.sweeps.stats import ALPHA, GREATER, LESS, TEST_NAME, UNTESTED, Summary, compare_means, summarize, tied_with_best
 
 # Params that say where things go or how a run was started, not what was trained.
-_NOT_CONFIG = ("paths.", "logger.", "hydra.", "resume", "ckpt_path", "notes")
+NOT_CONFIG = ("paths.", "logger.", "hydra.", "resume", "ckpt_path", "notes")
 # Shown in their own columns.
 # Keys a row's columns show already (a packed row's perf says "packed xK": pack and replicas).
 _COLUMN_KEYS = ("trainer.accelerator", "data.batch_size", "perf.", "pack", "replicas")
@@ -89,7 +89,7 @@ class Group:
 def _config_key(row: RunRow, seed_keys: set[str]) -> tuple:
     if not row.params:
         return (row.device, row.batch_size, row.perf)
-    kept = tuple(sorted((k, v) for k, v in row.params.items() if k not in seed_keys and not k.startswith(_NOT_CONFIG)))
+    kept = tuple(sorted((k, v) for k, v in row.params.items() if k not in seed_keys and not k.startswith(NOT_CONFIG)))
     return (row.device, row.batch_size, row.perf, kept)
 
 

@@ -4,6 +4,8 @@ trial), its params (every resolved key, masked) and its config as config.yaml.""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import socket
 import subprocess
 from pathlib import Path
@@ -14,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from seqlab.resume.requeue import scheduler_tags
 from seqlab.secrets import mask_flat
 from seqlab.sweeps.job import Job, SweepInfo
+from seqlab.sweeps.verdict import NOT_CONFIG
 from seqlab.tracking.run import flatten
 
 # Overrides already shown by the first part of a run name, or that say where, not what.
@@ -31,6 +34,21 @@ def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Opt
         if not key.startswith(_NAME_SKIP) and key not in _NAME_SKIP:
             parts.append(f"{key.split('.')[-1]}={value}")
     return "-".join(parts)[:250]
+
+
+# What repeats of one configuration differ in (data.seed follows seed in the presets).
+REPEAT_KEYS = ("seed", "data.seed")
+
+
+def config_tag(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
+    """The `config` tag: the same for every repeat of one configuration (runs that differ only in
+    REPEAT_KEYS), so that the MLflow UI's "Group by" tags.config shows each configuration's
+    mean and spread as compare.py does: the run's name without the repeat keys, and a short hash
+    of every param that makes the configuration (not where it was stored or logged)."""
+    params = {k: v for k, v in run_params(cfg).items() if k not in REPEAT_KEYS and not k.startswith(NOT_CONFIG)}
+    digest = hashlib.sha1(json.dumps([accelerator, sorted(params.items())]).encode()).hexdigest()[:8]
+    kept = [o for o in overrides if o.lstrip("+~").partition("=")[0] not in REPEAT_KEYS]
+    return f"{run_name(accelerator, cfg, kept, swept)} #{digest}"
 
 
 def git_commit(root: Path) -> Optional[str]:
@@ -62,6 +80,7 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, s
     }
     if device is not None:
         tags.update(accelerator=device.accelerator, device_name=device.name)
+    tags["config"] = config_tag(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.swept_keys)
     tags.update(scheduler_tags())  # a SLURM job's id and start: a requeued job finds its run by them
     commit = git_commit(Path(cfg.paths.root_dir))
     if commit:
