@@ -112,6 +112,18 @@ def _check_shape(model: Any, x: np.ndarray, name: str) -> None:
         )
 
 
+def _training_run(model: Any, client: Any) -> Optional[str]:
+    """The run that trained the model: MLflow 3's logged model names it (source_run_id); a model
+    logged by MLflow 2 says it in its MLmodel file (run_id)."""
+    model_id = getattr(model.metadata, "model_id", None)
+    if model_id:
+        try:
+            return client.get_logged_model(model_id).source_run_id or model.metadata.run_id
+        except Exception:  # noqa: BLE001 - a model that is not in this store (a copy, a file)
+            pass
+    return model.metadata.run_id
+
+
 def _predict(model: Any, x: np.ndarray, lengths: Optional[np.ndarray]) -> np.ndarray:
     if lengths is None:
         return np.concatenate([model.predict(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)])
@@ -175,7 +187,7 @@ def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
     if y is not None and y.shape[1] != predicted.shape[1]:
         raise SeqlabError(f"data: {y.shape[1]} target(s) per sample, and the model predicts {predicted.shape[1]}")
     csv, npz = _write(out, predicted, y)
-    result = Predictions(uri, len(x), csv, npz, training_run_id=model.metadata.run_id)
+    result = Predictions(uri, len(x), csv, npz, training_run_id=_training_run(model, client))
     log.info("predicted %s samples of %s with %s", f"{len(x):,}", cfg.data.name, uri)
     if y is not None:
         result.metrics = metrics(predicted, y)

@@ -125,7 +125,8 @@ class LoggerConfig:
     run_name: Optional[str] = None
     flush_every_n_steps: int = 50
     flush_every_s: float = 1.0  # and at most this often (seconds): each send costs the training loop a little
-    log_checkpoint: bool = True
+    log_checkpoint: bool = True  # the run's last.ckpt file as an artifact (checkpoints/)
+    log_checkpoints: str = "best"  # networks as MLflow logged models besides `model`: best | all | none
     synchronous: bool = False
     system_metrics: bool = True  # CPU/memory (and GPU) utilisation sampled alongside the run
     system_metrics_interval_s: float = 2.0
@@ -404,6 +405,8 @@ def _check_metrics_and_logger(cfg: DictConfig) -> None:
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
     )
     _require(cfg.logger.flush_every_s >= 0, f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}")
+    _require(cfg.logger.log_checkpoints in ("best", "all", "none"),
+             f"logger.log_checkpoints must be one of best, all, none; got {cfg.logger.log_checkpoints!r}")
 
 
 # -- predict.py (conf/predict.yaml): a trained network's predictions on data from any data group --

@@ -27,10 +27,15 @@ class OutputNetwork(BestValRmse):
     that many validations in a row did not improve (MATLAB: 'larger than or equal to the
     previously smallest'). Saved in checkpoints, so a resumed run keeps both."""
 
-    def __init__(self, tracker: Optional[Any] = None, keep: str = "last", patience: Optional[int] = None) -> None:
+    def __init__(self, tracker: Optional[Any] = None, keep: str = "last", patience: Optional[int] = None,
+                 checkpoints: str = "none") -> None:
         super().__init__(tracker)
         self.keep = keep
         self.patience = patience
+        # logger.log_checkpoints: best keeps the best weights to log them at the end (seqlab.train);
+        # all also logs the network at each new best as it comes (an MLflow logged model each).
+        self.checkpoints = checkpoints
+        self.logged: list[tuple[str, int]] = []  # (model id, step) of each network logged during training
         self.weights: Optional[dict[str, Any]] = None
         self.since_best = 0
         self.stopped: Optional[dict[str, int]] = None  # where patience ran out: step, epoch
@@ -62,8 +67,10 @@ class OutputNetwork(BestValRmse):
         super().on_validation_end(trainer, pl_module)
         if self.value is not None and (before is None or self.value < before):
             self.since_best = 0
-            if self.keep == "best":
+            if self.keep == "best" or self.checkpoints in ("best", "all"):
                 self.weights = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+            if self.checkpoints == "all" and self.tracker is not None and trainer.is_global_zero:
+                self._log_checkpoint(trainer, pl_module)
             return
         self.since_best += 1  # no better (or NaN)
         if self.patience is not None and self.since_best >= self.patience and not trainer.should_stop:
@@ -72,6 +79,16 @@ class OutputNetwork(BestValRmse):
             log.info("stopped   early at step %d (epoch %d): val_rmse has not improved on %s for %d validation(s) "
                      "(module.validation_patience=%d)", trainer.global_step, trainer.current_epoch + 1,
                      f"{before:.4g}", self.since_best, self.patience)
+
+    def _log_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The network of this new best as a logged model now (its metrics are linked at the end,
+        when those of its step are all logged): once per checkpoint, not per step."""
+        from seqlab.tracking.model_logging import log_network
+
+        logged = log_network(self.tracker, pl_module.model, trainer.datamodule.train.x, trainer.global_step,
+                             name="checkpoint", tags={"checkpoint": "new best val_rmse"}, link=False)
+        if logged is not None:
+            self.logged.append((logged.model_id, trainer.global_step))
 
     def state_dict(self) -> dict[str, Any]:
         weights = None if self.weights is None else {k: v.cpu() for k, v in self.weights.items()}

@@ -339,7 +339,12 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
     if tracker.log_checkpoint:
         store_checkpoint(tracker, ckpt)
     tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))
-    model_uri = log_network(tracker, m.network, m.datamodule.train.x, step, tracker.register_as, tags=kept)
+    # A member's best network is the one kept (module.output_network=best) or not kept at all: no
+    # checkpoint-best of its own (logger.log_checkpoints), only the tag on the one kept.
+    is_best = kept.get("output_network") == "best" and tracker.log_checkpoints != "none"
+    logged = log_network(tracker, m.network, m.datamodule.train.x, int(kept.get("output_network_step", step)),
+                         tracker.register_as, tags={**kept, **({"checkpoint": "best"} if is_best else {})})
+    model_uri = logged.uri if logged else None
     drop_resume_point(tracker)
     m.status = "FINISHED"
     result = JobResult(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -23,6 +24,13 @@ ARTIFACT_PATH = "model"
 # 2-core VM while it was loaded) for a model that this project's own environment loads anyway.
 SERIALIZATION = "pickle"
 N_EXAMPLE = 2  # samples in the input example (kept small: it is stored as JSON)
+BEST = "checkpoint-best"  # the lowest val_rmse's network, where it is not the one kept
+
+
+@dataclass
+class LoggedNetwork:
+    uri: str  # runs:/<run id>/<name>, or models:/NAME/VERSION when registered
+    model_id: str  # MLflow 3's own: models:/<model_id> loads it too
 
 
 @contextmanager
@@ -62,11 +70,38 @@ def pip_requirements() -> list[str]:
     return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"]
 
 
+def _logged_model(tracker: Any, name: str, tags: Optional[dict[str, str]]) -> str:
+    """A new logged model of the run, made here rather than by log_model(run_id=...): MLflow 3.17's
+    log_model then links the run's metrics at the model's step by reading every metric's whole
+    history back from the store (for a run's per-step train_loss, thousands of rows per model)."""
+    import mlflow
+
+    model = mlflow.MlflowClient(tracker.tracking_uri).create_logged_model(
+        tracker.experiment_id, name=name, source_run_id=tracker.run_id, tags=tags, model_type=None)
+    return model.model_id
+
+
+def link_metrics(tracker: Any, model_id: str, step: int) -> None:
+    """The model as an output of its run at `step`, with the epoch-level metrics (validation, best_*)
+    this process logged at that step, as log_model(run_id=..., step=...) would link them: the run's
+    Models tab ranks its models by them."""
+    import mlflow
+    from mlflow.entities import LoggedModelOutput, Metric
+
+    client = mlflow.MlflowClient(tracker.tracking_uri)
+    client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, step=step)])
+    points = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in tracker.points if m.step == step]
+    if points:
+        client.log_batch(tracker.run_id, metrics=points)
+
+
 def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
-                register_as: Optional[str] = None, tags: Optional[dict[str, str]] = None) -> Optional[str]:
+                register_as: Optional[str] = None, tags: Optional[dict[str, str]] = None,
+                name: str = ARTIFACT_PATH, link: bool = True) -> Optional[LoggedNetwork]:
     """Log `network` (an nn.Module taking (samples, steps, features)) to the tracker's run as an
-    MLflow model; register it as a new version of `register_as` if given. Returns the model's
-    URI (models:/NAME/VERSION when registered, else runs:/<id>/model)."""
+    MLflow model named `name` at `step`; register it as a new version of `register_as` if given.
+    link: wait for the run's metrics and link those of `step` now (a network logged mid-training
+    does not wait; its metrics are linked at the end with link_metrics). None: the server was away."""
     import mlflow
     import torch
     from mlflow.models import infer_signature
@@ -79,7 +114,8 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     with torch.no_grad():
         out = cpu(torch.from_numpy(example)).numpy()
     signature = infer_signature(example, out)
-    tracker.wait_for_metrics()  # the model's metrics are the run's at `step`: stored first
+    if link:
+        tracker.wait_for_metrics()  # the model's metrics are the run's at `step`: stored first
     # MLflow warns on every pickled model that unpickling runs code: here it is this project's
     # own class, saved and loaded by its user; the line would only repeat on every run.
     pytorch_log = logging.getLogger("mlflow.pytorch")
@@ -87,18 +123,19 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     pytorch_log.setLevel(logging.ERROR)
     try:
         with run_scope(tracker.tracking_uri, tracker.experiment_id):
+            model_id = _logged_model(tracker, name, tags)
             info = mlflow.pytorch.log_model(
                 cpu,
-                name=ARTIFACT_PATH,
-                run_id=tracker.run_id,
+                name=name,
+                model_id=model_id,
                 signature=signature,
                 input_example=example,
                 pip_requirements=pip_requirements(),
                 registered_model_name=register_as or None,
-                step=step,
-                tags=tags,
                 serialization_format=SERIALIZATION,
             )
+            if link:
+                link_metrics(tracker, model_id, step)
     except Exception as error:  # noqa: BLE001 - a server that went away: the run is kept without its model
         if not transient(error):
             raise
@@ -110,9 +147,37 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
         return None
     finally:
         pytorch_log.setLevel(level)
-    uri = f"runs:/{tracker.run_id}/{ARTIFACT_PATH}"
+    uri = f"runs:/{tracker.run_id}/{name}"
     if register_as:
         version = info.registered_model_version
         uri = f"models:/{register_as}/{version}"
         tracker.set_tags({"registered_model": uri})
-    return uri
+    return LoggedNetwork(uri, model_id)
+
+
+def kept_is_best(best: Any, kept: dict[str, str]) -> bool:
+    """Whether the network kept (`model`) is the best validation's: kept as best, or the last
+    network and the best at the same step."""
+    if kept.get("output_network") == "best":
+        return True
+    found = getattr(best, "best", None)
+    return found is not None and str(int(found["best_val_rmse_step"])) == kept.get("output_network_step")
+
+
+def log_checkpoints(tracker: Any, best: Any, network: Any, example_x: np.ndarray, kept: dict[str, str]) -> None:
+    """At a run's end, per logger.log_checkpoints: the best validation's network as a logged model
+    (`checkpoint-best`) unless it is the network kept (`model`, tagged checkpoint=best by the
+    caller), and the metrics of each network logged during training (all) linked to it."""
+    if tracker.log_checkpoints == "none" or best is None:
+        return
+    for model_id, step in getattr(best, "logged", []):
+        link_metrics(tracker, model_id, step)
+    if kept_is_best(best, kept) or best.weights is None:
+        return
+    copy_ = copy.deepcopy(network)
+    copy_.load_state_dict(best.weights)
+    step = int(best.best["best_val_rmse_step"])
+    logged = log_network(tracker, copy_, example_x, step, name=BEST,
+                         tags={"checkpoint": "best", "best_val_rmse": f"{best.value:.6g}", "step": str(step)})
+    if logged is not None:
+        log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", best.value, step, logged.model_id)

@@ -63,6 +63,7 @@ class MlflowTracker:
         flush_every_n_steps: int = _Defaults.flush_every_n_steps,
         flush_every_s: float = _Defaults.flush_every_s,
         log_checkpoint: bool = _Defaults.log_checkpoint,
+        log_checkpoints: str = _Defaults.log_checkpoints,
         synchronous: bool = _Defaults.synchronous,
         system_metrics: bool = _Defaults.system_metrics,
         system_metrics_interval_s: float = _Defaults.system_metrics_interval_s,
@@ -80,6 +81,7 @@ class MlflowTracker:
         self.flush_every_n_steps = flush_every_n_steps
         self.flush_every_s = flush_every_s
         self.log_checkpoint = log_checkpoint
+        self.log_checkpoints = log_checkpoints  # read by the `best` callback's config and seqlab.train
         self.synchronous = synchronous  # metrics go in the background unless synchronous
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
@@ -93,6 +95,9 @@ class MlflowTracker:
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
         self.history = MetricHistory()
+        # Epoch-level points (validation, best_*, a few an epoch; not the per-step series) as logged,
+        # timestamps included: a logged model is linked to those of its step (model_logging).
+        self.points: list[Metric] = []
         self.sender: Any = None
         # A resumed run: the last step each metric was stored at (seqlab.tracking.replayed_steps).
         self.replayed: dict[str, int] = {}
@@ -262,7 +267,9 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self._send([Metric(k, float(v), now, step) for k, v in metrics.items()])
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self.points.extend(batch)
+        self._send(batch)
 
     def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
         """Many steps of some metrics in as few calls as MLflow allows."""
