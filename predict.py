@@ -11,11 +11,12 @@ import hydra
 from omegaconf import DictConfig
 
 import seqlab.schema  # noqa: F401  registers the typed config schemas
+from seqlab.hydra_version import VERSION_BASE, trusted_targets
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+@hydra.main(config_path="conf", config_name="predict", **VERSION_BASE)
 def main(cfg: DictConfig) -> None:
     from seqlab.predict import main as task
 
@@ -32,7 +33,8 @@ def cli() -> None:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
-    main()
+    with trusted_targets():
+        main()
 
 
 if __name__ == "__main__":

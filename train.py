@@ -12,12 +12,13 @@ from omegaconf import DictConfig
 
 import seqlab.schema  # noqa: F401  registers the typed config schema
 from seqlab.ddp.ranks import rank_overrides
+from seqlab.hydra_version import VERSION_BASE, trusted_targets
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
 os.environ["SEQLAB_ENTRY"] = str(Path(__file__).resolve())  # how DDP's other processes start
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(config_path="conf", config_name="train", **VERSION_BASE)
 def main(cfg: DictConfig) -> object:
     from seqlab.train import main as task
 
@@ -34,7 +35,8 @@ def cli() -> None:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
-    main()
+    with trusted_targets():
+        main()
 
 
 if __name__ == "__main__":

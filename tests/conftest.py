@@ -19,6 +19,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from seqlab.hydra_version import VERSION_BASE  # noqa: E402
 
 import seqlab.schema  # noqa: E402,F401  registers the schema the configs build on
 
@@ -106,7 +107,7 @@ def compose_cfg(tmp_path):
     """compose_cfg('data.batch_size=32', ...) -> the composed config, stored under tmp_path."""
 
     def _compose(*overrides: str):
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
             return compose(
                 "train",
                 overrides=[

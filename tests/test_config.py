@@ -196,6 +196,7 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
 
     import hydra.core.utils
     from hydra import compose, initialize_config_dir
+    from seqlab.hydra_version import VERSION_BASE
 
     class Frozen(datetime.datetime):
         @classmethod
@@ -205,7 +206,7 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
     monkeypatch.setattr(hydra.core.utils, "datetime", Frozen)
     folders = []
     for batch in (32, 64):
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
             cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}", f"data.batch_size={batch}"],
                           return_hydra_config=True)
         assert cfg.hydra.run.dir == cfg.hydra.run.dir  # one value per composed config

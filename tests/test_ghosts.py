@@ -172,6 +172,7 @@ def test_kill_9_mid_run_then_compare_ends_it_killed_while_a_live_run_stays_runni
 def test_predict_opening_the_store_ends_its_dead_runs_too(tmp_path, store, caplog):
     """Any seqlab command that opens a store ends its dead runs: predict.py as train and compare do."""
     from hydra import compose, initialize_config_dir
+    from seqlab.hydra_version import VERSION_BASE
 
     from conftest import CONF_DIR
     from seqlab.predict import main
@@ -180,7 +181,7 @@ def test_predict_opening_the_store_ends_its_dead_runs_too(tmp_path, store, caplo
     dead = store.create_run(experiment, run_name="dead here", tags=_tags(pid=_dead_pid(), started=1.0)).info.run_id
     alive = store.create_run(experiment, run_name="alive here",
                              tags=_tags(started=ghosts.process_started(os.getpid()))).info.run_id
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("predict", overrides=[f"paths.root_dir={tmp_path}", f"paths.output_dir={tmp_path / 'p'}",
                                             f"run={dead}"])
     with pytest.raises(SystemExit):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from seqlab.hydra_version import VERSION_BASE
 
 from conftest import CONF_DIR, TINY, runs_of
 from seqlab.model import CNNLSTM
@@ -20,7 +21,7 @@ REGISTERED = "seqlab-load"
 
 
 def compose_in(root, *overrides):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=[f"paths.root_dir={root}", f"paths.output_dir={root}/out", *overrides])
 
 
@@ -159,7 +160,7 @@ def _pyfunc(root, uri):
 
 
 def _compose_predict(root, out, *overrides):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("predict", overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides])
 
 

@@ -14,6 +14,7 @@ import mlflow
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from seqlab.hydra_version import VERSION_BASE
 
 from conftest import CONF_DIR, ROOT, TINY, artifact_paths, no_runs, runs_of
 from inprocess import run_script
@@ -276,7 +277,7 @@ def test_an_unknown_strategy_is_refused_up_front(run_cli):
 
 # -- SLURM -------------------------------------------------------------------------------------
 def test_the_slurm_launcher_config_composes():
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.devices=4",
                                           "hydra.launcher.partition=gpu"], return_hydra_config=True)
     launcher = cfg.hydra.launcher

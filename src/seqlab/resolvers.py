@@ -3,6 +3,7 @@ imported, before Hydra composes. Light: they run while the CLI composes, before 
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 from pathlib import Path
@@ -30,9 +31,18 @@ def gpus_per_node(accelerator: str, devices: Any) -> int:
     return int(devices) if str(devices).isdigit() else 1  # "auto": one
 
 
+def _register(name: str, resolver: Any, use_cache: bool = False) -> None:
+    # OmegaConf 2.4 (Hydra 1.4's) calls it register_resolver and warns on register_new_resolver;
+    # 2.3's register_resolver is the old API of another meaning (no replace=), which 2.4 renames legacy_.
+    if "replace" in inspect.signature(OmegaConf.register_resolver).parameters:
+        OmegaConf.register_resolver(name, resolver, replace=True, use_cache=use_cache)
+    else:
+        OmegaConf.register_new_resolver(name, resolver, replace=True, use_cache=use_cache)
+
+
 def register() -> None:
-    OmegaConf.register_new_resolver("seqlab_accelerators", accelerators_present, replace=True)
-    OmegaConf.register_new_resolver("seqlab_gpus_per_node", gpus_per_node, replace=True)
+    _register("seqlab_accelerators", accelerators_present)
+    _register("seqlab_gpus_per_node", gpus_per_node)
     # Random digits after the second in Hydra's folders (runs started in the same second get their
     # own); cached as Hydra's `now`: one value per composed config, copied into a sweep's jobs.
-    OmegaConf.register_new_resolver("seqlab_unique", lambda: os.urandom(3).hex(), replace=True, use_cache=True)
+    _register("seqlab_unique", lambda: os.urandom(3).hex(), use_cache=True)

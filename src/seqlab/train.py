@@ -395,6 +395,13 @@ def main(cfg: DictConfig) -> Optional[float]:
     """Hydra's task function. A single run that fails exits non-zero with one line (a traceback
     only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
     the sweep callback prints the summary and sets the exit code."""
+    from seqlab.hydra_version import trusted_targets
+
+    with trusted_targets():  # a launcher's worker process comes here without the command line's
+        return _task(cfg)
+
+
+def _task(cfg: DictConfig) -> Optional[float]:
     job = Job.from_hydra(cfg)
     if cfg.get("replicas", 1) != 1 and not job.multirun:  # the sweeper makes the replicas of a multirun's jobs
         log.error("error: replicas=%s trains a job's config as a pack, which a multirun makes: python train.py -m "

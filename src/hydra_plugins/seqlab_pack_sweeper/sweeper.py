@@ -5,6 +5,7 @@ every launcher (basic, joblib, SLURM). With `pack=off` (the default) it is the b
 job alone. No `from __future__ import annotations` here: Hydra's plugin scan loads this module in a
 way that leaves a dataclass with string annotations unable to resolve them."""
 
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,10 @@ class PackingSweeperConf:
 # In the place of Hydra's `basic` (its module, imported above, registered it first; Hydra scans its
 # own plugins before hydra_plugins): every multirun gets packing, and a preset that overrides
 # hydra/sweeper (hparams_search=optuna) replaces it whole. With pack=off it is the basic sweeper.
-ConfigStore.instance().store(group="hydra/sweeper", name="basic", node=PackingSweeperConf, provider="seqlab")
+# Hydra 1.4 asks that a replacement say so (replace=True; unsaid, it warns, and 1.5 refuses); 1.3
+# has no such parameter and replaces.
+_replace = {"replace": True} if "replace" in inspect.signature(ConfigStore.store).parameters else {}
+ConfigStore.instance().store(group="hydra/sweeper", name="basic", node=PackingSweeperConf, provider="seqlab", **_replace)
 
 
 class PackingSweeper(BasicSweeper):
