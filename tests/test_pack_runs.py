@@ -118,11 +118,20 @@ def test_a_member_that_diverges_ends_failed_and_the_others_finish(run_cli, store
 # the process is killed with SIGKILL at once (a kill -9 right after a time-based checkpoint, whatever the
 # machine's speed).
 KILL_AFTER_A_CHECKPOINT = """
-import os, runpy, signal, sys
+import math, os, runpy, signal, sys, time
 sys.argv.pop(0)
+from seqlab.packing import loop
 from seqlab.resume import points
 publish = points.publish_resume_point
 published = []
+step = loop.PackTrainer.step
+
+def step_then_due_at(self, x, y):  # the time-based checkpoint comes due after step {at} alone
+    out = step(self, x, y)
+    self.last_checkpoint = -math.inf if self.global_step + 1 == {at} else time.monotonic()
+    return out
+
+loop.PackTrainer.step = step_then_due_at
 
 def publish_then_die(tracker, path, step):
     publish(tracker, path, step)
@@ -133,25 +142,28 @@ def publish_then_die(tracker, path, step):
 points.publish_resume_point = publish_then_die
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-# 1638 training samples in batches of 32: 52 steps an epoch (the last of 6 samples), 15 epochs. Losses are sent at each epoch's end
-# only (flush_every_n_steps=1000), so the checkpoint (about 0.2 s in) falls inside an epoch with steps
-# not yet sent: they must be sent before it, or the resume, which continues after it, would never send them.
+# 1638 training samples in batches of 32: 52 steps an epoch (the last of 6 samples), 4 epochs. Losses are sent at each epoch's end
+# only (flush_every_n_steps=1000), so a checkpoint inside an epoch has steps not yet sent: they must be
+# sent before it, or the resume, which continues after it, would never send them. The checkpoint comes
+# due after one chosen step (the loop's clock is set so): mid-epoch, or after an epoch's last step,
+# where the resumed pack has no step of that epoch left to train but still ends it (validation, best).
 KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=2048", "data.source.n_features=32", "data.batch_size=32",
-            "trainer.max_epochs=8", "checkpoint.interval_s=0.2", "logger.flush_every_n_steps=1000",
+            "trainer.max_epochs=4", "checkpoint.interval_s=0.2", "logger.flush_every_n_steps=1000",
             "logger.flush_every_s=0", "logger.system_metrics=false"]
 
 
 @pytest.mark.slow
-def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli):
+@pytest.mark.parametrize("at", [78, 52], ids=["mid-epoch", "epoch-end"])
+def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli, at):
     import zygote
 
     killed = zygote.run([str(ROOT / "train.py"), *KILLABLE, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
-                        timeout=300, code=KILL_AFTER_A_CHECKPOINT)
+                        timeout=300, code=KILL_AFTER_A_CHECKPOINT.replace("{at}", str(at)))
     assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
     members = {r.info.run_id: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
     assert len(members) == 3 and all(r.info.status == "RUNNING" for r in members.values())  # what kill -9 leaves
     stopped = {r.data.tags["interrupted_at_step"] for r in members.values()}
-    assert len(stopped) == 1  # one checkpoint for the whole pack
+    assert stopped == {str(at)}  # one checkpoint for the whole pack, where it was due
 
     resumed = run_cli(*KILLABLE, "resume=latest")
     out = resumed.stdout + resumed.stderr
@@ -162,7 +174,8 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_pat
     for run_id, run in after.items():
         assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
         steps = sorted(m.step for m in store.get_metric_history(run_id, "train_loss"))
-        assert steps == list(range(1, 8 * 52 + 1))  # every step once: none lost, none stored twice
+        assert steps == list(range(1, 4 * 52 + 1))  # every step once: none lost, none stored twice
+        assert len(store.get_metric_history(run_id, "val_rmse")) == 4  # every epoch ended, the one of the checkpoint too
 
 
 @pytest.mark.gpu

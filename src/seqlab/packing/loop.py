@@ -178,7 +178,10 @@ class PackTrainer:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - epoch_s
             self.flush()
-            self.end_epoch(seconds, self.batch_in_epoch - first, torch.cat(preds, 1), torch.cat(targets, 1))
+            # A pack resumed from a checkpoint taken after an epoch's last step trains no step of that
+            # epoch here: it still ends it (validation, best, patience), without train metrics of its own.
+            trained = (torch.cat(preds, 1), torch.cat(targets, 1)) if preds else None
+            self.end_epoch(seconds, self.batch_in_epoch - first, trained)
             self.epoch += 1
             self.batch_in_epoch, self.epoch_start_orders = 0, None
             if self.scheduler is not None:
@@ -229,20 +232,21 @@ class PackTrainer:
                 log.warning("diverged  member %d (%s): %s; the pack goes on", m.k, m.name, m.reason)
 
     @torch.no_grad()
-    def end_epoch(self, seconds: float, steps: int, preds: torch.Tensor, targets: torch.Tensor) -> None:
+    def end_epoch(self, seconds: float, steps: int, trained: Optional[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Each training member's epoch as its callbacks record it alone: timing (the pack's time:
-        what its steps took), the epoch's train metrics, validation, best, patience."""
+        what its steps took), the epoch's train metrics (`trained`: the predictions and targets of
+        the steps taken; None when none were), validation, best, patience."""
         epoch, step = self.epoch + 1, self.global_step
-        samples = preds.shape[1]
-        train = metrics_per_member(preds, targets)
+        train = metrics_per_member(*trained) if trained is not None else {}
         val = self.validate()
         pack_rate = len(self.members) * steps / max(seconds, 1e-9)
         for m in self.members:
             if not m.active:
                 continue
-            m.timed_epoch(seconds, steps, samples, step)
             row = {f"train_{k}_epoch": v[m.k] for k, v in train.items()}
-            row["pack_model_steps_per_s"] = pack_rate
+            if steps:
+                m.timed_epoch(seconds, steps, trained[0].shape[1], step)
+                row["pack_model_steps_per_s"] = pack_rate
             if val is not None:
                 row.update({f"val_{k}": v[m.k] for k, v in val.items()})
             m.tracker.log_metrics(row, step)
