@@ -55,17 +55,13 @@ def _daily_load(days: int = 40):
     and the day's target."""
     import pandas as pd
 
-    data = synthetic_daily_load_cached(days)
+    from seqlab.data import synthetic_daily_load
+
+    data = synthetic_daily_load(days, 0)
     frame = pd.DataFrame(data.x[:, 0, :], columns=[f"m{i:04d}" for i in range(1440)],
                          index=pd.date_range("2024-01-01", periods=days, freq="D", name="date"))
     frame["load"] = data.y[:, 0]
     return frame
-
-
-def synthetic_daily_load_cached(days: int):
-    from seqlab.data import synthetic_daily_load
-
-    return synthetic_daily_load(days, 0)
 
 
 @pytest.mark.parametrize("write, data_line", [
