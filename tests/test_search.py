@@ -266,8 +266,10 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
         ("hydra.sweeper.params.model.dropout.high=1.5",
          "error: hydra.sweeper.params.model.dropout: model.dropout=1.5 (high) does not make a valid config: "
          "model.dropout must be in [0, 1), got 1.5"),
+        ("optimizer.lr=tag(log, interval(0, 1e-2))",  # Hydra's grammar on the command line: named as typed
+         "error: optimizer.lr: a log range must stay above 0, got low=0.0; raise low, or drop log: true"),
     ],
-    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema"],
+    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema", "grammar-log-through-zero"],
 )
 def test_a_bad_search_space_entry_gets_one_line_before_anything_trains(run_cli, store, override, expected):
     proc = run_cli("-m", "hparams_search=optuna", override, *TINY)
@@ -404,6 +406,7 @@ def test_the_command_lines_sweeps_join_the_space_and_the_rest_hold_for_every_tri
                      "model.hidden_size": "8,16"}
     with pytest.raises(SearchError, match=r"^\+model.extra=1,2: a search samples keys the config has; drop the \+"):
         split_arguments(["+model.extra=1,2"])
+
 
 
 def test_an_unreachable_study_database_is_one_line_with_its_password_masked(run_cli, store):

@@ -70,6 +70,7 @@ class Search:
         self.pruner_spec = OmegaConf.to_container(pruner, resolve=True)
         self.arguments = list(arguments)
         self.params = flatten_space(OmegaConf.to_container(params, resolve=True) if params is not None else {})
+        self.swept_here: set[str] = set()
         self.sweep_dir = Path(self.config.hydra.sweep.dir)
         self.job_idx = 0
         self.in_flight: list[optuna.trial.Trial] = []
@@ -84,6 +85,7 @@ class Search:
         # join the space, over hydra.sweeper.params' entry for the same key; every trial takes the rest.
         self.arguments, swept = split_arguments(self.arguments)
         self.params.update(swept)
+        self.swept_here = set(swept)  # named as the command line's, not the preset's, in an error
         if self.objective not in OBJECTIVES:
             raise SearchError(f"hydra.sweeper.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
         if not isinstance(self.n_trials, int) or self.n_trials < 1:
@@ -101,7 +103,7 @@ class Search:
         if not self.storage_url:
             raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
                               "paths.optuna_storage, an SQLite file next to the MLflow store)")
-        space = parse_space(self.params)
+        space = parse_space(self.params, self.swept_here)
         groups = set(self.config.hydra.runtime.choices.keys())
         for key, distribution in space.items():
             if key.startswith("hydra.") or "/" in key:

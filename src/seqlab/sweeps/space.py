@@ -12,7 +12,7 @@ Each is turned into the mapping first, so that both get the same checks and the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from seqlab.sweeps.study import SearchError
 
@@ -82,9 +82,9 @@ def split_arguments(arguments: Sequence[str]) -> tuple[list[str], dict[str, str]
     return fixed, swept
 
 
-def parse_space(params: Mapping[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
+def parse_space(params: Mapping[str, Any], from_command_line: Collection[str] = ()) -> dict[str, optuna.distributions.BaseDistribution]:
     """hydra.sweeper.params (flattened, with the command line's sweeps) -> Optuna distributions;
-    SearchError names the first bad entry."""
+    SearchError names the first bad entry where the user wrote it (`from_command_line`: those keys)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
@@ -93,7 +93,7 @@ def parse_space(params: Mapping[str, Any]) -> dict[str, optuna.distributions.Bas
                           "optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}, or "
                           "'optimizer.lr=tag(log, interval(1e-4, 1e-2))' on the command line")
     for key, spec in params.items():
-        where = f"hydra.sweeper.params.{key}"
+        where = key if key in from_command_line else f"hydra.sweeper.params.{key}"
         if isinstance(spec, str):
             spec = spec_of_override(_parse(f"{key}={spec}", where), where)
         if isinstance(spec, (list, tuple)):
