@@ -76,3 +76,19 @@ def test_a_bad_log_checkpoints_value_is_one_line(run_cli):
     proc = run_cli("logger.log_checkpoints=some")
     assert proc.returncode == 1
     assert "error: logger.log_checkpoints must be one of best, all, none; got 'some'" in proc.stdout + proc.stderr
+
+
+def test_each_member_of_a_pack_logs_its_own_best_checkpoint(run_cli, store):
+    proc = run_cli("-m", "seed=0,1", "pack=2", *OVERSHOOT)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    members = [r for r in store.search_runs([store.get_experiment_by_name("seqlab").experiment_id]) if "pack_id" in r.data.tags]
+    assert len(members) == 2
+    separate = 0
+    for run in members:
+        best_step, last_step = int(run.data.metrics["best_val_rmse_step"]), int(run.data.tags["output_network_step"])
+        models = _models(store, run)
+        (best,) = [m for m in models if m.tags.get("checkpoint") == "best"]
+        assert _linked(best)["val_rmse"] == (best_step, pytest.approx(run.data.metrics["best_val_rmse"]))
+        assert best.name == ("model" if best_step == last_step else "checkpoint-best")
+        separate += best.name == "checkpoint-best"
+    assert separate >= 1  # seed 0 trains as alone above: best at step 16 of 24

@@ -6,6 +6,7 @@ each member its own numbers, and a member ends (diverged, stopped early) without
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass, field
@@ -49,18 +50,20 @@ class Member:
     pruned: Optional[str] = None  # why a search's pruner stopped it (its job result's reason)
     final_step: Optional[int] = None  # where its training ended (stopped early: there)
     last_weights: Optional[dict[str, torch.Tensor]] = None  # its weights where it stopped early
+    logged: list[tuple[str, int]] = field(default_factory=list)  # logger.log_checkpoints=all: (model id, step) logged
 
     def state(self) -> dict[str, Any]:
         """What a pack checkpoint keeps of this member besides its packed weights."""
         return {"epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
                 "since_best": self.since_best, "reached": self.reached, "stopped": self.stopped,
-                "pruned": self.pruned, "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights, "order": self.order.get_state(),
+                "pruned": self.pruned, "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights,
+                "logged": self.logged, "order": self.order.get_state(),
                 "dropout_stream": self.dropout_stream.get_state() if self.dropout_stream is not None else None}
 
     def load_state(self, state: dict[str, Any]) -> None:
         for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
-        self.order.set_state(state["order"])
+        self.logged = state.get("logged", [])  # a checkpoint from before logged checkpoints has none        self.order.set_state(state["order"])
         if self.dropout_stream is not None and state["dropout_stream"] is not None:
             self.dropout_stream.set_state(state["dropout_stream"])
 
@@ -85,8 +88,11 @@ class Member:
             self.best = {"best_val_rmse": val_rmse, "best_val_rmse_step": float(step), "best_val_rmse_epoch": float(epoch)}
             self.tracker.log_metrics(self.best, step)
             self.since_best = 0
-            if self.cfg.module.output_network == "best":
+            checkpoints = self.tracker.log_checkpoints
+            if self.cfg.module.output_network == "best" or checkpoints in ("best", "all"):
                 self.best_weights = weights()
+            if checkpoints == "all":
+                self._log_checkpoint(step)
             return
         self.since_best += 1
         patience = self.cfg.module.validation_patience
@@ -95,6 +101,18 @@ class Member:
             self.stopped = {"step": step, "epoch": epoch}
             log.info("stopped   member %d early at step %d (epoch %d): val_rmse has not improved for %d validation(s) "
                      "(module.validation_patience=%d); the pack goes on", self.k, step, epoch, self.since_best, patience)
+
+    def _log_checkpoint(self, step: int) -> None:
+        """logger.log_checkpoints=all: this new best as a logged model now, as OutputNetwork logs a
+        run's alone (its metrics are linked at the end)."""
+        from seqlab.tracking.model_logging import log_network
+
+        network = copy.deepcopy(self.network)
+        network.load_state_dict(self.best_weights)
+        done = log_network(self.tracker, network, self.datamodule.train.x, step, name="checkpoint",
+                           tags={"checkpoint": "new best val_rmse"}, link=False)
+        if done is not None:
+            self.logged.append((done.model_id, step))
 
     def reported(self, val_rmse: float, step: int, epoch: int) -> None:
         """sweeps.pruning.TrialReporter: a search's trial gets the epoch's val_rmse, and where the

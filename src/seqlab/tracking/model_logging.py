@@ -155,29 +155,31 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     return LoggedNetwork(uri, model_id)
 
 
-def kept_is_best(best: Any, kept: dict[str, str]) -> bool:
-    """Whether the network kept (`model`) is the best validation's: kept as best, or the last
-    network and the best at the same step."""
+def kept_is_best(found: Optional[dict[str, float]], kept: dict[str, str]) -> bool:
+    """Whether the network kept (`model`) is the best validation's (`found`: best_val_rmse and its
+    step): kept as best, or the last network and the best at the same step."""
     if kept.get("output_network") == "best":
         return True
-    found = getattr(best, "best", None)
     return found is not None and str(int(found["best_val_rmse_step"])) == kept.get("output_network_step")
 
 
-def log_checkpoints(tracker: Any, best: Any, network: Any, example_x: np.ndarray, kept: dict[str, str]) -> None:
-    """At a run's end, per logger.log_checkpoints: the best validation's network as a logged model
-    (`checkpoint-best`) unless it is the network kept (`model`, tagged checkpoint=best by the
-    caller), and the metrics of each network logged during training (all) linked to it."""
-    if tracker.log_checkpoints == "none" or best is None:
+def log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
+                    logged: list[tuple[str, int]], network: Any, example_x: np.ndarray, kept: dict[str, str]) -> None:
+    """At a run's end, per logger.log_checkpoints: the best validation's network (`weights`, found
+    at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
+    tagged checkpoint=best by the caller), and the metrics of each network logged during training
+    (`logged`: model id and step, with all) linked to it. A run alone and a pack's member alike."""
+    if tracker.log_checkpoints == "none":
         return
-    for model_id, step in getattr(best, "logged", []):
+    for model_id, step in logged:
         link_metrics(tracker, model_id, step)
-    if kept_is_best(best, kept) or best.weights is None:
+    if found is None or weights is None or kept_is_best(found, kept):
         return
-    copy_ = copy.deepcopy(network)
-    copy_.load_state_dict(best.weights)
-    step = int(best.best["best_val_rmse_step"])
-    logged = log_network(tracker, copy_, example_x, step, name=BEST,
-                         tags={"checkpoint": "best", "best_val_rmse": f"{best.value:.6g}", "step": str(step)})
-    if logged is not None:
-        log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", best.value, step, logged.model_id)
+    best = copy.deepcopy(network)
+    best.load_state_dict(weights)
+    step = int(found["best_val_rmse_step"])
+    value = found["best_val_rmse"]
+    done = log_network(tracker, best, example_x, step, name=BEST,
+                       tags={"checkpoint": "best", "best_val_rmse": f"{value:.6g}", "step": str(step)})
+    if done is not None:
+        log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", value, step, done.model_id)
