@@ -40,7 +40,7 @@ FILE_SECONDS = {
     "test_perf.py": 29, "test_preemption.py": 29, "test_config.py": 25, "test_rank_failure.py": 23,
     "test_step_writer.py": 21, "test_checkpoints.py": 21, "test_train.py": 17, "test_server_auth.py": 16,
     "test_store.py": 15, "test_sync.py": 14, "test_bad_input.py": 12, "test_own_data.py": 30, "test_hydra_next.py": 20,
-    "test_checkpoint_models.py": 15,
+    "test_checkpoint_models.py": 25,
 }
 
 
