@@ -268,8 +268,11 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
          "model.dropout must be in [0, 1), got 1.5"),
         ("optimizer.lr=tag(log, interval(0, 1e-2))",  # Hydra's grammar on the command line: named as typed
          "error: optimizer.lr: a log range must stay above 0, got low=0.0; raise low, or drop log: true"),
+        ("model.dropout=interval(0.0, 1.5)",
+         "error: model.dropout: model.dropout=1.5 (high) does not make a valid config: model.dropout must be in [0, 1), got 1.5"),
     ],
-    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema", "grammar-log-through-zero"],
+    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema", "grammar-log-through-zero",
+         "grammar-out-of-schema"],
 )
 def test_a_bad_search_space_entry_gets_one_line_before_anything_trains(run_cli, store, override, expected):
     proc = run_cli("-m", "hparams_search=optuna", override, *TINY)

@@ -107,18 +107,22 @@ class Search:
         groups = set(self.config.hydra.runtime.choices.keys())
         for key, distribution in space.items():
             if key.startswith("hydra.") or "/" in key:
-                raise SearchError(f"hydra.sweeper.params.{key}: only keys of the training config can be searched")
+                raise SearchError(f"{self._where(key)}: only keys of the training config can be searched")
             if key in groups:
                 if not isinstance(distribution, optuna.distributions.CategoricalDistribution):
-                    raise SearchError(f"hydra.sweeper.params.{key}: {key} is a config group: search it with type: categorical "
+                    raise SearchError(f"{self._where(key)}: {key} is a config group: search it with type: categorical "
                                       "and option names as choices")
                 continue
             if OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False) is _MISSING:
                 parent = key.rpartition(".")[0]
-                raise SearchError(f"hydra.sweeper.params.{key}: {key} is not a config key"
+                raise SearchError(f"{self._where(key)}: {key} is not a config key"
                                   + (f" ({parent} has: {', '.join(self._keys(parent))})" if parent and self._keys(parent) else ""))
         self._compose_extremes(space)
         return space
+
+    def _where(self, key: str) -> str:
+        """Where the user wrote a key's entry, for an error: the command line, or the preset's params."""
+        return key if key in self.swept_here else f"hydra.sweeper.params.{key}"
 
     def _keys(self, parent: str) -> list[str]:
         node = OmegaConf.select(self.config, parent, default=None)
@@ -146,7 +150,7 @@ class Search:
                     message = one_line(error).split(" full_key:")[0]
                 else:
                     continue
-                raise SearchError(f"hydra.sweeper.params.{key}: {override} ({what}) does not make a valid config: {message}")
+                raise SearchError(f"{self._where(key)}: {override} ({what}) does not make a valid config: {message}")
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
         """A job's config: this command's arguments and `overrides`, composed as the launcher composes it."""
