@@ -169,10 +169,19 @@ def log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Op
     at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
     tagged checkpoint=best by the caller), and the metrics of each network logged during training
     (`logged`: model id and step, with all) linked to it. A run alone and a pack's member alike."""
+    from seqlab.tracking.outbox import transient
+
     if tracker.log_checkpoints == "none":
         return
-    for model_id, step in logged:
-        link_metrics(tracker, model_id, step)
+    try:
+        for model_id, step in logged:
+            link_metrics(tracker, model_id, step)
+    except Exception as error:  # noqa: BLE001 - a server that went away: the models stay, unlinked
+        if not transient(error):
+            raise
+        log.warning("model     the checkpoints' metrics not linked: the tracking server does not answer (%s)",
+                    type(error).__name__)
+        return
     if found is None or weights is None or kept_is_best(found, kept):
         return
     best = copy.deepcopy(network)

@@ -95,8 +95,9 @@ class MlflowTracker:
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
         self.history = MetricHistory()
-        # Epoch-level points (validation, best_*, a few an epoch; not the per-step series) as logged,
-        # timestamps included: a logged model is linked to those of its step (model_logging).
+        # Epoch-level points (validation, best_*, about a dozen an epoch; not the per-step series,
+        # which `history` holds as pairs) as logged, timestamps included: a logged model is linked
+        # to those of its step (model_logging).
         self.points: list[Metric] = []
         self.sender: Any = None
         # A resumed run: the last step each metric was stored at (seqlab.tracking.replayed_steps).
