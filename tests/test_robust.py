@@ -148,7 +148,9 @@ def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_ends_the_run_killed(tmp_pa
 
 
 # -- interrupted runs: checkpoint, resume, exact continuation ------------------------------------
-RESUMABLE = ["deterministic=true", "trainer.max_epochs=12", "perf.steps_per_call=10"]
+# 4096 samples: 3277 for training, 52 steps an epoch at batch 64.
+RESUMABLE = ["deterministic=true", "data.n_samples=4096", "trainer.max_epochs=12", "perf.steps_per_call=10"]
+STEPS = 52
 
 
 @pytest.mark.slow
@@ -170,7 +172,7 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     run_id = run.info.run_id
     assert run.info.status == "KILLED"
     stopped_at = int(run.data.tags["interrupted_at_step"])
-    assert 0 < stopped_at < 12 * 103  # 6554 training samples: 103 steps an epoch
+    assert 0 < stopped_at < 12 * STEPS
     hint = next(line.strip() for line in out.splitlines() if line.strip().startswith("python train.py"))
     assert hint.endswith(f"resume={run_id}") and "trainer.max_epochs=12" in hint
 
@@ -180,7 +182,7 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert "interrupted_at_step" not in run.data.tags  # its checkpoint is used up
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
-    assert steps == list(range(1, 12 * 103 + 1))  # every step once: none lost, none repeated
+    assert steps == list(range(1, 12 * STEPS + 1))  # every step once: none lost, none repeated
     assert len(store.get_metric_history(run_id, "val_rmse")) == 12
 
     train(compose_cfg(*RESUMABLE, "logger.experiment_name=uninterrupted"))  # the same task, in this process
