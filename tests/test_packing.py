@@ -287,3 +287,16 @@ def test_members_with_their_own_dropout_drop_at_their_own_rate():
     assert dropped[0] == 0 and abs(dropped[1] - 0.2) < 0.02 and abs(dropped[2] - 0.6) < 0.02
     kept = packed._dropout(h, None)[2]
     assert torch.allclose(kept[kept > 0], torch.tensor(1 / 0.4))  # scaled by 1 / (1 - p), as nn.Dropout does
+
+
+def test_a_members_state_comes_back_whole_from_a_pack_checkpoint():
+    """A resumed pack continues each member's data order where it stopped (and its logged checkpoints)."""
+    from seqlab.packing.members import Member
+
+    saved = Member(0, cfg=None, job=None, order=torch.Generator().manual_seed(7), logged=[("m-1", 52)])
+    torch.randperm(10, generator=saved.order)  # an epoch's shuffle drawn
+    resumed = Member(0, cfg=None, job=None, order=torch.Generator().manual_seed(0))
+    resumed.load_state(saved.state())
+    assert torch.equal(resumed.order.get_state(), saved.order.get_state())
+    assert resumed.logged == [("m-1", 52)]
+    assert torch.equal(torch.randperm(10, generator=resumed.order), torch.randperm(10, generator=saved.order))

@@ -63,7 +63,8 @@ class Member:
     def load_state(self, state: dict[str, Any]) -> None:
         for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
-        self.logged = state.get("logged", [])  # a checkpoint from before logged checkpoints has none        self.order.set_state(state["order"])
+        self.logged = state.get("logged", [])  # a checkpoint from before logged checkpoints has none
+        self.order.set_state(state["order"])
         if self.dropout_stream is not None and state["dropout_stream"] is not None:
             self.dropout_stream.set_state(state["dropout_stream"])
 
