@@ -162,17 +162,12 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
         if tracker.log_checkpoint:
             store_checkpoint(tracker, ckpt)
         tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
-        from seqlab.tracking.model_logging import kept_is_best, log_checkpoints, log_network  # networks as MLflow models
+        from seqlab.tracking.model_logging import log_networks  # the network kept and the checkpoints, as MLflow models
 
-        found = best.best if best is not None else None
-        is_best = tracker.log_checkpoints != "none" and kept_is_best(found, kept)
-        # The model's step is its weights' (module.output_network=best: the best validation's).
-        step = int(kept.get("output_network_step", parts.trainer.global_step))
-        logged = log_network(tracker, parts.module.model, parts.datamodule.train.x, step, tracker.register_as,
-                             tags={**kept, **({"checkpoint": "best"} if is_best else {})})
+        logged = log_networks(tracker, parts.module.model, parts.datamodule.train.x, kept, parts.trainer.global_step,
+                              best.best if best is not None else None, best.weights if best is not None else None,
+                              best.logged if best is not None else [])
         model_uri = logged.uri if logged else None
-        log_checkpoints(tracker, found, best.weights if best is not None else None, best.logged if best is not None else [],
-                        parts.module.model, parts.datamodule.train.x, kept)
     else:
         model_uri = None
     return Outcome(parts, summary, wall, baseline, device, kept, model_uri)

@@ -83,12 +83,11 @@ class OutputNetwork(BestValRmse):
     def _log_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The network of this new best as a logged model now (its metrics are linked at the end,
         when those of its step are all logged): once per checkpoint, not per step."""
-        from seqlab.tracking.model_logging import log_network
+        from seqlab.tracking.model_logging import log_new_best
 
-        logged = log_network(self.tracker, pl_module.model, trainer.datamodule.train.x, trainer.global_step,
-                             name="checkpoint", tags={"checkpoint": "new best val_rmse"}, link=False)
-        if logged is not None:
-            self.logged.append((logged.model_id, trainer.global_step))
+        done = log_new_best(self.tracker, pl_module.model, trainer.datamodule.train.x, trainer.global_step)
+        if done is not None:
+            self.logged.append(done)
 
     def state_dict(self) -> dict[str, Any]:
         weights = None if self.weights is None else {k: v.cpu() for k, v in self.weights.items()}

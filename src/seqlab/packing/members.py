@@ -106,14 +106,13 @@ class Member:
     def _log_checkpoint(self, step: int) -> None:
         """logger.log_checkpoints=all: this new best as a logged model now, as OutputNetwork logs a
         run's alone (its metrics are linked at the end)."""
-        from seqlab.tracking.model_logging import log_network
+        from seqlab.tracking.model_logging import log_new_best
 
         network = copy.deepcopy(self.network)
         network.load_state_dict(self.best_weights)
-        done = log_network(self.tracker, network, self.datamodule.train.x, step, name="checkpoint",
-                           tags={"checkpoint": "new best val_rmse"}, link=False)
+        done = log_new_best(self.tracker, network, self.datamodule.train.x, step)
         if done is not None:
-            self.logged.append((done.model_id, step))
+            self.logged.append(done)
 
     def reported(self, val_rmse: float, step: int, epoch: int) -> None:
         """sweeps.pruning.TrialReporter: a search's trial gets the epoch's val_rmse, and where the

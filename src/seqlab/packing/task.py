@@ -303,7 +303,7 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
 
     from seqlab.plots import training_curves
     from seqlab.resume.points import drop_resume_point, store_checkpoint
-    from seqlab.tracking.model_logging import kept_is_best, log_checkpoints, log_network
+    from seqlab.tracking.model_logging import log_networks
     from seqlab.training.module import LOSS_FUNCTIONS, evaluate, population_bn_statistics_
 
     tracker, cfg = m.tracker, m.cfg
@@ -339,11 +339,8 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
     if tracker.log_checkpoint:
         store_checkpoint(tracker, ckpt)
     tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))
-    is_best = tracker.log_checkpoints != "none" and kept_is_best(m.best, kept)
-    logged = log_network(tracker, m.network, m.datamodule.train.x, int(kept.get("output_network_step", step)),
-                         tracker.register_as, tags={**kept, **({"checkpoint": "best"} if is_best else {})})
+    logged = log_networks(tracker, m.network, m.datamodule.train.x, kept, step, m.best, m.best_weights, m.logged)
     model_uri = logged.uri if logged else None
-    log_checkpoints(tracker, m.best, m.best_weights, m.logged, m.network, m.datamodule.train.x, kept)
     drop_resume_point(tracker)
     m.status = "FINISHED"
     result = JobResult(

@@ -25,6 +25,7 @@ ARTIFACT_PATH = "model"
 SERIALIZATION = "pickle"
 N_EXAMPLE = 2  # samples in the input example (kept small: it is stored as JSON)
 BEST = "checkpoint-best"  # the lowest val_rmse's network, where it is not the one kept
+CHECKPOINT = "checkpoint"  # logger.log_checkpoints=all: the network at each new best val_rmse
 
 
 @dataclass
@@ -155,7 +156,7 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     return LoggedNetwork(uri, model_id)
 
 
-def kept_is_best(found: Optional[dict[str, float]], kept: dict[str, str]) -> bool:
+def _kept_is_best(found: Optional[dict[str, float]], kept: dict[str, str]) -> bool:
     """Whether the network kept (`model`) is the best validation's (`found`: best_val_rmse and its
     step): kept as best, or the last network and the best at the same step."""
     if kept.get("output_network") == "best":
@@ -163,12 +164,12 @@ def kept_is_best(found: Optional[dict[str, float]], kept: dict[str, str]) -> boo
     return found is not None and str(int(found["best_val_rmse_step"])) == kept.get("output_network_step")
 
 
-def log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
+def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
                     logged: list[tuple[str, int]], network: Any, example_x: np.ndarray, kept: dict[str, str]) -> None:
     """At a run's end, per logger.log_checkpoints: the best validation's network (`weights`, found
     at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
     tagged checkpoint=best by the caller), and the metrics of each network logged during training
-    (`logged`: model id and step, with all) linked to it. A run alone and a pack's member alike."""
+    (`logged`: model id and step, with all) linked to it."""
     from seqlab.tracking.outbox import transient
 
     if tracker.log_checkpoints == "none":
@@ -182,7 +183,7 @@ def log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Op
         log.warning("model     the checkpoints' metrics not linked: the tracking server does not answer (%s)",
                     type(error).__name__)
         return
-    if found is None or weights is None or kept_is_best(found, kept):
+    if found is None or weights is None or _kept_is_best(found, kept):
         return
     best = copy.deepcopy(network)
     best.load_state_dict(weights)
@@ -192,3 +193,27 @@ def log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Op
                        tags={"checkpoint": "best", "best_val_rmse": f"{value:.6g}", "step": str(step)})
     if done is not None:
         log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", value, step, done.model_id)
+
+
+def log_new_best(tracker: Any, network: Any, example_x: np.ndarray, step: int) -> Optional[tuple[str, int]]:
+    """logger.log_checkpoints=all: the network of a new best val_rmse as a logged model now, once per
+    checkpoint, not per step; (its model id, step) for log_networks to link its metrics at the end,
+    when those of its step are all logged. A run alone (callbacks.output_network) and a pack's member."""
+    done = log_network(tracker, network, example_x, step, name=CHECKPOINT, tags={"checkpoint": "new best val_rmse"},
+                       link=False)
+    return None if done is None else (done.model_id, step)
+
+
+def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: dict[str, str], last_step: int,
+                 found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
+                 logged: list[tuple[str, int]]) -> Optional[LoggedNetwork]:
+    """A run's networks at its end: the one kept as `model`, at its weights' step (the best
+    validation's with module.output_network=best, else `last_step`) and tagged checkpoint=best when
+    it is the best validation's network; then, per logger.log_checkpoints, `checkpoint-best` and
+    the links of those logged during training. A run alone and a pack's member alike."""
+    is_best = tracker.log_checkpoints != "none" and _kept_is_best(found, kept)
+    step = int(kept.get("output_network_step", last_step))
+    done = log_network(tracker, network, example_x, step, tracker.register_as,
+                       tags={**kept, **({"checkpoint": "best"} if is_best else {})})
+    _log_checkpoints(tracker, found, weights, logged, network, example_x, kept)
+    return done
