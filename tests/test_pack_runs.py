@@ -186,3 +186,73 @@ def test_a_pack_trains_on_the_gpu_and_each_member_is_a_run(run_cli, store):
     assert len(members) == 4 and {r.data.tags["accelerator"] for r in members} == {"gpu"}
     assert all(r.info.status == "FINISHED" and len(_losses(store, r.info.run_id)) == 104 for r in members)
     assert all(np.isfinite(r.data.metrics["final_val_rmse"]) and r.data.metrics["pack_model_steps_per_s"] > 0 for r in members)
+
+
+# Issue 32: a member whose loss diverged keeps its status through the pack's checkpoint. Member 1
+# (lr 1000) diverges within its first steps; the pack stops (Ctrl-C, or kill -9 right after a
+# time-based checkpoint) at step {at}, well after. The stop is made from inside the step, so it lands
+# where asked whatever the machine's speed.
+STOP_AFTER_DIVERGENCE = """
+import math, os, runpy, signal, sys, time
+sys.argv.pop(0)
+from seqlab.packing import loop
+how = "{how}"
+step, init = loop.PackTrainer.step, loop.PackTrainer.__init__
+
+def step_then_stop(self, x, y):
+    out = step(self, x, y)
+    if self.global_step + 1 == {at}:
+        if how == "ctrl-c":
+            os.kill(os.getpid(), signal.SIGINT)  # the pack stops after this step, with a checkpoint
+        else:
+            self.last_checkpoint = -math.inf  # the time-based checkpoint comes due after this step
+    elif how == "kill":
+        self.last_checkpoint = time.monotonic()
+    return out
+
+def init_then_die_after_the_checkpoint(self, *args, **kwargs):
+    publish = kwargs["publish"]
+
+    def publish_then_die(path, step):
+        publish(path, step)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    kwargs["publish"] = publish_then_die
+    init(self, *args, **kwargs)
+
+loop.PackTrainer.step = step_then_stop
+loop.PackTrainer.__init__ = init_then_die_after_the_checkpoint
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+DIVERGING = ["-m", "optimizer=sgdm", "optimizer.lr=0.01,1000", "pack=2", *SMALL, "checkpoint.interval_s=1000"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "kill"])
+def test_a_diverged_member_stays_failed_through_a_stop_and_resume_while_the_other_continues(tmp_path, store, run_cli, how):
+    import zygote
+
+    at = 40
+    stopped = zygote.run([str(ROOT / "train.py"), *DIVERGING, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
+                         timeout=300, code=STOP_AFTER_DIVERGENCE.replace("{at}", str(at)).replace("{how}", how))
+    assert stopped.returncode == (-signal.SIGKILL if how == "kill" else 130), (stopped.stdout + stopped.stderr)[-3000:]
+    before = {r.data.params["optimizer.lr"]: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
+    assert set(before) == {"0.01", "1000"}
+    diverged_steps = len(_losses(store, before["1000"].info.run_id))
+
+    resumed = run_cli(*DIVERGING, "resume=latest")
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 1, out[-3000:]  # the sweep has a failed job
+    assert "2 jobs, 1 failed" in out
+    after = {r.data.params["optimizer.lr"]: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
+    # The same two runs: nothing trained anew.
+    assert {k: r.info.run_id for k, r in after.items()} == {k: r.info.run_id for k, r in before.items()}
+    diverged, fine = after["1000"], after["0.01"]
+    assert diverged.info.status == "FAILED"
+    assert "training diverged" in diverged.data.tags["failure_reason"]
+    assert len(_losses(store, diverged.info.run_id)) == diverged_steps  # not trained again
+    assert not diverged.outputs.model_outputs  # its NaN network is not logged
+    assert fine.info.status == "FINISHED", fine.data.tags.get("failure_reason")
+    steps = sorted(m.step for m in store.get_metric_history(fine.info.run_id, "train_loss"))
+    assert steps == list(range(1, 105))  # continued from step 40: every step once

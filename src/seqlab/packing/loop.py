@@ -297,7 +297,7 @@ class PackTrainer:
         again what a run already holds, so a step trained before it must not be left unsent."""
         self.flush()
         self.last_checkpoint = time.monotonic()
-        state = {**self.state_dict(), "run_ids": [m.tracker.run_id for m in self.members]}
+        state = {**self.state_dict(), "run_ids": [m.run_id for m in self.members]}
         replace_atomically(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
         return self.checkpoint_path
 

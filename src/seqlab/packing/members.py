@@ -34,6 +34,9 @@ class Member:
     dropout_stream: Optional[torch.Generator] = None  # the global stream its run alone would draw dropout from
     order: Optional[torch.Generator] = None  # its data order (data.module.TensorBatches' generator)
     resume_run_id: Optional[str] = None  # continue this KILLED run from the pack's checkpoint
+    # Its run ended FAILED in an earlier start of this pack (diverged before a Ctrl-C): the continued
+    # pack keeps its slot, frozen, and neither reopens nor trains its run again.
+    ended_before: bool = False
     trial_link: Optional[TrialLink] = None  # a search's trial this member trains (seqlab.sweeps.trial)
     trial: Any = None  # that optuna.Trial, opened when its run starts
     status: str = "RUNNING"  # RUNNING | FINISHED | FAILED | KILLED
@@ -52,9 +55,20 @@ class Member:
     last_weights: Optional[dict[str, torch.Tensor]] = None  # its weights where it stopped early
     logged: list[tuple[str, int]] = field(default_factory=list)  # logger.log_checkpoints=all: (model id, step) logged
 
+    @property
+    def run_id(self) -> Optional[str]:
+        return self.tracker.run_id if self.tracker is not None else self.resume_run_id
+
+    @property
+    def run_open(self) -> bool:
+        """Its run is open in this process (it has not ended it, nor ended it before)."""
+        return self.tracker is not None and self.tracker.run_id is not None and (
+            self.job.result is None or self.job.result.status == "RUNNING")
+
     def state(self) -> dict[str, Any]:
-        """What a pack checkpoint keeps of this member besides its packed weights."""
-        return {"epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
+        """What a pack checkpoint keeps of this member besides its packed weights: its status too,
+        so that a member that failed before the checkpoint stays FAILED after a resume."""
+        return {"status": self.status, "reason": self.reason, "epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
                 "since_best": self.since_best, "reached": self.reached, "stopped": self.stopped,
                 "pruned": self.pruned, "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights,
                 "logged": self.logged, "order": self.order.get_state(),
@@ -64,6 +78,8 @@ class Member:
         for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
         self.logged = state.get("logged", [])  # a checkpoint from before logged checkpoints has none
+        if state.get("status") == "FAILED":  # KILLED or RUNNING then: it trains on as RUNNING now
+            self.status, self.reason = "FAILED", state.get("reason")
         self.order.set_state(state["order"])
         if self.dropout_stream is not None and state["dropout_stream"] is not None:
             self.dropout_stream.set_state(state["dropout_stream"])

@@ -20,7 +20,7 @@ from seqlab import SeqlabError, one_line
 from seqlab.packing.members import Member
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, continue_job
+from seqlab.sweeps.job import Job, JobResult, continue_job, planned
 from seqlab.sweeps.trial import as_current, member_link, open_trial
 
 log = logging.getLogger("seqlab")
@@ -80,7 +80,7 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
         for m in members:
             if m.job.result is None or m.job.result.status == "RUNNING":
                 m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
-                                      m.tracker.run_id if m.tracker else None, m.name or None, reason=one_line(error)))
+                                      m.run_id, m.name or None, reason=one_line(error)))
         if isinstance(error, SystemExit):
             raise
         if isinstance(error, KeyboardInterrupt):
@@ -108,22 +108,28 @@ def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResu
 
 def _plan_resume(cfg: DictConfig, job: Job, members: list[Member]):
     """(members to train, results of members done before, the run ids the pack continues or None),
-    from the resumed sweep's plan, member by member as continue_job decides for a job alone."""
+    from the resumed sweep's plan, member by member as continue_job decides for a job alone. A
+    member that FAILED in the pack before its checkpoint goes on with it, in its slot, FAILED."""
     results, to_train = [], []
     for m in members:
         m.cfg.resume = cfg.resume
         m.job.overrides.append(f"resume={cfg.resume}")
+        entry = planned(m.cfg, m.job)
         done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
         if done is not None:
             results.append(done)
             continue
         m.resume_run_id, m.cfg.resume = m.cfg.resume, None
+        if m.resume_run_id is not None and entry.status == "FAILED":
+            m.ended_before, m.status, m.name = True, "FAILED", entry.run_name or ""
         to_train.append(m)
     continuing = [m.resume_run_id for m in to_train]
     if not to_train or None in continuing or len(to_train) != len(members):
-        for m in to_train:
-            m.resume_run_id = None  # the pack cannot continue as a whole: these train anew
+        for m in to_train:  # the pack cannot continue as a whole: these train anew
+            m.resume_run_id, m.ended_before, m.status = None, False, "RUNNING"
         return to_train, results, None
+    if all(m.ended_before for m in to_train):  # every member left failed: nothing to continue
+        return [], results + [_ended(m) for m in to_train], None
     return to_train, results, continuing
 
 
@@ -167,6 +173,8 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
 
     sweep = job.sweep_info()
     for m in members:
+        if m.ended_before:
+            continue  # its run stays as it ended: FAILED
         m.tracker = open_tracker(m.cfg.logger, m.job, sweep)
         m.name = m.tracker.run_name or run_name(device.accelerator, m.cfg, m.job.overrides, sweep.swept_keys)
         m.tags = {**run_tags(m.cfg, m.job, device, sweep), **identity(),
@@ -196,6 +204,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     from seqlab.training.perf import optimizer_factory
 
     first = members[0]
+    tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
     lrs = [float(m.cfg.optimizer.lr) for m in members]
     if len(set(lrs)) == 1:
@@ -218,9 +227,11 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
 
-    def publish(path: Path, step: int) -> None:  # the pack's checkpoint: every training member's resume point
+    def publish(path: Path, step: int) -> None:
+        # The pack's checkpoint: every open run's resume point, a member that failed in it too (the
+        # checkpoint holds its status: a resume keeps it FAILED in its slot).
         for m in members:
-            if m.active:
+            if m.run_open:
                 publish_resume_point(m.tracker, path, step)
 
     with StopRequest() as stop:
@@ -228,17 +239,20 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             model, optimizer, scheduler, gradients if (gradients.active_l2 or gradients.active_threshold) else None,
             first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs), data, members,
             lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
-            max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=first.tracker.flush_every_n_steps,
-            flush_every_s=first.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
+            max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=tracked.tracker.flush_every_n_steps,
+            flush_every_s=tracked.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
             publish=publish,
             stop=stop, exact_dropout=device.accelerator == "cpu",
         )
         if resume_run_ids is not None:
-            state = torch.load(fetch_checkpoint(first.tracker.client, resume_run_ids[0], job.output_dir / "resumed"),
+            state = torch.load(fetch_checkpoint(tracked.tracker.client, tracked.resume_run_id, job.output_dir / "resumed"),
                                map_location=device.torch_device, weights_only=False)
             if state.get("run_ids") != resume_run_ids:
                 raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
             trainer.load_state_dict(state)
+            for m in members:
+                if m.ended_before and m.active:  # its run FAILED after this checkpoint: it stays FAILED, frozen
+                    m.active, m.reason = False, m.reason or "failed in an earlier start of its pack"
             log.info("resume    pack %s continues its %d members from step %d", first.job.pack_id, len(members), trainer.global_step)
         log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
                  device.name, ", ".join(m.name for m in members))
@@ -366,8 +380,11 @@ def _fmt(value, spec: str = ".4g") -> str:
 def _ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
     """End the member's run with its status (and reason), its job's artifacts logged; its result written."""
     tracker = m.tracker
-    result = result or JobResult(m.status, m.job.num, m.tags.get("sweep_id"), m.job.overrides, tracker.run_id, m.name,
-                                 batch_size=m.cfg.data.batch_size, reason=m.reason)
+    result = result or JobResult(m.status, m.job.num, m.tags.get("sweep_id") or m.job.sweep_info().sweep_id, m.job.overrides,
+                                 m.run_id, m.name, batch_size=m.cfg.data.batch_size, reason=m.reason)
+    if m.ended_before:  # its run ended FAILED in an earlier start of the pack: only its result is written
+        m.job.write(result)
+        return result
     try:
         tracker.log_artifact(m.job.output_dir.parent / ".hydra", "hydra")
         for log_file in m.job.output_dir.parent.glob("*.log"):

@@ -227,7 +227,7 @@ class MlflowSweepCallback(Callback):
             # its process lives here, or it runs elsewhere (a compute node) with a heartbeat that this
             # process has not seen stand still for long. Left alone, whatever host asks: never run twice.
             plan[key] = PlannedJob(
-                run.info.run_id, run.info.run_name, status, resumable=status == "KILLED" and STOPPED_AT in t,
+                run.info.run_id, run.info.run_name, status, resumable=status in ("KILLED", "FAILED") and STOPPED_AT in t,
                 accelerator=t.get("accelerator"), batch_size=int(run.data.params["data.batch_size"])
                 if run.data.params.get("data.batch_size", "").isdigit() else None,
                 it_per_s=m.get("it_per_s_median"), val_rmse=m.get("final_val_rmse"), best_val_rmse=m.get("best_val_rmse"),
@@ -237,7 +237,7 @@ class MlflowSweepCallback(Callback):
         counts = {s: sum(e.status == s for e in plan.values()) for s in ("FINISHED", "KILLED", "FAILED", "RUNNING")}
         note = " (its parent run was still RUNNING: the sweep was killed without ending it)" if parent.info.status == "RUNNING" else ""
         print(f"resuming sweep {sweep_id} (parent run {parent.info.run_id}){note}: {counts['FINISHED']} job(s) FINISHED "
-              f"before are skipped, {sum(e.resumable for e in plan.values())} KILLED continue from their checkpoint, "
+              f"before are skipped, {sum(e.resumable and e.status == 'KILLED' for e in plan.values())} KILLED continue from their checkpoint, "
               + (f"{counts['RUNNING']} still running (their heartbeat is alive) are left alone, " if counts["RUNNING"] else "")
               + "the others run", flush=True)
         return parent, plan

@@ -97,7 +97,7 @@ class PlannedJob:
     run_id: str
     run_name: Optional[str]
     status: str  # FINISHED | KILLED | FAILED | RUNNING (alive elsewhere: left alone)
-    resumable: bool  # KILLED with a checkpoint to continue from
+    resumable: bool  # a checkpoint to continue from (KILLED; or FAILED in a pack that was stopped, see continue_job)
     accelerator: Optional[str] = None
     batch_size: Optional[int] = None
     it_per_s: Optional[float] = None
@@ -213,10 +213,7 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
     run); a KILLED one with a checkpoint continues that run (cfg.resume becomes its run id);
     anything else runs anew (cfg.resume is cleared). Returns None when the job is to train."""
     info = job.sweep_info()
-    plan = info.resume_plan
-    if plan is None:  # a launcher or config without the sweep callback
-        raise SeqlabError(f"resume={cfg.resume}: continuing a sweep needs the sweep callback (hydra.callbacks.mlflow_sweep)")
-    entry = plan.get(job_key(job.overrides))
+    entry = planned(cfg, job)
     cfg.resume = None
     # From here on the job's overrides say what it does: a DDP job starts its other processes as
     # single runs with them (ranks.start_ranks_as_this_job), where resume= must name the run.
@@ -243,10 +240,25 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         cfg.resume = entry.run_id
         job.overrides.append(f"resume={cfg.resume}")
         log.info("resume    job %s continues its KILLED run %s (%s) from its checkpoint", job.num, entry.run_name, entry.run_id)
+    elif entry.status == "FAILED" and entry.resumable and job.member is not None:
+        # A pack's member that failed (its loss diverged) before the pack was stopped: the pack's
+        # checkpoint holds it, FAILED. It keeps its slot as the pack continues and is not trained
+        # again: its run stays the FAILED run it is (seqlab.packing.task).
+        cfg.resume = entry.run_id
+        log.info("failed    job %s (member %s) FAILED in its pack before the stop, in run %s (%s): it stays FAILED",
+                 job.num, job.member, entry.run_name, entry.run_id)
     else:
         log.info("rerun     job %s: its run %s ended %s%s; it runs again", job.num, entry.run_id, entry.status,
                  " without a checkpoint" if entry.status == "KILLED" else "")
     return None
+
+
+def planned(cfg: DictConfig, job: Job) -> Optional[PlannedJob]:
+    """This job as the resumed sweep left it (None: the sweep had not got to it)."""
+    plan = job.sweep_info().resume_plan
+    if plan is None:  # a launcher or config without the sweep callback
+        raise SeqlabError(f"resume={cfg.resume}: continuing a sweep needs the sweep callback (hydra.callbacks.mlflow_sweep)")
+    return plan.get(job_key(job.overrides))
 
 
 def resume_command(overrides: list[str], run_id: str) -> str:
