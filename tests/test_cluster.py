@@ -111,3 +111,31 @@ def test_a_requeued_slurm_job_continues_its_run(slurm, mlflow_server, tmp_path):
     assert "stopped by SIGTERM at step" in logs
     assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
     assert _each_step_once(client, run.info.run_id) == list(range(1, LONG_STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_slurm_pack_near_its_time_limit_is_requeued_and_continues_its_runs(slurm, mlflow_server, tmp_path):
+    """Issue 32: a pack of K members that SLURM signals as its time limit nears (submitit's USR2, as
+    `#SBATCH --signal` sends it) stops with its checkpoint, is requeued by submitit and continues its K
+    runs, every step once. (`scontrol requeue`'s SIGTERM takes the same way back: previous_attempt.)"""
+    pack = ["seed=0,1", "pack=2", "data.n_samples=2048", "trainer.max_epochs=60"]  # 26 steps an epoch
+    proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-pack"), *pack, env=slurm.env)
+    try:
+        _wait_until_training(tmp_path, proc)
+        (job,) = [line.split()[0] for line in slurm.queue()]
+        slurm.run("scancel", "--signal=USR2", job)  # to the job's step: the training process
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    client = mlflow.MlflowClient(mlflow_server.uri)
+    _, runs = _runs(client, "slurm-pack")
+    assert len(runs) == 2  # the same two runs, continued
+    logs = _job_logs(tmp_path)
+    assert "stopped by SIGUSR2 at step" in logs and "Requeued job" in logs  # submitit's own line
+    for run in runs:
+        assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
+        assert run.data.tags["slurm_restart_count"] == "1" and "interrupted_at_step" not in run.data.tags
+        assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
+        assert _each_step_once(client, run.info.run_id) == list(range(1, 26 * 60 + 1))

@@ -22,12 +22,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TextIO
 
 import torch
 
 from seqlab.packing.members import Member
 from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.resume.requeue import Preempted, preempt_signal
 from seqlab.resume.safe_writes import replace_atomically
 
 log = logging.getLogger("seqlab")
@@ -78,23 +79,41 @@ class PackData:
 
 class StopRequest:
     """Ctrl-C or SIGTERM: the pack stops at the next step boundary with a checkpoint (a second
-    Ctrl-C stops at once, without one), as a single run does (resume.interrupt.GracefulStop)."""
+    Ctrl-C stops at once, without one), as a single run does (resume.interrupt.GracefulStop). In a
+    submitit job (SLURM), so does submitit's time-limit/preemption signal (SIGUSR2): once the
+    members' runs have ended KILLED, `preempted()` hands the job back to submitit, which requeues it,
+    and the job started again continues the same runs (seqlab.packing.task: _previous_attempt)."""
 
     def __init__(self) -> None:
         self.signal: Optional[str] = None
         self._previous: dict[int, Any] = {}
+        self._preempt = preempt_signal()
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._on_signal)
+            for signum in (signal.SIGINT, signal.SIGTERM, self._preempt):
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self.signal is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self.signal = signal.Signals(signum).name
-        log.warning("stopping the pack after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
+        if signum == self._preempt:
+            log.warning("%s: the job is preempted or near its time limit; stopping the pack after this step to save "
+                        "a checkpoint, then the job is requeued and continues its members' runs", self.signal)
+        else:
+            log.warning("stopping the pack after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
+
+    def preempted(self) -> Optional[Preempted]:
+        """After a stop on submitit's signal: what requeues the job once its runs have ended."""
+        handler = self._previous.get(self._preempt) if self._preempt is not None else None
+        if self.signal != (signal.Signals(self._preempt).name if self._preempt else None) or not callable(handler):
+            return None
+        return Preempted(self._preempt, handler)
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
@@ -118,7 +137,7 @@ class PackTrainer:
                  members: list[Member], *, lr_scale: torch.Tensor, max_epochs: int, max_steps: int,
                  max_time_s: Optional[float], flush_every_n_steps: int, flush_every_s: float,
                  checkpoint_path: Path, checkpoint_every_s: float, publish: Callable[[Path, int], None],
-                 stop: StopRequest, exact_dropout: bool) -> None:
+                 stop: StopRequest, exact_dropout: bool, progress: Optional[TextIO] = None) -> None:
         self.model, self.optimizer, self.scheduler, self.gradients = model, optimizer, scheduler, gradients
         self.loss_fn, self.loss_to_mse = MEMBER_LOSSES[loss], loss_to_mse
         self.data, self.members = data, members
@@ -127,6 +146,7 @@ class PackTrainer:
         self.flush_every_n_steps, self.flush_every_s = flush_every_n_steps, flush_every_s
         self.checkpoint_path, self.checkpoint_every_s, self.publish = checkpoint_path, checkpoint_every_s, publish
         self.stop = stop
+        self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -255,6 +275,15 @@ class PackTrainer:
                 m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
                 if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)
+        if self.progress is not None:
+            training = [m.k for m in self.members if m.active]
+            parts = [f"epoch {epoch}/{self.max_epochs}", f"step {step}", f"{steps / max(seconds, 1e-9):,.0f} it/s",
+                     f"{len(training)} of {len(self.members)} members training"]
+            if val is not None and training:
+                rmse = [val["rmse"][k] for k in training]
+                parts.append(f"val_rmse {min(rmse):.4g}-{max(rmse):.4g}")
+            self.progress.write("  ".join(parts) + "\n")
+            self.progress.flush()
 
     @torch.no_grad()
     def validate(self) -> Optional[dict[str, list[float]]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqlab import SeqlabError, one_line
 from seqlab.packing.members import Member
+from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
 from seqlab.sweeps.job import Job, JobResult, continue_job, planned
@@ -81,6 +84,9 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
             if m.job.result is None or m.job.result.status == "RUNNING":
                 m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
                                       m.run_id, m.name or None, reason=one_line(error)))
+        if isinstance(error, Preempted):
+            log.error("preempted: the pack's runs ended KILLED; the job is requeued and continues them")
+            error.requeue()  # submitit requeues the job and ends this process
         if isinstance(error, SystemExit):
             raise
         if isinstance(error, KeyboardInterrupt):
@@ -101,6 +107,10 @@ def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResu
     checkpoint = None
     if cfg.resume:
         to_train, results, checkpoint = _plan_resume(cfg, job, members)
+    elif job.multirun:  # started again by a cluster (a requeue): the pack continues its members' runs
+        checkpoint = _previous_attempt(job, members)
+        if checkpoint is not None and all(m.ended_before for m in members):  # nothing left to train
+            return [_ended(m) for m in members]
     if to_train:
         results += _train(cfg, job, to_train, checkpoint)
     return results
@@ -131,6 +141,30 @@ def _plan_resume(cfg: DictConfig, job: Job, members: list[Member]):
     if all(m.ended_before for m in to_train):  # every member left failed: nothing to continue
         return [], results + [_ended(m) for m in to_train], None
     return to_train, results, continuing
+
+
+def _previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
+    """The runs this pack job's last attempt left, when the job is started again in its folder (a
+    SLURM requeue, submitit's requeue after its preemption signal): each member's, as a job alone
+    finds its own (resume.requeue.previous_attempt). The pack continues only as a whole, every
+    member's run with the pack's checkpoint; a member that FAILED in it keeps its slot, FAILED."""
+    before = [JobResult.read_if_any(m.job.output_dir) for m in members]
+    if any(b is None for b in before):
+        return None  # the job's first start
+    from seqlab.resume.requeue import previous_attempt
+    from seqlab.tracking.connect import open_tracker
+
+    sweep = job.sweep_info()
+    client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
+    run_ids = [previous_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any) for m in members]
+    if None in run_ids:
+        log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
+        return None
+    for m, b, run_id in zip(members, before, run_ids):
+        m.resume_run_id = run_id
+        if b.status == "FAILED":
+            m.ended_before, m.status, m.name = True, "FAILED", b.run_name or ""
+    return run_ids
 
 
 def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]) -> list[JobResult]:
@@ -243,6 +277,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             flush_every_s=tracked.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
             publish=publish,
             stop=stop, exact_dropout=device.accelerator == "cpu",
+            progress=sys.stderr if cfg.perf.progress == "line" else None,
         )
         if resume_run_ids is not None:
             state = torch.load(fetch_checkpoint(tracked.tracker.client, tracked.resume_run_id, job.output_dir / "resumed"),
@@ -264,8 +299,16 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             for m in members:
                 if m.active:
                     m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
-            log.error("stopped by %s at step %d; checkpoint %s; continue the sweep with its command and resume=latest",
-                      stopped.signal, stopped.step, stopped.path)
+            preempted = stop.preempted()
+            if preempted is not None:
+                then = "the job is requeued and continues these runs"
+            elif os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
+                then = "if SLURM requeued the job, it continues these runs by itself; else continue the sweep with its command and resume=latest"
+            else:
+                then = "continue the sweep with its command and resume=latest"
+            log.error("stopped by %s at step %d; checkpoint %s; %s", stopped.signal, stopped.step, stopped.path, then)
+            if preempted is not None:
+                raise preempted from None  # run_pack requeues the job once every run has ended
             raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
         wall = time.perf_counter() - start
     return [_finish(m, trainer, device, wall) for m in members]
