@@ -34,4 +34,3 @@ def test_submitits_preemption_signal_requeues_a_local_job(tmp_path, store):
     assert "preempted: MLflow run" in logs and "Requeued job" in logs  # submitit's own line
     assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
     assert _each_step_once(store, run.info.run_id) == list(range(1, LONG_STEPS + 1))
-

@@ -244,12 +244,11 @@ class PackTrainer:
                 continue
             rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values]
             lr = [group_lr * self.lr_scale[m.k]] * len(values)
-            m.tracker.log_series({"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times)
+            with m.own_failure("its step metrics", steps[0]):
+                m.tracker.log_series({"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times)
             bad = next(((s, v) for s, v in zip(steps, values) if not math.isfinite(v)), None)
             if bad is not None:
-                m.active, m.final_step = False, bad[0]
-                m.status, m.reason = "FAILED", DIVERGED.format(value=bad[1], step=bad[0])
-                log.warning("diverged  member %d (%s): %s; the pack goes on", m.k, m.name, m.reason)
+                m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
 
     @torch.no_grad()
     def end_epoch(self, seconds: float, steps: int, trained: Optional[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -264,14 +263,16 @@ class PackTrainer:
             if not m.active:
                 continue
             row = {f"train_{k}_epoch": v[m.k] for k, v in train.items()}
-            if steps:
-                m.timed_epoch(seconds, steps, trained[0].shape[1], step)
-                row["pack_model_steps_per_s"] = pack_rate
-            if val is not None:
-                row.update({f"val_{k}": v[m.k] for k, v in val.items()})
-            m.tracker.log_metrics(row, step)
-            if val is not None:
-                m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
+            with m.own_failure("its epoch's metrics", step):
+                if steps:
+                    m.timed_epoch(seconds, steps, trained[0].shape[1], step)
+                    row["pack_model_steps_per_s"] = pack_rate
+                if val is not None:
+                    row.update({f"val_{k}": v[m.k] for k, v in val.items()})
+                m.tracker.log_metrics(row, step)
+                if val is not None:
+                    m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
+            if val is not None and m.status != "FAILED":
                 m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
                 if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
 
+from seqlab import one_line
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink
 
@@ -83,6 +85,22 @@ class Member:
         self.order.set_state(state["order"])
         if self.dropout_stream is not None and state["dropout_stream"] is not None:
             self.dropout_stream.set_state(state["dropout_stream"])
+
+    @contextmanager
+    def own_failure(self, what: str, step: Optional[int] = None):
+        """What this member sends to its own run: a failure there (its run deleted in the UI, a write or
+        upload its store refuses) ends this member FAILED with the reason, and the pack goes on."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - one member's store, not the pack's training
+            self.fail(f"its MLflow run refused {what}: {one_line(error)}", step)
+
+    def fail(self, reason: str, step: Optional[int] = None) -> None:
+        if self.status == "FAILED":
+            return
+        self.active, self.status, self.reason = False, "FAILED", reason
+        self.final_step = self.final_step or step
+        log.warning("failed    member %d (%s): %s; the pack goes on", self.k, self.name, reason)
 
     # -- an epoch's end, as the member's callbacks see it --------------------------------------
     def timed_epoch(self, seconds: float, steps: int, samples: int, step: int) -> None:

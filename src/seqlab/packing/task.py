@@ -19,11 +19,12 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqlab import SeqlabError, one_line
+from seqlab.packing.continuing import planned_resume, previous_attempt
 from seqlab.packing.members import Member
 from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, continue_job, planned
+from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.trial import as_current, member_link, open_trial
 
 log = logging.getLogger("seqlab")
@@ -100,71 +101,22 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
 def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResult]:
     """Train the pack; the members' results, also written to their result files. A resumed sweep
     (resume=latest|<sweep id>): members that FINISHED are skipped; a pack whose members were all
-    KILLED with its checkpoint continues from it; the others train anew."""
+    KILLED with its checkpoint (or FAILED in it) continues from it; the others train anew. A job
+    its cluster requeued continues its members' runs (seqlab.packing.continuing)."""
     for m in members:
         validate(m.cfg)
     results, to_train = [], members
     checkpoint = None
     if cfg.resume:
-        to_train, results, checkpoint = _plan_resume(cfg, job, members)
+        to_train, results, checkpoint = planned_resume(cfg, members)
     elif job.multirun:  # started again by a cluster (a requeue): the pack continues its members' runs
-        checkpoint = _previous_attempt(job, members)
-        if checkpoint is not None and all(m.ended_before for m in members):  # nothing left to train
-            return [_ended(m) for m in members]
+        checkpoint = previous_attempt(job, members)
+    left = [m for m in to_train if not m.ended_before]
+    if checkpoint is not None and not left:  # every member left FAILED in an earlier start: nothing to train
+        return results + [_ended(m) for m in to_train]
     if to_train:
         results += _train(cfg, job, to_train, checkpoint)
     return results
-
-
-def _plan_resume(cfg: DictConfig, job: Job, members: list[Member]):
-    """(members to train, results of members done before, the run ids the pack continues or None),
-    from the resumed sweep's plan, member by member as continue_job decides for a job alone. A
-    member that FAILED in the pack before its checkpoint goes on with it, in its slot, FAILED."""
-    results, to_train = [], []
-    for m in members:
-        m.cfg.resume = cfg.resume
-        m.job.overrides.append(f"resume={cfg.resume}")
-        entry = planned(m.cfg, m.job)
-        done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
-        if done is not None:
-            results.append(done)
-            continue
-        m.resume_run_id, m.cfg.resume = m.cfg.resume, None
-        if m.resume_run_id is not None and entry.status == "FAILED":
-            m.ended_before, m.status, m.name = True, "FAILED", entry.run_name or ""
-        to_train.append(m)
-    continuing = [m.resume_run_id for m in to_train]
-    if not to_train or None in continuing or len(to_train) != len(members):
-        for m in to_train:  # the pack cannot continue as a whole: these train anew
-            m.resume_run_id, m.ended_before, m.status = None, False, "RUNNING"
-        return to_train, results, None
-    if all(m.ended_before for m in to_train):  # every member left failed: nothing to continue
-        return [], results + [_ended(m) for m in to_train], None
-    return to_train, results, continuing
-
-
-def _previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
-    """The runs this pack job's last attempt left, when the job is started again in its folder (a
-    SLURM requeue, submitit's requeue after its preemption signal): each member's, as a job alone
-    finds its own (resume.requeue.previous_attempt). The pack continues only as a whole, every
-    member's run with the pack's checkpoint; a member that FAILED in it keeps its slot, FAILED."""
-    before = [JobResult.read_if_any(m.job.output_dir) for m in members]
-    if any(b is None for b in before):
-        return None  # the job's first start
-    from seqlab.resume.requeue import previous_attempt
-    from seqlab.tracking.connect import open_tracker
-
-    sweep = job.sweep_info()
-    client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
-    run_ids = [previous_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any) for m in members]
-    if None in run_ids:
-        log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
-        return None
-    for m, b, run_id in zip(members, before, run_ids):
-        m.resume_run_id = run_id
-        if b.status == "FAILED":
-            m.ended_before, m.status, m.name = True, "FAILED", b.run_name or ""
-    return run_ids
 
 
 def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]) -> list[JobResult]:
@@ -266,7 +218,8 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
         # checkpoint holds its status: a resume keeps it FAILED in its slot).
         for m in members:
             if m.run_open:
-                publish_resume_point(m.tracker, path, step)
+                with m.own_failure("the pack's checkpoint", step):
+                    publish_resume_point(m.tracker, path, step)
 
     with StopRequest() as stop:
         trainer = PackTrainer(
@@ -311,7 +264,22 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
                 raise preempted from None  # run_pack requeues the job once every run has ended
             raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
         wall = time.perf_counter() - start
-    return [_finish(m, trainer, device, wall) for m in members]
+    return [_finish_or_fail(m, trainer, device, wall) for m in members]
+
+
+def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:
+    """The member's run ended as its job alone ends it; where its own run refuses (deleted in the UI,
+    an upload its store refuses), that member ends FAILED and the pack's other members still end theirs."""
+    try:
+        return _finish(m, trainer, device, wall)
+    except Exception as error:  # noqa: BLE001 - one member's run, not the pack's
+        m.status = "RUNNING"  # it did not end as FINISHED
+        m.fail(f"its MLflow run refused the end of its run: {one_line(error)}")
+        try:
+            return _ended(m)
+        except Exception as failure:  # noqa: BLE001 - its result is written all the same (_ended)
+            log.error("member %d: its run could not be ended: %s", m.k, one_line(failure))
+            return m.job.result
 
 
 def _pack_data(members: list[Member], device):
@@ -429,12 +397,14 @@ def _ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
         m.job.write(result)
         return result
     try:
-        tracker.log_artifact(m.job.output_dir.parent / ".hydra", "hydra")
-        for log_file in m.job.output_dir.parent.glob("*.log"):
-            tracker.log_artifact(log_file)
+        try:
+            tracker.log_artifact(m.job.output_dir.parent / ".hydra", "hydra")
+            for log_file in m.job.output_dir.parent.glob("*.log"):
+                tracker.log_artifact(log_file)
+        finally:
+            tracker.end(m.status, m.reason)
     finally:
-        tracker.end(m.status, m.reason)
-        m.job.write(result)
+        m.job.write(result)  # whatever its run did, the sweep reads the member's result
     return result
 
 

@@ -1,0 +1,66 @@
+"""How a pack's job continues the runs of an earlier start: `resume=` (the resumed sweep's plan, member
+by member as seqlab.sweeps.job.continue_job decides for a job alone) and a cluster's requeue (each
+member's run found as a job alone finds its own, seqlab.resume.requeue.previous_attempt). A pack
+continues only as a whole, from its one checkpoint: every member's run must have it. A member that
+FAILED in the pack before the checkpoint (its loss diverged) keeps its slot, FAILED, and is not
+trained again (`Member.ended_before`: its run is not reopened)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from seqlab.packing.members import Member
+from seqlab.resume.requeue import previous_attempt as run_of_last_attempt
+from seqlab.sweeps.job import Job, JobResult, continue_job, planned
+from seqlab.tracking.connect import open_tracker
+
+log = logging.getLogger("seqlab")
+
+
+def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member], list[JobResult], Optional[list[str]]]:
+    """(members to train, results of members done before, the run ids the pack continues or None),
+    from the resumed sweep's plan, member by member as continue_job decides for a job alone. A
+    member that FAILED in the pack before its checkpoint goes on with it, in its slot, FAILED."""
+    results, to_train = [], []
+    for m in members:
+        m.cfg.resume = cfg.resume
+        m.job.overrides.append(f"resume={cfg.resume}")
+        entry = planned(m.cfg, m.job)
+        done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
+        if done is not None:
+            results.append(done)
+            continue
+        m.resume_run_id, m.cfg.resume = m.cfg.resume, None
+        if m.resume_run_id is not None and entry.status == "FAILED":
+            m.ended_before, m.status, m.name = True, "FAILED", entry.run_name or ""
+        to_train.append(m)
+    continuing = [m.resume_run_id for m in to_train]
+    if not to_train or None in continuing or len(to_train) != len(members):
+        for m in to_train:  # the pack cannot continue as a whole: these train anew
+            m.resume_run_id, m.ended_before, m.status = None, False, "RUNNING"
+        return to_train, results, None
+    return to_train, results, continuing
+
+
+def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
+    """The runs this pack job's last attempt left, when the job is started again in its folder (a
+    SLURM requeue, submitit's requeue after its preemption signal): each member's, as a job alone
+    finds its own (resume.requeue.previous_attempt). The pack continues only as a whole, every
+    member's run with the pack's checkpoint; a member that FAILED in it keeps its slot, FAILED."""
+    before = [JobResult.read_if_any(m.job.output_dir) for m in members]
+    if any(b is None for b in before):
+        return None  # the job's first start
+    sweep = job.sweep_info()
+    client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
+    run_ids = [run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any) for m in members]
+    if None in run_ids:
+        log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
+        return None
+    for m, b, run_id in zip(members, before, run_ids):
+        m.resume_run_id = run_id
+        if b.status == "FAILED":
+            m.ended_before, m.status, m.name = True, "FAILED", b.run_name or ""
+    return run_ids
