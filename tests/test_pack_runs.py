@@ -139,23 +139,30 @@ KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=2048", "data.source.n_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("at", [78, 52], ids=["mid-epoch", "epoch-end"])
-def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli, at):
+@pytest.mark.parametrize("at,where", [(78, "local"), (52, "local"), (78, "server")], ids=["mid-epoch", "epoch-end", "server"])
+def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli, at, where, request):
+    import mlflow
     import zygote
 
-    killed = zygote.run([str(ROOT / "train.py"), *KILLABLE, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
+    args = [*KILLABLE]
+    if where == "server":  # its runs on a tracking server: what the server had not stored comes from each member's journal
+        server = request.getfixturevalue("mlflow_server")
+        args += ["logger=mlflow_server", f"logger.tracking_uri={server.uri}", f"logger.experiment_name=pack-{tmp_path.name}"]
+        store = mlflow.MlflowClient(server.uri)
+    experiment = f"pack-{tmp_path.name}" if where == "server" else "seqlab"
+    killed = zygote.run([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
                         timeout=300, code=KILL_AFTER_A_CHECKPOINT.replace("{at}", str(at)))
     assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
-    members = {r.info.run_id: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
+    members = {r.info.run_id: r for r in runs_of(store, experiment) if "pack_id" in r.data.tags}
     assert len(members) == 3 and all(r.info.status == "RUNNING" for r in members.values())  # what kill -9 leaves
     stopped = {r.data.tags["interrupted_at_step"] for r in members.values()}
     assert stopped == {str(at)}  # one checkpoint for the whole pack, where it was due
 
-    resumed = run_cli(*KILLABLE, "resume=latest")
+    resumed = run_cli(*args, "resume=latest")
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
     assert "3 KILLED continue from their checkpoint" in out and "continues its 3 members from step" in out
-    after = {r.info.run_id: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
+    after = {r.info.run_id: r for r in runs_of(store, experiment) if "pack_id" in r.data.tags}
     assert after.keys() == members.keys()  # the same runs, continued
     for run_id, run in after.items():
         assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
@@ -260,7 +267,7 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
         return step(self, x, y)
 
     monkeypatch.setattr(loop.PackTrainer, "step", step_then_delete)
-    proc = run_cli("-m", "seed=0,1", "pack=2", *SMALL)
+    proc = run_cli("-m", "seed=0,1", "pack=2", *SMALL, "logger.system_metrics=true", "logger.system_metrics_interval_s=0.1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "2 jobs, 1 failed" in out and "its MLflow run refused" in out and "the pack goes on" in out
@@ -268,3 +275,5 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
     (fine,) = kept
     assert fine.data.params["seed"] == "0" and fine.info.status == "FINISHED"
     assert len(_losses(store, fine.info.run_id)) == 104 and fine.outputs.model_outputs
+    # The pack's process sampled into each member's run, as into a run alone (system/...).
+    assert "system/cpu_utilization_percentage" in fine.data.metrics

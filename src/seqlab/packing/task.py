@@ -145,29 +145,41 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
     with ExitStack() as stack:
         # Whatever ends this block, no member's run stays RUNNING.
         stack.push(lambda kind, error, tb: _close(members, error))
-        _open_runs(cfg, job, members, stack, device)
-        return _fit(cfg, job, members, device, resume_run_ids)
+        checkpoint = _open_runs(cfg, job, members, stack, device)
+        return _fit(cfg, job, members, device, resume_run_ids, checkpoint)
 
 
-def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStack, device) -> None:
+def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStack, device) -> Optional[Path]:
+    """Each member's run opened (continued, where it has resume_run_id); the pack's checkpoint a
+    continued pack starts from."""
     import torch
 
+    from seqlab.resume.interrupt import prepare_resume
     from seqlab.store.ghosts import heartbeat, identity
     from seqlab.tracking.connect import open_tracker
     from seqlab.tracking.datasets import log_training_data
     from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
 
     sweep = job.sweep_info()
+    checkpoint = None
     for m in members:
         if m.ended_before:
             continue  # its run stays as it ended: FAILED
         m.tracker = open_tracker(m.cfg.logger, m.job, sweep)
+        if m.resume_run_id:
+            # A run alone's resume, before the run reopens: the config checked against the run's, what
+            # its server had not stored sent first; the pack's one checkpoint fetched once.
+            fetched = prepare_resume(m.tracker.connect(), m.resume_run_id, run_params(m.cfg), m.job.output_dir / "resume",
+                                     fetch=checkpoint is None)
+            checkpoint = checkpoint or fetched
         m.name = m.tracker.run_name or run_name(device.accelerator, m.cfg, m.job.overrides, sweep.swept_keys)
         m.tags = {**run_tags(m.cfg, m.job, device, sweep), **identity(),
                   "pack_id": m.job.pack_id, "pack_size": str(len(members)), "pack_member": str(m.k),
                   "torch_threads": str(torch.get_num_threads()), **(m.trial_link.tags() if m.trial_link else {})}
         parent = sweep.parent_run_id if sweep.tracking_uri == m.tracker.tracking_uri else None
-        m.tracker.start(m.name, m.tags, parent_run_id=parent, description=m.cfg.notes, resume_run_id=m.resume_run_id)
+        # The journal in the member's folder: a server's backlog that kill -9 cut off is sent by the resume.
+        m.tracker.start(m.name, m.tags, parent_run_id=parent, description=m.cfg.notes, resume_run_id=m.resume_run_id,
+                        journal_dir=m.job.output_dir)
         stack.enter_context(heartbeat(m.tracker))
         m.trial = open_trial(m.trial_link) if m.trial_link else None
         m.job.write(JobResult("RUNNING", job.num, m.tags.get("sweep_id"), m.job.overrides, m.tracker.run_id, m.name,
@@ -176,16 +188,18 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         record_config(m.cfg, m.job, m.tracker, run_params(m.cfg))
         m.cfg.resume = None
         log_training_data(m.tracker, m.cfg.data, m.datamodule)
+    return checkpoint
 
 
-def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]]) -> list[JobResult]:
+def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]],
+         checkpoint: Optional[Path]) -> list[JobResult]:
     import torch
     from hydra.utils import instantiate
 
     from seqlab.packing.loop import PackStopped, PackTrainer, StopRequest
     from seqlab.packing.model import PackedCNNLSTM
     from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
-    from seqlab.resume.points import CHECKPOINT, fetch_checkpoint, publish_resume_point
+    from seqlab.resume.points import CHECKPOINT, publish_resume_point
     from seqlab.training.module import LOSS_TO_MSE
     from seqlab.training.perf import optimizer_factory
 
@@ -233,7 +247,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             progress=sys.stderr if cfg.perf.progress == "line" else None,
         )
         if resume_run_ids is not None:
-            state = torch.load(fetch_checkpoint(tracked.tracker.client, tracked.resume_run_id, job.output_dir / "resumed"),
+            state = torch.load(checkpoint,
                                map_location=device.torch_device, weights_only=False)
             if state.get("run_ids") != resume_run_ids:
                 raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
@@ -244,6 +258,10 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             log.info("resume    pack %s continues its %d members from step %d", first.job.pack_id, len(members), trainer.global_step)
         log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
                  device.name, ", ".join(m.name for m in members))
+        for m in members:
+            if m.run_open:
+                with m.own_failure("its system metrics"):
+                    m.tracker.start_system_metrics()  # the pack's process, sampled into each member's run
         start = time.perf_counter()
         try:
             trainer.fit()

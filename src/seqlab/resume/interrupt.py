@@ -134,8 +134,9 @@ def check_checkpoint(path: Path, module: torch.nn.Module, what: str) -> None:
         raise SeqlabError(f"{what}: the checkpoint has {extra[0]}, which this model lacks: it was saved from another model")
 
 
-def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Path) -> Path:
-    """Check that `run_id` can be continued with this config and fetch its checkpoint."""
+def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Path, fetch: bool = True) -> Optional[Path]:
+    """Check that `run_id` can be continued with this config, send what it had not stored, and
+    fetch its checkpoint (`fetch`: a pack's members share one, fetched once)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -167,7 +168,7 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
             f"give the run's overrides: {overrides or '(none)'} resume={run_id}"
         )
     try:
-        checkpoint = fetch_checkpoint(client, run_id, dst)
+        checkpoint = fetch_checkpoint(client, run_id, dst) if fetch else None
     except (MlflowException, OSError):
         raise SeqlabError(
             f"resume={run_id}: the run has no checkpoints/{CHECKPOINT} (one is saved when Ctrl-C or SIGTERM stops training)"
