@@ -68,7 +68,8 @@ def test_why_unpackable_names_the_key(compose_cfg):
     assert why_unpackable(compose_cfg()) is None
     assert "perf=naive" in why_unpackable(compose_cfg("perf=naive"))
     assert "DDP" in why_unpackable(compose_cfg("trainer.devices=2"))
-    assert "weight_decay" in why_unpackable(compose_cfg("optimizer.weight_decay=0.01"))
+    for packs_now in (["optimizer.weight_decay=0.01"], ["optimizer=adamw"], ["trainer.gradient_clip_val=0.5"]):
+        assert why_unpackable(compose_cfg(*packs_now)) is None, packs_now  # refused before issue 32
     assert "precision" in why_unpackable(compose_cfg("trainer.precision=bf16-mixed"))
 
 

@@ -6,6 +6,7 @@ others finish; a pack killed with kill -9 after a time-based checkpoint continue
 
 from __future__ import annotations
 
+import math
 import signal
 
 import numpy as np
@@ -34,19 +35,23 @@ ALONE = {
           ["seed=0", "optimizer.lr=0.001", "model.dropout=0.3"]],  # the dropout rate
     "b": [["module.l2_regularization=0.01", "module.gradient_threshold=null"],   # MATLAB's L2
           ["module.l2_regularization=0", "module.gradient_threshold=0.05"]],    # the gradient threshold
+    # Issue 32: what packs refused before, shared by the members (AdamW's decoupled weight decay and
+    # clipping; a rate per member takes the packed AdamW).
+    "c": [["seed=1", "optimizer.lr=0.004", "optimizer=adamw", "optimizer.weight_decay=0.05", "trainer.gradient_clip_val=0.1"]],
 }
 PACKED = {
     "a": ["seed=0,1", "optimizer.lr=0.001,0.004", "model.dropout=0.1,0.3"],
     "b": ["module.l2_regularization=0,0.01", "module.gradient_threshold=null,0.05"],
+    "c": ["seed=0,1", "optimizer.lr=0.001,0.004", "optimizer=adamw", "optimizer.weight_decay=0.05", "trainer.gradient_clip_val=0.1"],
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["a", "b"])
+@pytest.mark.parametrize("which", ["a", "b", "c"])
 def test_each_member_trains_as_its_job_alone_per_packable_key(run_cli, store, which, tmp_path):
     packed = run_cli("-m", *PACKED[which], "pack=8", *SMALL, "logger.experiment_name=packed")
     assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
-    n = 2 ** len(PACKED[which])
+    n = math.prod(o.count(",") + 1 for o in PACKED[which])
     assert f"{n} jobs as 1 launches: 1 pack(s) of {n} members" in packed.stdout
     assert f"{n} jobs, 0 failed" in packed.stdout
     members = _members(store, "packed")

@@ -145,11 +145,13 @@ def test_the_benchmark_runs_packs_beside_bare_and_skips_multi_step_data(tmp_path
 
 
 # -- per-member settings ---------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["l2norm", "global-l2norm", "absolute-value"])
-def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method):
+@pytest.mark.parametrize("method,clip", [("l2norm", None), ("global-l2norm", None), ("absolute-value", None),
+                                         ("l2norm", 0.05)])
+def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method, clip):
     """Point 2: each member its own optimizer.lr, module.l2_regularization and gradient threshold
     (None: none); 100 steps of the packed optimizer and treatment against each member with Adam and
-    seqlab.training.gradients alone, the same data order."""
+    seqlab.training.gradients alone, the same data order. With `clip` (trainer.gradient_clip_val,
+    issue 32): then torch's clip_grad_norm_ over each member's parameters, as the fused loop clips."""
     from seqlab.packing.optim import PackedAdam, PackedGradientTreatment
     from seqlab.training.gradients import GradientTreatment
 
@@ -173,6 +175,8 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
             loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[batch(k, i), 0]), y[batch(k, i)])
             loss.backward()
             treatment()
+            if clip:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip, foreach=True)
             optimizer.step()
             losses.append(loss.item())
         expected.append(losses)
@@ -181,7 +185,7 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     packed = PackedCNNLSTM(members)
     params = [p for p in packed.parameters() if p.requires_grad]
     optimizer = PackedAdam(params, lrs)
-    treatment = PackedGradientTreatment(packed.l2_parameters(), params, l2s, thresholds, method)
+    treatment = PackedGradientTreatment(packed.l2_parameters(), params, l2s, thresholds, method, clip=clip)
     losses = []
     for i in range(steps):
         idx = torch.stack([batch(k, i) for k in range(len(seeds))])
@@ -196,11 +200,15 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
         "conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
 
 
-@pytest.mark.parametrize("name", ["adam", "sgdm", "rmsprop"])
-def test_each_configured_optimizer_packs_with_a_rate_per_member(name):
+@pytest.mark.parametrize("weight_decay", [None, 0.05], ids=["as-configured", "weight_decay"])
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgdm", "rmsprop"])
+def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_decay):
     """The config's optimizer (conf/optimizer/NAME.yaml) packed, each member its own learning rate
     and the piecewise schedule (StepLR) over them all: 60 steps against each member with that
-    optimizer and schedule alone."""
+    optimizer and schedule alone. With its weight decay too (issue 32): torch's own, coupled, or
+    decoupled for AdamW."""
+    import functools
+
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -208,6 +216,8 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name):
     from seqlab.packing.optim import packed_optimizer
 
     partial = instantiate(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
+    if weight_decay is not None:
+        partial = functools.partial(partial.func, **{**partial.keywords, "weight_decay": weight_decay})
     seeds, lrs, steps, bs = [0, 1], [1e-3, 4e-3], 60, 16
     x, y = _data()
 
@@ -253,8 +263,6 @@ def test_an_optimizer_setting_a_pack_cannot_train_is_one_line():
     from seqlab.packing.optim import packed_optimizer
 
     params = [torch.nn.Parameter(torch.zeros(2, 3))]
-    with pytest.raises(SeqlabError, match=r"^optimizer.weight_decay cannot be packed: .*set optimizer.weight_decay=0$"):
-        packed_optimizer(functools.partial(torch.optim.Adam, weight_decay=1e-4), params, [1e-3, 1e-3])
     with pytest.raises(SeqlabError, match=r"^optimizer.nesterov=True cannot be packed \(only False\): pack=off to train it$"):
         packed_optimizer(functools.partial(torch.optim.SGD, momentum=0.9, nesterov=True), params, [1e-3, 1e-3])
     with pytest.raises(SeqlabError, match=r"^optimizer Adagrad cannot be packed"):

@@ -1,7 +1,7 @@
-"""Per-member training settings of a pack: each member's own learning rate (Adam, SGDM, RMSProp as
-conf/optimizer/ configures them: `packed_optimizer`), and MATLAB's
-coupled L2 and gradient threshold computed member by member (seqlab.training.gradients does them
-for one network). Every tensor here carries the member dimension first, so a setting is a (K,)
+"""Per-member training settings of a pack: each member's own learning rate (Adam, AdamW, SGDM,
+RMSProp as conf/optimizer/ configures them, weight decay included: `packed_optimizer`), and MATLAB's
+coupled L2 and gradient threshold and trainer.gradient_clip_val computed member by member
+(seqlab.training.gradients and the fused loop's clipping do them for one network). Every tensor here carries the member dimension first, so a setting is a (K,)
 tensor, viewed as (K, 1, ...) against a parameter; nothing loops over members in Python.
 
 One fused Adam over the packed tensors already equals K Adams when the members share one learning
@@ -34,20 +34,30 @@ class _PackedOptimizer(torch.optim.Optimizer):
     """An optimizer over packed parameters with a learning rate per member: member k steps with
     group["lr"] x group["member_lr"][k]. group["lr"] starts at 1 and is what a torch scheduler
     changes (a scalar, as schedulers expect), so a schedule (StepLR: MATLAB's piecewise drop)
-    scales every member's own rate by the same factor, as each member's run alone would. No
-    weight decay: MATLAB's L2 is coupled into the gradient before the step (PackedGradientTreatment)."""
+    scales every member's own rate by the same factor, as each member's run alone would.
+    `weight_decay` is torch's own: coupled (added to the gradient inside the step, biases too) for
+    Adam, SGD and RMSprop; decoupled for AdamW. MATLAB's L2 is another thing, coupled into the
+    gradient before the step, never on biases (PackedGradientTreatment)."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], **defaults: float) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], weight_decay: float = 0.0,
+                 **defaults: float) -> None:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} needs parameters")
         if any(p.shape[0] != len(lr) for p in params):
             raise ValueError(f"every packed parameter's first dimension must be the {len(lr)} members")
-        super().__init__(params, dict(lr=1.0, member_lr=per_member(lr, params[0], math.nan), **defaults))
+        super().__init__(params, dict(lr=1.0, member_lr=per_member(lr, params[0], math.nan),
+                                      weight_decay=float(weight_decay), **defaults))
 
     @staticmethod
     def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return _along(group["lr"] * group["member_lr"] * scale, p)
+
+    @staticmethod
+    def _grad(group: dict, p: torch.Tensor) -> torch.Tensor:
+        """The gradient the update uses: with torch's coupled weight decay, grad + weight_decay * p
+        (a new tensor, as torch makes it: p.grad stays the loss's)."""
+        return p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
@@ -64,11 +74,14 @@ class _PackedOptimizer(torch.optim.Optimizer):
 
 class PackedAdam(_PackedOptimizer):
     """torch.optim.Adam's update (no amsgrad), member by member, with foreach kernels over all
-    parameters at once (its step replaces the base class's per-parameter one)."""
+    parameters at once (its step replaces the base class's per-parameter one). `decoupled`: AdamW's
+    weight decay (each member's weights shrink by its own lr x weight_decay before the update)."""
+
+    decoupled = False
 
     def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
-        super().__init__(params, lr, betas=betas, eps=eps)
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr, weight_decay=weight_decay, betas=betas, eps=eps)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
@@ -78,7 +91,13 @@ class PackedAdam(_PackedOptimizer):
             if not params:
                 continue
             beta1, beta2 = group["betas"]
-            grads, m, v = [p.grad for p in params], [], []
+            if self.decoupled and group["weight_decay"]:
+                for p in params:  # torch.optim.AdamW: param.mul_(1 - lr * weight_decay), before the moments
+                    p.mul_(1 - self._rate(group, p) * group["weight_decay"])
+                grads = [p.grad for p in params]
+            else:
+                grads = [self._grad(group, p) for p in params]
+            m, v = [], []
             for p in params:
                 state = self.state[p]
                 if not state:
@@ -100,53 +119,65 @@ class PackedAdam(_PackedOptimizer):
         return loss
 
 
+class PackedAdamW(PackedAdam):
+    """torch.optim.AdamW's update (no amsgrad), member by member."""
+
+    decoupled = True
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+        super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
 class PackedSGDM(_PackedOptimizer):
     """torch.optim.SGD's update with momentum (no dampening, no Nesterov), member by member."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], momentum: float = 0.9) -> None:
-        super().__init__(params, lr, momentum=momentum)
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], momentum: float = 0.9,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr, weight_decay=weight_decay, momentum=momentum)
 
     def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
+        grad = self._grad(group, p)
         if "momentum_buffer" not in state:
-            state["momentum_buffer"] = p.grad.clone()  # torch's first step: the gradient itself
+            state["momentum_buffer"] = grad.clone()  # torch's first step: the gradient itself
         else:
-            state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+            state["momentum_buffer"].mul_(group["momentum"]).add_(grad)
         p.sub_(self._rate(group, p) * state["momentum_buffer"])
 
 
 class PackedRMSProp(_PackedOptimizer):
     """torch.optim.RMSprop's update (not centered, no momentum), member by member."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], alpha: float = 0.99, eps: float = 1e-8) -> None:
-        super().__init__(params, lr, alpha=alpha, eps=eps)
+    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr, weight_decay=weight_decay, alpha=alpha, eps=eps)
 
     def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
         if not state:
             state["square_avg"] = torch.zeros_like(p)
-        square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
-        p.sub_(self._rate(group, p) * p.grad / square_avg.sqrt().add_(group["eps"]))
+        grad = self._grad(group, p)
+        square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(grad, grad, value=1 - group["alpha"])
+        p.sub_(self._rate(group, p) * grad / square_avg.sqrt().add_(group["eps"]))
 
 
 # The config's optimizer class -> its packed form and the settings it carries over.
 _PACKED = {
-    torch.optim.Adam: (PackedAdam, ("betas", "eps"), {"amsgrad": False, "maximize": False}),
-    torch.optim.SGD: (PackedSGDM, ("momentum",), {"dampening": 0, "nesterov": False, "maximize": False}),
-    torch.optim.RMSprop: (PackedRMSProp, ("alpha", "eps"), {"centered": False, "momentum": 0, "maximize": False}),
+    torch.optim.Adam: (PackedAdam, ("betas", "eps", "weight_decay"), {"amsgrad": False, "maximize": False}),
+    torch.optim.AdamW: (PackedAdamW, ("betas", "eps", "weight_decay"), {"amsgrad": False, "maximize": False}),
+    torch.optim.SGD: (PackedSGDM, ("momentum", "weight_decay"), {"dampening": 0, "nesterov": False, "maximize": False}),
+    torch.optim.RMSprop: (PackedRMSProp, ("alpha", "eps", "weight_decay"), {"centered": False, "momentum": 0, "maximize": False}),
 }
 
 
 def packed_optimizer(partial: functools.partial, params: Iterable[nn.Parameter], lr: Sequence[float]) -> _PackedOptimizer:
-    """The packed form of the config's optimizer (a `_partial_` of torch.optim.Adam, SGD or
+    """The packed form of the config's optimizer (a `_partial_` of torch.optim.Adam, AdamW, SGD or
     RMSprop: conf/optimizer/), each member with its own learning rate; a setting it cannot pack
     is one line naming it."""
     found = _PACKED.get(partial.func)
     if found is None:
-        raise SeqlabError(f"optimizer {partial.func.__name__} cannot be packed: pack=off, or optimizer=adam|sgdm|rmsprop")
+        raise SeqlabError(f"optimizer {partial.func.__name__} cannot be packed: pack=off, or optimizer=adam|adamw|sgdm|rmsprop")
     cls, carried, required = found
     given = partial.keywords
-    if given.get("weight_decay", 0.0):
-        raise SeqlabError("optimizer.weight_decay cannot be packed: MATLAB's L2 is module.l2_regularization; "
-                          "set optimizer.weight_decay=0")
     for key, value in required.items():
         if key in given and given[key] != value:
             raise SeqlabError(f"optimizer.{key}={given[key]} cannot be packed (only {value}): pack=off to train it")
@@ -156,16 +187,23 @@ def packed_optimizer(partial: functools.partial, params: Iterable[nn.Parameter],
 class PackedGradientTreatment:
     """MATLAB's coupled L2 (gradient += l2 * w on weights and BatchNorm scale/offset, never biases)
     and gradient threshold, each member with its own factor and threshold (None: none), with the
-    threshold method all members share (it is a shape of the computation, not a setting)."""
+    threshold method all members share (it is a shape of the computation, not a setting). Then
+    trainer.gradient_clip_val (`clip`), as the fused loop clips a run alone's gradients after them:
+    torch's clip_grad_norm_ over each member's parameters, by that member's own total norm."""
 
     def __init__(self, l2_params: Sequence[nn.Parameter], params: Sequence[nn.Parameter], l2: Sequence[float],
-                 threshold: Sequence[Optional[float]], method: str = "l2norm") -> None:
+                 threshold: Sequence[Optional[float]], method: str = "l2norm", clip: Optional[float] = None) -> None:
         self.method = choice(ThresholdMethod, method, "module.gradient_threshold_method")
         self.params, self.l2_params = list(params), list(l2_params)
         self.l2 = per_member(l2, self.params[0], 0.0)
         self.threshold = per_member(threshold, self.params[0], math.inf)
+        self.clip = float(clip) if clip else None
         self.active_l2 = bool(self.l2.any())
         self.active_threshold = bool(torch.isfinite(self.threshold).any())
+
+    @property
+    def active(self) -> bool:
+        return self.active_l2 or self.active_threshold or self.clip is not None
 
     @torch.no_grad()
     def __call__(self) -> None:
@@ -173,9 +211,17 @@ class PackedGradientTreatment:
             for p in self.l2_params:
                 if p.grad is not None:
                     p.grad.add_(_along(self.l2, p) * p)
-        if not self.active_threshold:
-            return
         grads = [p.grad for p in self.params if p.grad is not None]
+        if self.active_threshold:
+            self._threshold(grads)
+        if self.clip is not None:
+            # clip_grad_norm_: coefficient max_norm / (total norm + 1e-6), at most 1; here a (K,) of them.
+            total = torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
+            scale = (self.clip / (total + 1e-6)).clamp(max=1.0)
+            for g in grads:
+                g.mul_(_along(scale, g))
+
+    def _threshold(self, grads: list[torch.Tensor]) -> None:
         if self.method == "absolute-value":
             for g in grads:
                 bound = _along(self.threshold, g)

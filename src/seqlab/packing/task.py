@@ -220,7 +220,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     module_cfgs = [m.cfg.module for m in members]
     gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
                                         [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
-                                        first.cfg.module.gradient_threshold_method)
+                                        first.cfg.module.gradient_threshold_method, clip=cfg.trainer.gradient_clip_val)
     data = _pack_data(members, device.torch_device)
     n_outputs = first.datamodule.n_outputs
     to_mse = LOSS_TO_MSE[first.cfg.module.loss]
@@ -237,7 +237,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
 
     with StopRequest() as stop:
         trainer = PackTrainer(
-            model, optimizer, scheduler, gradients if (gradients.active_l2 or gradients.active_threshold) else None,
+            model, optimizer, scheduler, gradients if gradients.active else None,
             first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs), data, members,
             lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
             max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=tracked.tracker.flush_every_n_steps,
