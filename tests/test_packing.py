@@ -308,3 +308,29 @@ def test_a_members_state_comes_back_whole_from_a_pack_checkpoint():
     assert torch.equal(resumed.order.get_state(), saved.order.get_state())
     assert resumed.logged == [("m-1", 52)]
     assert torch.equal(torch.randperm(10, generator=resumed.order), torch.randperm(10, generator=saved.order))
+
+
+def test_a_failed_members_status_and_the_packs_training_time_come_back_from_its_checkpoint(tmp_path):
+    """Issue 32: a member that failed before the checkpoint is FAILED after it (never FINISHED), and
+    trainer.max_time counts the seconds the pack trained before it."""
+    from seqlab.packing.loop import PackTrainer
+    from seqlab.packing.members import Member
+
+    nets, _ = _members([0, 1])
+    packed = PackedCNNLSTM(nets)
+
+    def trainer():
+        members = [Member(k, cfg=None, job=None, order=torch.Generator().manual_seed(k)) for k in range(2)]
+        return PackTrainer(packed, torch.optim.Adam(packed.parameters()), None, None, "half_mse", float, None, members,
+                           lr_scale=torch.ones(2), max_epochs=1, max_steps=-1, max_time_s=60.0, flush_every_n_steps=1,
+                           flush_every_s=0.0, checkpoint_path=tmp_path / "pack.ckpt", checkpoint_every_s=0.0,
+                           publish=None, stop=None, exact_dropout=False)
+
+    saved = trainer()
+    saved.members[1].fail("the training loss became nan at step 3: training diverged", 3)
+    saved.elapsed_s = 42.0
+    resumed = trainer()
+    resumed.load_state_dict(saved.state_dict())
+    assert [(m.status, m.active) for m in resumed.members] == [("RUNNING", True), ("FAILED", False)]
+    assert resumed.members[1].reason.startswith("the training loss became nan") and resumed.members[1].final_step == 3
+    assert resumed.elapsed() == 42.0

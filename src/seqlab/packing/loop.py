@@ -160,10 +160,17 @@ class PackTrainer:
         self.times: list[int] = []
         self.last_flush = time.monotonic()
         self.last_checkpoint = time.monotonic()
+        # trainer.max_time counts the pack's training across its starts (as Lightning's Timer does for a
+        # run alone): the seconds of earlier starts come back with the checkpoint.
+        self.elapsed_s = 0.0
+        self._clock: Optional[float] = None  # monotonic time at which elapsed_s would have been 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._clock if self._clock is not None else self.elapsed_s
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> None:
-        started = time.monotonic()
+        self._clock = time.monotonic() - self.elapsed_s
         self.model.train()
         while self.epoch < self.max_epochs and self._training():
             if self.epoch_start_orders is None:
@@ -191,7 +198,7 @@ class PackTrainer:
                     self.flush()
                 if self.checkpoint_every_s > 0 and time.monotonic() - self.last_checkpoint >= self.checkpoint_every_s:
                     self.publish(self.save(), self.global_step)
-                out_of_time = self.max_time_s is not None and time.monotonic() - started >= self.max_time_s
+                out_of_time = self.max_time_s is not None and self.elapsed() >= self.max_time_s
                 if (0 < self.max_steps <= self.global_step) or out_of_time or not self._training():
                     break
             if self.x_device_is_cuda:
@@ -209,6 +216,7 @@ class PackTrainer:
             if (0 < self.max_steps <= self.global_step) or out_of_time:
                 break
         self.flush()
+        self.elapsed_s, self._clock = self.elapsed(), None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step of every member, as MATLAB orders it: loss, backward, L2 and threshold, update."""
@@ -307,7 +315,7 @@ class PackTrainer:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "epoch_start_orders": self.epoch_start_orders, "members": [m.state() for m in self.members],
-            "torch_rng": torch.get_rng_state(),
+            "torch_rng": torch.get_rng_state(), "elapsed_s": self.elapsed(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -320,6 +328,7 @@ class PackTrainer:
         for m, member_state in zip(self.members, state["members"]):
             m.load_state(member_state)
         torch.set_rng_state(state["torch_rng"])
+        self.elapsed_s = state.get("elapsed_s", 0.0)  # a checkpoint from before issue 32 has none
 
     def save(self) -> Path:
         """The pack's checkpoint, written whole (a kill mid-write keeps the previous one). The steps
