@@ -206,15 +206,17 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     first = members[0]
     tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
-    lrs = [float(m.cfg.optimizer.lr) for m in members]
+    # Each member's optimizer as its run alone builds it (instantiate: conf/optimizer/, a partial); the
+    # members differ only in their rate (a packable key), the rest is the pack's.
+    partials = [instantiate(m.cfg.optimizer) for m in members]
+    lrs = [float(p.keywords["lr"]) for p in partials]
     if len(set(lrs)) == 1:
         # One learning rate: the configured optimizer over the packed tensors is each member's own
-        # (Adam, SGD and RMSprop are elementwise), fused as a single run's.
-        optimizer = optimizer_factory(instantiate(first.cfg.optimizer), cfg.perf.optimizer_impl, capturable=False)(
-            params=model.parameters())
+        # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
+        optimizer = optimizer_factory(partials[0], cfg.perf.optimizer_impl, capturable=False)(params=model.parameters())
         lr_scale = torch.ones(len(members))
     else:
-        optimizer = packed_optimizer(instantiate(first.cfg.optimizer), model.parameters(), lrs)
+        optimizer = packed_optimizer(partials[0], model.parameters(), lrs)
         lr_scale = torch.tensor(lrs)
     scheduler = instantiate(first.cfg.scheduler)(optimizer=optimizer) if first.cfg.scheduler and "_target_" in first.cfg.scheduler else None
     module_cfgs = [m.cfg.module for m in members]
