@@ -1,6 +1,6 @@
 """Past one machine, for real: sweeps as SLURM jobs on a one-node cluster (the `slurm` fixture,
-tests/slurm_cluster.py), a DDP job of two SLURM tasks, and a job stopped mid-run by the cluster
-(scontrol requeue) that continues its own MLflow run. Without SLURM: tests/test_preemption.py."""
+tests/slurm_cluster.py), a DDP job of two SLURM tasks, and a job alone and a pack stopped mid-run by
+the cluster (scontrol requeue) that continue their own MLflow runs. Without SLURM: tests/test_preemption.py."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from conftest import start_cli, runs_of
 # Jobs of one CPU each, so the two-core node runs two at once; small enough for any node.
 ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
                "trainer.accelerator=cpu", "logger.system_metrics=false"]
-# A job long enough to be stopped mid-run: 7 steps an epoch (410 training samples, batch 64). The
-# stop lands near epoch 10 (the test waits for epoch 2, then signals).
-LONG = ["data.n_samples=512", "trainer.max_epochs=60"]
-LONG_STEPS = 7 * 60
+# A job alone and a pack in one sweep (seed=0,1,2 pack=2: a pack of the first two, the third alone),
+# each long enough to be stopped mid-run: 13 steps an epoch (819 training samples, batch 64), 40 epochs
+# (two jobs on two cores: an epoch takes a tenth of a second or more).
+BOTH = ["seed=0,1,2", "pack=2", "data.n_samples=1024", "trainer.max_epochs=40"]
+BOTH_STEPS = 13 * 40
 
 
 def _server(mlflow_server, experiment: str) -> list[str]:
@@ -37,12 +38,13 @@ def _job_logs(tmp_path: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*/*_log.*")))
 
 
-def _wait_until_training(tmp_path: Path, proc, timeout: float = 120) -> None:
-    """Until a job has finished an epoch (a stop before fit starts would save no checkpoint)."""
+def _wait_until_each_trains(tmp_path: Path, proc, n: int, timeout: float = 120) -> None:
+    """Until n jobs (each its own submitit folder of logs) have each finished an epoch."""
     deadline = time.monotonic() + timeout
-    while "epoch 2/" not in _job_logs(tmp_path):
-        assert proc.poll() is None, "the sweep ended before its job trained"
-        assert time.monotonic() < deadline, f"no job trained within {timeout:.0f} s:\n{_job_logs(tmp_path)[-3000:]}"
+    while sum(any("epoch 2/" in p.read_text(errors="replace") for p in folder.glob("*_log.*"))
+              for folder in tmp_path.glob("logs/multiruns/*/.submitit/*")) < n:
+        assert proc.poll() is None, f"the sweep ended before {n} jobs trained"
+        assert time.monotonic() < deadline, f"{n} jobs did not train within {timeout:.0f} s:\n{_job_logs(tmp_path)[-3000:]}"
         time.sleep(0.2)
 
 
@@ -90,52 +92,27 @@ def test_a_ddp_job_of_two_slurm_tasks(slurm, mlflow_server, run_process, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_requeued_slurm_job_continues_its_run(slurm, mlflow_server, tmp_path):
-    proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *LONG, env=slurm.env)
+def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server, tmp_path):
+    """scontrol requeue of a job alone and of a pack (issue 32): each continues its own runs, every step once."""
+    proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *BOTH, env=slurm.env)
     try:
-        _wait_until_training(tmp_path, proc)
-        (job,) = [line.split()[0] for line in slurm.queue()]
-        slurm.run("scontrol", "requeue", job)  # SIGTERM now, SIGKILL KillWait (10 s) later, then a new start
+        _wait_until_each_trains(tmp_path, proc, 2)
+        for job in [line.split()[0] for line in slurm.queue()]:  # each array task: SIGTERM now, SIGKILL KillWait
+            slurm.run("scontrol", "requeue", job)                 # (10 s) later, then a new start
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     client = mlflow.MlflowClient(mlflow_server.uri)
-    _, (run,) = _runs(client, "slurm-requeue")
-    tags = run.data.tags
-    assert run.info.status == "FINISHED"
-    assert tags["slurm_restart_count"] == "1"  # the second start of the same SLURM job ended it
-    assert "interrupted_at_step" not in tags and "failure_reason" not in tags
+    _, runs = _runs(client, "slurm-requeue")
+    assert len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2  # the same runs, continued
     logs = _job_logs(tmp_path)
-    assert "stopped by SIGTERM at step" in logs
-    assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
-    assert _each_step_once(client, run.info.run_id) == list(range(1, LONG_STEPS + 1))
-
-
-@pytest.mark.slow
-def test_a_slurm_pack_near_its_time_limit_is_requeued_and_continues_its_runs(slurm, mlflow_server, tmp_path):
-    """Issue 32: a pack of K members that SLURM signals as its time limit nears (submitit's USR2, as
-    `#SBATCH --signal` sends it) stops with its checkpoint, is requeued by submitit and continues its K
-    runs, every step once. (`scontrol requeue`'s SIGTERM takes the same way back: previous_attempt.)"""
-    pack = ["seed=0,1", "pack=2", "data.n_samples=2048", "trainer.max_epochs=60"]  # 26 steps an epoch
-    proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-pack"), *pack, env=slurm.env)
-    try:
-        _wait_until_training(tmp_path, proc)
-        (job,) = [line.split()[0] for line in slurm.queue()]
-        slurm.run("scancel", "--signal=USR2", job)  # to the job's step: the training process
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    client = mlflow.MlflowClient(mlflow_server.uri)
-    _, runs = _runs(client, "slurm-pack")
-    assert len(runs) == 2  # the same two runs, continued
-    logs = _job_logs(tmp_path)
-    assert "stopped by SIGUSR2 at step" in logs and "Requeued job" in logs  # submitit's own line
+    assert logs.count("stopped by SIGTERM at step") >= 2  # the job alone and the pack
     for run in runs:
-        assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
-        assert run.data.tags["slurm_restart_count"] == "1" and "interrupted_at_step" not in run.data.tags
+        tags = run.data.tags
+        assert run.info.status == "FINISHED", tags.get("failure_reason")
+        assert tags["slurm_restart_count"] == "1"  # the second start of the same SLURM job ended it
+        assert "interrupted_at_step" not in tags and "failure_reason" not in tags
         assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
-        assert _each_step_once(client, run.info.run_id) == list(range(1, 26 * 60 + 1))
+        assert _each_step_once(client, run.info.run_id) == list(range(1, BOTH_STEPS + 1))

@@ -282,3 +282,33 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
     assert len(_losses(store, fine.info.run_id)) == 104 and fine.outputs.model_outputs
     # The pack's process sampled into each member's run, as into a run alone (system/...).
     assert "system/cpu_utilization_percentage" in fine.data.metrics
+
+
+@pytest.mark.slow
+def test_members_of_one_file_share_its_samples_and_each_trains_as_its_job_alone(run_cli, store, tmp_path, monkeypatch):
+    """Issue 32, point 4: members whose data differs only in its seed (one file, each its own split and
+    order) hold the file's samples once on the device, and each member still trains as its job alone."""
+    from seqlab.packing.loop import PackData
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(512, 1, 32)).astype(np.float32)
+    y = (x[:, 0, :4].sum(axis=1, keepdims=True) + 0.1 * rng.normal(size=(512, 1))).astype(np.float32)
+    path = tmp_path / "load.npz"
+    np.savez(path, X=x, y=y)
+    built = []
+    of = PackData.of.__func__
+    monkeypatch.setattr(PackData, "of", classmethod(lambda cls, members, device: built.append(of(cls, members, device)) or built[-1]))
+    own = ["data=npz", f"data.path={path}", "data.batch_size=32", "trainer.max_epochs=8", "logger.system_metrics=false"]
+    packed = run_cli("-m", "seed=0,1,2", "pack=3", *own, "logger.experiment_name=packed")
+    assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
+    (data,) = built
+    assert data.x.shape == (512, 32)  # the file's rows once, not 3 sets of them
+    assert data.train_rows.shape == (3, 410) and len({tuple(r.tolist()) for r in data.train_rows}) == 3  # 3 splits
+    alone = run_cli("seed=2", *own, "logger.experiment_name=alone")
+    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
+    (single,) = runs_of(store, "alone")
+    member = next(r for r in runs_of(store, "packed") if r.data.params.get("seed") == "2" and "pack_id" in r.data.tags)
+    a, b = _losses(store, member.info.run_id), _losses(store, single.info.run_id)
+    assert len(a) == len(b) == 8 * 13
+    np.testing.assert_allclose(a[:100], b[:100], rtol=1e-4)
+    assert [i.dataset.digest for i in member.inputs.dataset_inputs] == [i.dataset.digest for i in single.inputs.dataset_inputs]

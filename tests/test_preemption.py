@@ -10,27 +10,34 @@ import psutil
 import pytest
 
 from conftest import start_cli
-from test_cluster import LONG, LONG_STEPS, _each_step_once, _job_logs, _runs, _wait_until_training
+from test_cluster import BOTH, BOTH_STEPS, _each_step_once, _job_logs, _runs, _wait_until_each_trains
 
 
 @pytest.mark.slow
-def test_submitits_preemption_signal_requeues_a_local_job(tmp_path, store):
-    """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its requeue."""
-    proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", "logger.system_metrics=false", *LONG)
+def test_submitits_preemption_signal_requeues_a_local_job_and_pack(tmp_path, store):
+    """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its requeue,
+    for a job alone and a pack (issue 32) in one sweep."""
+    proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", "logger.system_metrics=false",
+                     *BOTH)
     try:
-        _wait_until_training(tmp_path, proc)
-        (job,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                  if "submitit.core._submit" in " ".join(p.cmdline())]
-        job.send_signal(signal.SIGUSR2)
+        _wait_until_each_trains(tmp_path, proc, 2)
+        jobs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "submitit.core._submit" in " ".join(p.cmdline())]
+        assert len(jobs) == 2
+        for job in jobs:
+            job.send_signal(signal.SIGUSR2)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    _, (run,) = _runs(store, "seqlab")
-    assert run.info.status == "FINISHED" and "interrupted_at_step" not in run.data.tags
+    _, runs = _runs(store, "seqlab")
+    assert len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2  # the same runs, continued
     logs = _job_logs(tmp_path)
-    assert "SIGUSR2: the job is preempted or near its time limit" in logs
-    assert "preempted: MLflow run" in logs and "Requeued job" in logs  # submitit's own line
-    assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
-    assert _each_step_once(store, run.info.run_id) == list(range(1, LONG_STEPS + 1))
+    assert "SIGUSR2: the job is preempted or near its time limit; stopping after this step" in logs  # the job alone
+    assert "SIGUSR2: the job is preempted or near its time limit; stopping the pack" in logs
+    assert "preempted: MLflow run" in logs and "preempted: the pack's runs ended KILLED" in logs
+    assert logs.count("Requeued job") >= 2  # submitit's own line, for each
+    for run in runs:
+        assert run.info.status == "FINISHED" and "interrupted_at_step" not in run.data.tags
+        assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
+        assert _each_step_once(store, run.info.run_id) == list(range(1, BOTH_STEPS + 1))

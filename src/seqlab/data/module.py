@@ -19,6 +19,8 @@ from seqlab.training.lightning_private import batches_done_in_epoch
 from seqlab.training.profiling import phase
 from seqlab.schema import DataConfig as _Defaults
 
+EXAMPLE_SAMPLES = 8  # the first training samples kept as an input example (a logged model takes a few)
+
 log = logging.getLogger("seqlab")
 
 Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, lengths)
@@ -172,29 +174,47 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_nonfinite = drop_nonfinite
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
+        self.samples: Optional[SeqData] = None  # a pack member's samples before the split (setup, release)
+        self.example_x: Optional[np.ndarray] = None
         self.columns: Optional[str] = None  # a table's index and target columns, as the source took them
         self.drop_single = False
         self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        if self.train is not None:
-            return
+    def load(self) -> SeqData:
+        """The source's samples, checked for NaN/Inf, before the split."""
         data = self._finite(self.source(n_samples=self.n_samples, seed=self.seed), "data")
         if data.val is not None:
             data.val = self._finite(data.val, "validation data")
         if len(data) == 0:
             raise SeqlabError(f"data: {self.name} holds no samples")
+        return data
+
+    def split(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The seeded permutation that splits n samples: (training rows, validation rows)."""
+        n_val = round(n * self.val_fraction)
+        if self.val_fraction > 0 and n_val < 2:
+            n_val = 2 if n >= 4 else 0  # R2 needs two samples; a tiny set trains on all
+        order = np.random.default_rng(self.seed).permutation(n)
+        return order[n_val:], order[:n_val]
+
+    def setup(self, stage: Optional[str] = None, samples: Optional[SeqData] = None) -> None:
+        """The split (Lightning calls this). `samples`: what load() gave, kept by reference for a
+        split again after release() (a pack's members, which share their samples, seqlab.packing)."""
+        again = samples is None and self.samples is not None  # split again after release(): said once already
+        if samples is not None:
+            self.samples = samples
+        if self.train is not None:
+            return
+        data = self.samples or self.load()
         self.columns = data.columns
         if data.val is not None:
             self.train, self.val = data, data.val
-            log.info("data      validation: the set that came with the data (data.val_fraction not used)")
+            if not again:
+                log.info("data      validation: the set that came with the data (data.val_fraction not used)")
         else:
-            n = len(data)
-            n_val = round(n * self.val_fraction)
-            if self.val_fraction > 0 and n_val < 2:
-                n_val = 2 if n >= 4 else 0  # R2 needs two samples; a tiny set trains on all
-            order = np.random.default_rng(self.seed).permutation(n)
-            self.train, self.val = data.take(order[n_val:]), data.take(order[:n_val])
+            train_rows, val_rows = self.split(len(data))
+            self.train, self.val = data.take(train_rows), data.take(val_rows)
+        self.example_x = self.train.x[:EXAMPLE_SAMPLES].copy()  # a logged model's input example, kept by release()
         if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
             raise SeqlabError(
                 f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
@@ -211,6 +231,12 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_single = self._last_batch_single(n_train)
         if self.drop_single:
             log.info("data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped")
+
+    def release(self) -> None:
+        """Drops the split's copies: a pack trains its members on their shared samples, and a member
+        needs its own sets only at its start and its end (setup() splits them again)."""
+        self.train = self.val = None
+        self._train_batches = None
 
     def _last_batch_single(self, n: int) -> bool:
         """Whether n samples per epoch leave a last batch of one (BatchNorm needs 2; a sequence
@@ -236,15 +262,19 @@ class SeqDataModule(pl.LightningDataModule):
 
     @property
     def n_steps(self) -> int:
-        return self.train.x.shape[1]
+        return self._shaped.x.shape[1]
 
     @property
     def n_features(self) -> int:
-        return self.train.x.shape[2]
+        return self._shaped.x.shape[2]
 
     @property
     def n_outputs(self) -> int:
-        return self.train.y.shape[1]
+        return self._shaped.y.shape[1]
+
+    @property
+    def _shaped(self) -> SeqData:
+        return self.train if self.train is not None else self.samples  # after release(): the samples' shapes
 
     def baseline_val_rmse(self) -> Optional[float]:
         """RMSE on validation of predicting the training mean: the score to beat."""

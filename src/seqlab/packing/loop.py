@@ -15,6 +15,7 @@ each member's run; a member whose loss became NaN or Inf ends FAILED there, the 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
+import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from seqlab.packing.members import Member
 from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
@@ -37,36 +40,92 @@ DIVERGED = ("the training loss became {value} at step {step}: training diverged;
             "set module.gradient_threshold, or check the data")
 
 
+def samples_key(data: DictConfig) -> str:
+    """What makes a member's samples: its data config, but for data.seed where the samples come from a
+    file (data.path: the seed only splits and orders them; generated data depends on it). Members with
+    one key read the samples once and share them (PackData.of)."""
+    settings = OmegaConf.to_container(data, resolve=True)
+    if settings.get("path"):
+        settings.pop("seed", None)
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+# Rows gathered at once for a validation: the K members' samples of one chunk (member-major).
+VAL_ROWS = 8192
+
+
 @dataclass
 class PackData:
-    """The members' data on the training device, one-step inputs as (sets x samples, features): members
-    that share a data config share its tensors (`which[k]`: member k's set)."""
-    x: torch.Tensor  # (sets * samples, features)
-    y: torch.Tensor  # (sets * samples, responses)
-    val_x: Optional[torch.Tensor]  # (sets, samples, features)
-    val_y: Optional[torch.Tensor]
-    which: torch.Tensor  # (K,) long
-    n_samples: int  # training samples per set
+    """The members' one-step data on the training device, each distinct set of samples once, as rows
+    (samples, features): members whose samples are the same (one file, split and shuffled by each
+    member's own seed; or one data config) share them, and each member has its own training and
+    validation rows into them, in its split's order (data.module.SeqDataModule.split)."""
+    x: torch.Tensor  # (rows, features)
+    y: torch.Tensor  # (rows, responses)
+    train_rows: torch.Tensor  # (K, training samples) long
+    val_rows: Optional[torch.Tensor]  # (K, validation samples) long; None: no validation
     batch_size: int
     n_batches: int  # per epoch (data.module.TensorBatches.n_batches)
     shuffle: bool
 
-    def orders(self, members: list[Member]) -> torch.Tensor:
-        """(K, samples): each member's order for this epoch, drawn as its run alone draws it, as
-        rows of the stacked sets (member k's row numbers point into its own set)."""
-        n, device = self.n_samples, self.x.device
-        if self.shuffle:
-            order = torch.stack([torch.randperm(n, generator=m.order, device=device) for m in members])
-        else:
-            order = torch.arange(n, device=device).expand(len(members), n)
-        return order + (self.which * n).unsqueeze(1)
+    @classmethod
+    def of(cls, members: list[Member], device: torch.device) -> "PackData":
+        """The members' data on the device: each distinct set of samples once (its rows, then a
+        validation set that came with it), and each member's training and validation rows into them,
+        its split's (SeqDataModule.split) or the data's own validation set."""
+        blocks, offsets, train_rows, val_rows = [], {}, [], []
+        for m in members:
+            dm, data = m.datamodule, m.datamodule.samples
+            if id(data) not in offsets:
+                offsets[id(data)] = sum(len(b) for b in blocks)
+                blocks += [data] + ([data.val] if data.val is not None else [])
+            base = offsets[id(data)]
+            if data.val is not None:
+                train, val = np.arange(len(data)), len(data) + np.arange(len(data.val))
+            else:
+                train, val = dm.split(len(data))
+            train_rows.append(base + train)
+            val_rows.append(base + val)
 
-    def member_val(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each member's validation set, (K, samples, features) and (K, samples, responses): the sets
-        themselves where every member has its own, in order (copying them cost a validation's time)."""
-        if self.val_x.shape[0] == len(self.which) and bool((self.which == torch.arange(len(self.which), device=self.which.device)).all()):
-            return self.val_x, self.val_y
-        return self.val_x.index_select(0, self.which), self.val_y.index_select(0, self.which)
+        def rows(what: str, one_step: bool) -> torch.Tensor:
+            # One block on the CPU is the samples' own memory (from_numpy, .to: no copy).
+            arrays = [getattr(b, what)[:, 0] if one_step else getattr(b, what) for b in blocks]
+            joined = torch.from_numpy(arrays[0]) if len(arrays) == 1 else torch.cat([torch.from_numpy(a) for a in arrays])
+            return joined.to(device)
+
+        dm = members[0].datamodule
+        n, bs = len(train_rows[0]), dm.batch_size
+        drop = dm.drop_last or dm.drop_single
+        return cls(x=rows("x", True), y=rows("y", False), train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
+                   val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
+                   batch_size=bs, n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle)
+
+    @property
+    def n_samples(self) -> int:
+        return self.train_rows.shape[1]
+
+    def orders(self, members: list[Member]) -> torch.Tensor:
+        """(K, samples): each member's order for this epoch, drawn as its run alone draws it (a
+        permutation of its training set), as rows of x."""
+        if not self.shuffle:
+            return self.train_rows
+        n, device = self.n_samples, self.x.device
+        order = torch.stack([torch.randperm(n, generator=m.order, device=device) for m in members])
+        return self.train_rows.gather(1, order)
+
+    def val_targets(self) -> torch.Tensor:
+        """(K, samples, responses): each member's validation targets."""
+        k, n = self.val_rows.shape
+        return self.y.index_select(0, self.val_rows.reshape(-1)).view(k, n, -1)
+
+    def val_chunks(self):
+        """Each member's validation inputs, (K, chunk, features), a chunk of samples at a time: gathered
+        from the shared rows (K whole copies would cost K validation sets of memory)."""
+        k, n = self.val_rows.shape
+        chunk = max(1, VAL_ROWS // k)
+        for i in range(0, n, chunk):
+            idx = self.val_rows[:, i:i + chunk]
+            yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], -1)
 
     def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mini-batch b of every member: (K, batch, features), (K, batch, responses), gathered in
@@ -296,12 +355,12 @@ class PackTrainer:
 
     @torch.no_grad()
     def validate(self) -> Optional[dict[str, list[float]]]:
-        if self.data.val_x is None:
+        if self.data.val_rows is None:
             return None
-        x, target = self.data.member_val()
+        target = self.data.val_targets()
         self.model.eval()
         try:
-            pred = torch.cat([self.model.forward_one_step(x[:, i:i + 4096]) for i in range(0, x.shape[1], 4096)], dim=1)
+            pred = torch.cat([self.model.forward_one_step(x) for x in self.data.val_chunks()], dim=1)
         finally:
             self.model.train()
         out = metrics_per_member(pred, target)

@@ -144,7 +144,7 @@ class Member:
 
         network = copy.deepcopy(self.network)
         network.load_state_dict(self.best_weights)
-        done = log_new_best(self.tracker, network, self.datamodule.train.x, step)
+        done = log_new_best(self.tracker, network, self.datamodule.example_x, step)
         if done is not None:
             self.logged.append(done)
 

@@ -124,21 +124,30 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
     import torch
     from hydra.utils import instantiate
 
+    from seqlab.packing.loop import samples_key
     from seqlab.training import devices
 
     device = devices.resolve(cfg.trainer.accelerator)
     devices.use_cores(device, cfg.deterministic, job.cpu_share())
     # Each member built as its run alone builds it (train._fit, _build): its seed, its data, its
-    # network; its dropout then draws from where the build left the global stream.
+    # network; its dropout then draws from where the build left the global stream. Members whose
+    # samples are the same read them once and share them (loop.samples_key); each splits them as its run
+    # alone would, and drops its split's copies until its run ends (SeqDataModule.release).
+    samples: dict[str, Any] = {}
+    steps = set()
     for m in members:
         pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
         m.datamodule = instantiate(m.cfg.data)
-        m.datamodule.setup("fit")
+        key = samples_key(m.cfg.data)
+        if key not in samples:
+            samples[key] = m.datamodule.load()
+        m.datamodule.setup("fit", samples=samples[key])
         m.network = instantiate(m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs)
         m.dropout_stream = torch.Generator()
         m.dropout_stream.set_state(torch.get_rng_state())
         m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
-    steps = {m.datamodule.n_steps for m in members}
+        steps.add(m.datamodule.n_steps)
+        m.datamodule.release()
     if steps != {1}:
         raise Unpackable(f"the data has {max(steps)} steps per sample: packs train one-step data (the packed "
                          "multi-step LSTM measured ~50x slower than its members one by one)")
@@ -187,7 +196,9 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         m.cfg.resume = m.resume_run_id  # record_config: a continued run keeps its params
         record_config(m.cfg, m.job, m.tracker, run_params(m.cfg))
         m.cfg.resume = None
+        m.datamodule.setup("fit")  # its sets, for their digests, one member at a time
         log_training_data(m.tracker, m.cfg.data, m.datamodule)
+        m.datamodule.release()
     return checkpoint
 
 
@@ -196,7 +207,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     import torch
     from hydra.utils import instantiate
 
-    from seqlab.packing.loop import PackStopped, PackTrainer, StopRequest
+    from seqlab.packing.loop import PackData, PackStopped, PackTrainer, StopRequest
     from seqlab.packing.model import PackedCNNLSTM
     from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
     from seqlab.resume.points import CHECKPOINT, publish_resume_point
@@ -223,7 +234,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
                                         [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
                                         first.cfg.module.gradient_threshold_method, clip=cfg.trainer.gradient_clip_val)
-    data = _pack_data(members, device.torch_device)
+    data = PackData.of(members, device.torch_device)
     n_outputs = first.datamodule.n_outputs
     to_mse = LOSS_TO_MSE[first.cfg.module.loss]
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
@@ -289,7 +300,10 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
 
 def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:
     """The member's run ended as its job alone ends it; where its own run refuses (deleted in the UI,
-    an upload its store refuses), that member ends FAILED and the pack's other members still end theirs."""
+    an upload its store refuses), that member ends FAILED and the pack's other members still end theirs.
+    Its own training and validation sets are split again for its end, and dropped after it."""
+    if m.status != "FAILED":
+        m.datamodule.setup("fit")
     try:
         return _finish(m, trainer, device, wall)
     except Exception as error:  # noqa: BLE001 - one member's run, not the pack's
@@ -300,37 +314,8 @@ def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:
         except Exception as failure:  # noqa: BLE001 - its result is written all the same (_ended)
             log.error("member %d: its run could not be ended: %s", m.k, one_line(failure))
             return m.job.result
-
-
-def _pack_data(members: list[Member], device):
-    """The members' one-step data as packed tensors; members with one data config share theirs."""
-    import torch
-
-    from seqlab.packing.loop import PackData
-
-    sets, which = {}, []
-    for m in members:
-        key = OmegaConf.to_yaml(m.cfg.data, resolve=True)
-        which.append(sets.setdefault(key, len(sets)))
-    firsts = {}
-    for m, w in zip(members, which):
-        firsts.setdefault(w, m.datamodule)
-
-    def stacked(part: str, what: str):
-        arrays = [getattr(getattr(firsts[w], part), what) for w in range(len(sets))]
-        return torch.stack([torch.from_numpy(a) for a in arrays]).to(device)
-
-    dm = members[0].datamodule
-    has_val = dm.has_val()
-    n, bs = len(dm.train), dm.batch_size
-    drop = dm.drop_last or dm.drop_single
-    x, y = stacked("train", "x")[:, :, 0], stacked("train", "y")
-    return PackData(
-        x=x.reshape(-1, x.shape[-1]), y=y.reshape(-1, y.shape[-1]),
-        val_x=stacked("val", "x")[:, :, 0] if has_val else None, val_y=stacked("val", "y") if has_val else None,
-        which=torch.tensor(which, device=device), n_samples=n, batch_size=bs,
-        n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle,
-    )
+    finally:
+        m.datamodule.release()
 
 
 def _seconds(max_time: Optional[str]) -> Optional[float]:
