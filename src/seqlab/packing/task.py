@@ -14,7 +14,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -205,35 +205,16 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
 def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]],
          checkpoint: Optional[Path]) -> list[JobResult]:
     import torch
-    from hydra.utils import instantiate
 
     from seqlab.packing.loop import PackData, PackStopped, PackTrainer, StopRequest
     from seqlab.packing.model import PackedCNNLSTM
-    from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
     from seqlab.resume.points import CHECKPOINT, publish_resume_point
     from seqlab.training.module import LOSS_TO_MSE
-    from seqlab.training.perf import optimizer_factory
 
     first = members[0]
     tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
-    # Each member's optimizer as its run alone builds it (instantiate: conf/optimizer/, a partial); the
-    # members differ only in their rate (a packable key), the rest is the pack's.
-    partials = [instantiate(m.cfg.optimizer) for m in members]
-    lrs = [float(p.keywords["lr"]) for p in partials]
-    if len(set(lrs)) == 1:
-        # One learning rate: the configured optimizer over the packed tensors is each member's own
-        # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
-        optimizer = optimizer_factory(partials[0], cfg.perf.optimizer_impl, capturable=False)(params=model.parameters())
-        lr_scale = torch.ones(len(members))
-    else:
-        optimizer = packed_optimizer(partials[0], model.parameters(), lrs)
-        lr_scale = torch.tensor(lrs)
-    scheduler = instantiate(first.cfg.scheduler)(optimizer=optimizer) if first.cfg.scheduler and "_target_" in first.cfg.scheduler else None
-    module_cfgs = [m.cfg.module for m in members]
-    gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
-                                        [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
-                                        first.cfg.module.gradient_threshold_method, clip=cfg.trainer.gradient_clip_val)
+    optimizer, scheduler, gradients, lr_scale = _packed_update(cfg, members, model)
     data = PackData.of(members, device.torch_device)
     n_outputs = first.datamodule.n_outputs
     to_mse = LOSS_TO_MSE[first.cfg.module.loss]
@@ -250,7 +231,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
 
     with StopRequest() as stop:
         trainer = PackTrainer(
-            model, optimizer, scheduler, gradients if gradients.active else None,
+            model, optimizer, scheduler, gradients,
             first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs), data, members,
             lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
             max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=tracked.tracker.flush_every_n_steps,
@@ -260,8 +241,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             progress=sys.stderr if cfg.perf.progress == "line" else None,
         )
         if resume_run_ids is not None:
-            state = torch.load(checkpoint,
-                               map_location=device.torch_device, weights_only=False)
+            state = torch.load(checkpoint, map_location=device.torch_device, weights_only=False)
             if state.get("run_ids") != resume_run_ids:
                 raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
             trainer.load_state_dict(state)
@@ -280,22 +260,57 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
             trainer.fit()
         except PackStopped as stopped:
             publish(stopped.path, stopped.step)
-            for m in members:
-                if m.active:
-                    m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
-            preempted = stop.preempted()
-            if preempted is not None:
-                then = "the job is requeued and continues these runs"
-            elif os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
-                then = "if SLURM requeued the job, it continues these runs by itself; else continue the sweep with its command and resume=latest"
-            else:
-                then = "continue the sweep with its command and resume=latest"
-            log.error("stopped by %s at step %d; checkpoint %s; %s", stopped.signal, stopped.step, stopped.path, then)
-            if preempted is not None:
-                raise preempted from None  # run_pack requeues the job once every run has ended
-            raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
+            _stopped(members, stopped, stop.preempted())
         wall = time.perf_counter() - start
     return [_finish_or_fail(m, trainer, device, wall) for m in members]
+
+
+def _packed_update(cfg: DictConfig, members: list[Member], model):
+    """The pack's optimizer, schedule and gradient treatment over its packed tensors, and each
+    member's rate as a multiple of the optimizer's (lr_scale). Each member's optimizer is built as its
+    run alone builds it (instantiate: conf/optimizer/, a partial); the members differ only in their
+    rate (a packable key), the rest is the pack's."""
+    import torch
+    from hydra.utils import instantiate
+
+    from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
+    from seqlab.training.perf import optimizer_factory
+
+    partials = [instantiate(m.cfg.optimizer) for m in members]
+    lrs = [float(p.keywords["lr"]) for p in partials]
+    if len(set(lrs)) == 1:
+        # One learning rate: the configured optimizer over the packed tensors is each member's own
+        # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
+        optimizer = optimizer_factory(partials[0], cfg.perf.optimizer_impl, capturable=False)(params=model.parameters())
+        lr_scale = torch.ones(len(members))
+    else:
+        optimizer = packed_optimizer(partials[0], model.parameters(), lrs)
+        lr_scale = torch.tensor(lrs)
+    first = members[0].cfg
+    scheduler = instantiate(first.scheduler)(optimizer=optimizer) if first.scheduler and "_target_" in first.scheduler else None
+    module_cfgs = [m.cfg.module for m in members]
+    gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
+                                        [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
+                                        first.module.gradient_threshold_method, clip=cfg.trainer.gradient_clip_val)
+    return optimizer, scheduler, (gradients if gradients.active else None), lr_scale
+
+
+def _stopped(members: list[Member], stopped, preempted: Optional[Preempted]) -> NoReturn:
+    """A signal stopped the pack, its checkpoint published: the training members' runs end KILLED
+    (their ExitStack), then the job is requeued (submitit's USR2: run_pack) or exits 130/143."""
+    for m in members:
+        if m.active:
+            m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
+    if preempted is not None:
+        then = "the job is requeued and continues these runs"
+    elif os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
+        then = "if SLURM requeued the job, it continues these runs by itself; else continue the sweep with its command and resume=latest"
+    else:
+        then = "continue the sweep with its command and resume=latest"
+    log.error("stopped by %s at step %d; checkpoint %s; %s", stopped.signal, stopped.step, stopped.path, then)
+    if preempted is not None:
+        raise preempted from None  # run_pack requeues the job once every run has ended
+    raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
 
 
 def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:

@@ -93,6 +93,11 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
     client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, step=step)])
     points = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in tracker.points if m.step == step]
     if points:
+        # The same rows, now with the model's id: MLflow's store skips a row it holds, but two writers
+        # inserting one row at once (the outbox's thread or the step writer still sending it) break
+        # its unique key (seen: IntegrityError on metrics, a resumed run's end under load). So the
+        # run's own sending of them is waited for first.
+        tracker.sync_metrics()
         client.log_batch(tracker.run_id, metrics=points)
 
 
