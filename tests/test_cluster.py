@@ -38,14 +38,20 @@ def _job_logs(tmp_path: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*/*_log.*")))
 
 
-def _wait_until_each_trains(tmp_path: Path, proc, n: int, timeout: float = 120) -> None:
-    """Until n jobs (each its own submitit folder of logs) have each finished an epoch."""
-    deadline = time.monotonic() + timeout
-    while sum(any("epoch 2/" in p.read_text(errors="replace") for p in folder.glob("*_log.*"))
-              for folder in tmp_path.glob("logs/multiruns/*/.submitit/*")) < n:
+def _stop_each_once_training(tmp_path: Path, proc, n: int, stop, timeout: float = 120) -> None:
+    """Stops each of the sweep's n jobs as soon as it has finished its second epoch, each on its own
+    (`stop(job id)`: its submitit folder's name, a local job's pid or SLURM's array task), so that
+    no job has finished by the time it is stopped, however the machine's load staggers them."""
+    stopped, deadline = set(), time.monotonic() + timeout
+    while len(stopped) < n:
+        for folder in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*")):
+            if folder.name not in stopped and "%" not in folder.name and any(
+                    "epoch 2/" in p.read_text(errors="replace") for p in folder.glob("*_log.*")):
+                stop(folder.name)
+                stopped.add(folder.name)
         assert proc.poll() is None, f"the sweep ended before {n} jobs trained"
         assert time.monotonic() < deadline, f"{n} jobs did not train within {timeout:.0f} s:\n{_job_logs(tmp_path)[-3000:]}"
-        time.sleep(0.2)
+        time.sleep(0.1)
 
 
 def _each_step_once(client, run_id: str, key: str = "train_loss") -> list[int]:
@@ -96,9 +102,8 @@ def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server,
     """scontrol requeue of a job alone and of a pack (issue 32): each continues its own runs, every step once."""
     proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *BOTH, env=slurm.env)
     try:
-        _wait_until_each_trains(tmp_path, proc, 2)
-        for job in [line.split()[0] for line in slurm.queue()]:  # each array task: SIGTERM now, SIGKILL KillWait
-            slurm.run("scontrol", "requeue", job)                 # (10 s) later, then a new start
+        # Each array task: SIGTERM now, SIGKILL KillWait (10 s) later, then a new start.
+        _stop_each_once_training(tmp_path, proc, 2, lambda job: slurm.run("scontrol", "requeue", job))
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -10,7 +10,16 @@ import psutil
 import pytest
 
 from conftest import start_cli
-from test_cluster import BOTH, BOTH_STEPS, _each_step_once, _job_logs, _runs, _wait_until_each_trains
+from test_cluster import BOTH, BOTH_STEPS, _each_step_once, _job_logs, _runs, _stop_each_once_training
+
+
+def _task_of(proc, job: str) -> psutil.Process:
+    """The training process of submitit's local job `job` (its controller's pid): the task started
+    with SUBMITIT_LOCAL_JOB_ID=job, where submitit's executor sends its signal."""
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        if "submitit.core._submit" in " ".join(p.cmdline()) and p.environ().get("SUBMITIT_LOCAL_JOB_ID") == job:
+            return p
+    raise AssertionError(f"no training process of local job {job}")
 
 
 @pytest.mark.slow
@@ -20,11 +29,7 @@ def test_submitits_preemption_signal_requeues_a_local_job_and_pack(tmp_path, sto
     proc = start_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "trainer.accelerator=cpu", "logger.system_metrics=false",
                      *BOTH)
     try:
-        _wait_until_each_trains(tmp_path, proc, 2)
-        jobs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "submitit.core._submit" in " ".join(p.cmdline())]
-        assert len(jobs) == 2
-        for job in jobs:
-            job.send_signal(signal.SIGUSR2)
+        _stop_each_once_training(tmp_path, proc, 2, lambda job: _task_of(proc, job).send_signal(signal.SIGUSR2))
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -96,8 +96,8 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
         # The same rows, now with the model's id: MLflow's store skips a row it holds, but two writers
         # inserting one row at once (the outbox's thread or the step writer still sending it) break
         # its unique key (seen: IntegrityError on metrics, a resumed run's end under load). So the
-        # run's own sending of them is waited for first.
-        tracker.sync_metrics()
+        # run's own sending of them is waited for first, however slow the store.
+        tracker.sync_metrics(tracker.outage_wait_s, idle=True)
         client.log_batch(tracker.run_id, metrics=points)
 
 

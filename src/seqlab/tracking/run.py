@@ -294,9 +294,10 @@ class MlflowTracker:
         """Every metric sent so far is stored when this returns."""
         self.sender.wait()
 
-    def sync_metrics(self, timeout_s: float = SYNC_WAIT_S) -> None:
-        """Every metric sent so far is stored when this returns; training goes on sending after."""
-        self.sender.sync(timeout_s)
+    def sync_metrics(self, timeout_s: float = SYNC_WAIT_S, idle: bool = False) -> None:
+        """Every metric sent so far is stored when this returns; training goes on sending after.
+        `idle`: a server's backlog is waited for while it keeps taking writes (senders.OutboxSender.sync)."""
+        self.sender.sync(timeout_s, idle)
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         self.sender.artifact(Path(path), artifact_path)

@@ -55,7 +55,7 @@ class NullSender:
     def wait(self) -> None:
         pass
 
-    def sync(self, timeout_s: float) -> None:
+    def sync(self, timeout_s: float, idle: bool = False) -> None:
         pass
 
     def unsent(self) -> list[Metric]:
@@ -142,7 +142,7 @@ class DirectSender:
                         why, len(left))
             self._log([Metric(k, v, ts, step) for k, v, ts, step in left], synchronous=True)  # stored before anything else
 
-    def sync(self, timeout_s: float) -> None:
+    def sync(self, timeout_s: float, idle: bool = False) -> None:
         """Every metric sent so far is stored when this returns, the step writer kept: before
         something that depends on them is published (a checkpoint that resume= continues after).
         A writer that does not manage it in timeout_s is replaced by this process's own writes."""
@@ -208,12 +208,13 @@ class OutboxSender:
     def wait(self) -> None:
         pass  # the outbox sends in order: what follows is stored after what was sent before
 
-    def sync(self, timeout_s: float) -> None:
+    def sync(self, timeout_s: float, idle: bool = False) -> None:
         """What the outbox holds sent, if the server takes it within a short wait: a server
         slower than training, or away, leaves a backlog that a stop could not wait for (SLURM
         kills a job KillWait after its SIGTERM). What is still here then goes with the checkpoint
-        (`unsent`, seqlab.resume.points), and the resumed run sends it first."""
-        self.outbox.drain(min(timeout_s, OUTBOX_SYNC_S))
+        (`unsent`, seqlab.resume.points), and the resumed run sends it first. `idle`: waited for as
+        long as the server keeps taking writes (a run's end, which waits for them anyway)."""
+        self.outbox.drain(timeout_s if idle else min(timeout_s, OUTBOX_SYNC_S), idle=idle)
 
     def unsent(self) -> list[Metric]:
         with self.outbox.cond:
