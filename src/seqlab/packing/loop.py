@@ -67,6 +67,10 @@ class PackData:
     batch_size: int
     n_batches: int  # per epoch (data.module.TensorBatches.n_batches)
     shuffle: bool
+    # Each member's validation inputs gathered once, (K, samples, features), where no member shares its
+    # samples (the memory is then the sets' own, as before the sharing, and no validation gathers them
+    # again); None: gathered a chunk at a time from the shared rows (val_chunks).
+    val_x: Optional[torch.Tensor] = None
 
     @classmethod
     def of(cls, members: list[Member], device: torch.device) -> "PackData":
@@ -96,9 +100,13 @@ class PackData:
         dm = members[0].datamodule
         n, bs = len(train_rows[0]), dm.batch_size
         drop = dm.drop_last or dm.drop_single
-        return cls(x=rows("x", True), y=rows("y", False), train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
+        data = cls(x=rows("x", True), y=rows("y", False), train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
                    val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
                    batch_size=bs, n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle)
+        if data.val_rows is not None and len(offsets) == len(members):
+            k, n_val = data.val_rows.shape
+            data.val_x = data.x.index_select(0, data.val_rows.reshape(-1)).view(k, n_val, -1)
+        return data
 
     @property
     def n_samples(self) -> int:
@@ -124,6 +132,9 @@ class PackData:
         k, n = self.val_rows.shape
         chunk = max(1, VAL_ROWS // k)
         for i in range(0, n, chunk):
+            if self.val_x is not None:
+                yield self.val_x[:, i:i + chunk]
+                continue
             idx = self.val_rows[:, i:i + chunk]
             yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], -1)
 

@@ -20,7 +20,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqlab import SeqlabError, one_line
 from seqlab.packing.continuing import planned_resume, previous_attempt
+from seqlab.packing.loop import samples_key
 from seqlab.packing.members import Member
+from seqlab.resume.interrupt import prepare_resume
 from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
@@ -124,7 +126,6 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
     import torch
     from hydra.utils import instantiate
 
-    from seqlab.packing.loop import samples_key
     from seqlab.training import devices
 
     device = devices.resolve(cfg.trainer.accelerator)
@@ -163,7 +164,6 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
     continued pack starts from."""
     import torch
 
-    from seqlab.resume.interrupt import prepare_resume
     from seqlab.store.ghosts import heartbeat, identity
     from seqlab.tracking.connect import open_tracker
     from seqlab.tracking.datasets import log_training_data
