@@ -68,9 +68,12 @@ def test_why_unpackable_names_the_key(compose_cfg):
     assert why_unpackable(compose_cfg()) is None
     assert "perf=naive" in why_unpackable(compose_cfg("perf=naive"))
     assert "DDP" in why_unpackable(compose_cfg("trainer.devices=2"))
-    for packs_now in (["optimizer.weight_decay=0.01"], ["optimizer=adamw"], ["trainer.gradient_clip_val=0.5"]):
+    for packs_now in (["optimizer.weight_decay=0.01"], ["optimizer=adamw"], ["trainer.gradient_clip_val=0.5"],
+                      ["trainer.precision=bf16-mixed"], ["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=5"],
+                      ["data=daily_profile"]):
         assert why_unpackable(compose_cfg(*packs_now)) is None, packs_now  # refused before issue 32
-    assert "precision" in why_unpackable(compose_cfg("trainer.precision=bf16-mixed"))
+    # Loss scaling would reach MATLAB's L2 and threshold with scaled gradients.
+    assert "precision" in why_unpackable(compose_cfg("trainer.precision=16-mixed"))
 
 
 def test_the_plan_file_round_trips(tmp_path):

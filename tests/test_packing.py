@@ -118,7 +118,7 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
 
 
 # -- the benchmark's packed loop --------------------------------------------------------------------
-def test_the_benchmark_runs_packs_beside_bare_and_skips_multi_step_data(tmp_path):
+def test_the_benchmark_runs_the_products_packs_beside_bare(tmp_path):
     import json
 
     from conftest import ROOT
@@ -130,14 +130,14 @@ def test_the_benchmark_runs_packs_beside_bare_and_skips_multi_step_data(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert sorted((r["shape"], r["loop"], r["members"]) for r in rows) == [
-        ("profile", "bare", 1), ("seed", "bare", 1), ("seed", "packed", 1), ("seed", "packed", 3)]
+        ("profile", "bare", 1), ("profile", "packed", 1), ("profile", "packed", 3),
+        ("seed", "bare", 1), ("seed", "packed", 1), ("seed", "packed", 3)]
     bare = next(r for r in rows if r["shape"] == "seed" and r["loop"] == "bare")
     for r in rows:
         assert r["it_per_s"] > 0 and r["model_steps_per_s"] == pytest.approx(r["it_per_s"] * r["members"])
         assert r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"])
         if r["shape"] == "seed":  # over K bare loops one after another: bare's own rate
             assert r["ratio_to_bare"] == pytest.approx(r["model_steps_per_s"] / bare["it_per_s"])
-    assert "profile  bs64    packed3   skipped: a pack trains one-step data only; this data has 1440 steps" in proc.stdout
     assert "packed3" in proc.stdout and "model-steps/s" in proc.stdout
 
     bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
@@ -310,27 +310,60 @@ def test_a_members_state_comes_back_whole_from_a_pack_checkpoint():
     assert torch.equal(torch.randperm(10, generator=resumed.order), torch.randperm(10, generator=saved.order))
 
 
-def test_a_failed_members_status_and_the_packs_training_time_come_back_from_its_checkpoint(tmp_path):
-    """Issue 32: a member that failed before the checkpoint is FAILED after it (never FINISHED), and
-    trainer.max_time counts the seconds the pack trained before it."""
-    from seqlab.packing.loop import PackTrainer
+def _pack_module(run_ids=("a", "b")):
+    """A PackModule of two members over _data(), attached to a Trainer that has not fitted."""
+    import pytorch_lightning as pl
+
+    from seqlab.packing.data import PackData
     from seqlab.packing.members import Member
+    from seqlab.packing.module import PackModule
 
     nets, _ = _members([0, 1])
+    x, y = _data()
+    members = [Member(k, cfg=None, job=None, order=torch.Generator().manual_seed(k), resume_run_id=run_ids[k]) for k in range(2)]
+    rows = torch.arange(len(x)).expand(2, -1)
+    data = PackData(x=x[:, 0], y=y, train_rows=rows, val_rows=None, batch_size=16, n_batches=len(x) // 16, shuffle=True)
     packed = PackedCNNLSTM(nets)
+    m = PackModule(packed, torch.optim.Adam(packed.parameters()), None, None, "half_mse", float, data, members,
+                   lr_scale=torch.ones(2), steps_per_call=2, flush_every_n_steps=10**6, flush_every_s=0.0, exact_dropout=False)
+    m.trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    return m
 
-    def trainer():
-        members = [Member(k, cfg=None, job=None, order=torch.Generator().manual_seed(k)) for k in range(2)]
-        return PackTrainer(packed, torch.optim.Adam(packed.parameters()), None, None, "half_mse", float, None, members,
-                           lr_scale=torch.ones(2), max_epochs=1, max_steps=-1, max_time_s=60.0, flush_every_n_steps=1,
-                           flush_every_s=0.0, checkpoint_path=tmp_path / "pack.ckpt", checkpoint_every_s=0.0,
-                           publish=None, stop=None, exact_dropout=False)
 
-    saved = trainer()
+def test_a_member_that_stopped_early_is_frozen_while_the_others_train():
+    """Issue 32, point 2: a member stopped early (patience) or pruned keeps the weights it stopped with."""
+    pack = _pack_module()
+    pack.members[1].last_weights = pack.model.member(1)
+    before = [pack.model.member(k) for k in range(2)]
+    orders, _, _ = next(iter(pack.items))
+    for b in range(3):
+        pack.step(*pack.data.batch(orders, b))
+    after = [pack.model.member(k) for k in range(2)]
+    assert all(torch.equal(before[1][key], after[1][key]) for key in before[1])
+    assert not torch.equal(before[0]["fc.weight"], after[0]["fc.weight"])
+
+
+def test_a_failed_members_status_and_its_data_order_come_back_from_the_packs_checkpoint():
+    """Issue 32: a member that failed before the checkpoint is FAILED after it (never FINISHED); a pack
+    stopped inside an epoch replays that epoch's order from where it stopped; another pack's checkpoint
+    is refused in one line."""
+    from seqlab import SeqlabError
+
+    module = _pack_module
+    saved = module()
+    orders = [item[0] for item in saved.items]  # an epoch drawn: each member's own order
     saved.members[1].fail("the training loss became nan at step 3: training diverged", 3)
-    saved.elapsed_s = 42.0
-    resumed = trainer()
-    resumed.load_state_dict(saved.state_dict())
+    saved.trainer.fit_loop.epoch_loop.batch_progress.current.completed = 1  # one item of the epoch trained
+    checkpoint = {}
+    saved.on_save_checkpoint(checkpoint)
+    resumed = module()
+    resumed.on_load_checkpoint(checkpoint)
     assert [(m.status, m.active) for m in resumed.members] == [("RUNNING", True), ("FAILED", False)]
     assert resumed.members[1].reason.startswith("the training loss became nan") and resumed.members[1].final_step == 3
-    assert resumed.elapsed() == 42.0
+    replayed = list(resumed.items)
+    assert len(replayed) == len(saved.items) - 1 and replayed[0][1] == 2  # from the second item on
+    assert torch.equal(replayed[0][0], orders[0])  # the same order as the stopped epoch's
+    with pytest.raises(SeqlabError, match="another pack's"):
+        module(("a", "c")).on_load_checkpoint(checkpoint)
+
+

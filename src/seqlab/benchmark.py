@@ -2,9 +2,10 @@
 (a) `plain`: the loop people write by hand; (b) `bare`: the default's own math (exact one-step
 shortcuts, fused optimizer, data on the device) as a bare Python loop, no Lightning, no tracking:
 the limit the default is held to; (c) `naive`: perf=naive; (d) `default` (perf=fast), with MLflow
-tracking on for (c) and (d); (e) `packed`: K networks of the bare loop's math as one packed step
-(seqlab.packing), whose model-steps/s (K x its steps/s) is set against `bare`'s, which is what K
-bare loops one after another give. Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
+tracking on for (c) and (d); (e) `packed`: K networks in one packed step, trained as the product
+trains a pack (seqlab.packing.module, through the Trainer every job gets) without tracking, whose
+model-steps/s (K x its steps/s) is set against `bare`'s, which is what K bare loops one after
+another give. Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
 machine slows all of them alike; each figure is the median over repeats of the median epoch, the
 first epoch (warm-up) left out, the device synchronised before every clock read."""
 
@@ -175,55 +176,54 @@ def bare_loop(cfg, device: str) -> list[float]:
     return rates
 
 
-class Unpackable(ValueError):
-    """Data a pack does not train (more than one step): its row is left out, with a line saying why."""
+class _NoRun:
+    """A pack member's run in the benchmark: it keeps nothing (as `bare` tracks nothing)."""
+
+    log_checkpoints = None
+
+    def log_series(self, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, *args, **kwargs) -> None:
+        pass
 
 
 def packed_loop(cfg, device: str, members: int) -> list[float]:
-    """`members` networks of the config trained as one packed step (seqlab.packing): the bare
-    loop's math for each (the one-step shortcut, the fused optimizer over the packed tensors,
-    zeroed gradients kept), member k built from seed cfg.seed + k and shuffled in an order of its
-    own each epoch, each step gathering every member's own batch. Returns the pack's steps/s
-    per epoch (model-steps/s: members x that). One-step data only."""
+    """`members` networks of the config trained as the product trains a pack: its LightningModule
+    (seqlab.packing.module.PackModule: the packed network, the fused optimizer over the packed
+    tensors, each member's own order each epoch) driven by the Trainer every job gets
+    (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k.
+    Returns the pack's steps/s per epoch, as the module times them (model-steps/s: members x that)."""
     from hydra.utils import instantiate
 
-    from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+    from seqlab.packing.data import PackData
+    from seqlab.packing.members import Member
+    from seqlab.packing.model import PackedCNNLSTM
+    from seqlab.packing.module import PackModule
+    from seqlab.training import devices
+    from seqlab.training.noise import quiet_libraries
     from seqlab.training.perf import optimizer_factory
+    from seqlab.training.trainer import build_trainer
 
+    quiet_libraries(cfg.perf.loader)
     dev, x, y, _, _ = _setup(cfg, device)
-    if x.shape[1] != 1:
-        raise Unpackable(f"a pack trains one-step data only; this data has {x.shape[1]} steps")
     nets = []
     for k in range(members):
         torch.manual_seed(cfg.seed + k)
         nets.append(instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]))
     model = PackedCNNLSTM(nets).to(dev)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(params)
-    grads = []
-    for p in params:
-        p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    loss_fn = MEMBER_LOSSES[cfg.module.loss]
-    steps, bs = x[:, 0], cfg.data.batch_size
-    # Each step gathers every member's batch into buffers reused from step to step (a new tensor
-    # of K batches at each step cost about a quarter of the pack's speed at K=32 here).
-    xb, yb = steps.new_empty(members * bs, steps.shape[1]), y.new_empty(members * bs, y.shape[1])
-    rates = []
-    for _ in range(cfg.trainer.max_epochs):
-        synchronize(dev)
-        start = time.perf_counter()
-        orders = torch.argsort(torch.rand(members, len(x), device=dev), dim=1)  # K permutations in one go
-        for i in range(len(x) // bs):
-            idx = orders[:, i * bs : (i + 1) * bs].reshape(-1)
-            torch.index_select(steps, 0, idx, out=xb)
-            torch.index_select(y, 0, idx, out=yb)
-            torch._foreach_zero_(grads)
-            loss_fn(model.forward_one_step(xb.view(members, bs, -1)), yb.view(members, bs, -1)).sum().backward()
-            optimizer.step()
-        synchronize(dev)
-        rates.append((len(x) // bs) / (time.perf_counter() - start))
-    return rates
+    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
+    bs = cfg.data.batch_size
+    data = PackData(x=x[:, 0] if x.shape[1] == 1 else x, y=y, train_rows=torch.arange(len(x), device=dev).expand(members, -1),
+                    val_rows=None, batch_size=bs, n_batches=len(x) // bs, shuffle=True)
+    pack = [Member(k, cfg=None, job=None, tracker=_NoRun(), order=torch.Generator(device=dev).manual_seed(cfg.seed + k))
+            for k in range(members)]
+    module = PackModule(model, optimizer, None, None, cfg.module.loss, float, data, pack, lr_scale=torch.ones(members),
+                        steps_per_call=cfg.perf.steps_per_call, flush_every_n_steps=cfg.logger.flush_every_n_steps,
+                        flush_every_s=cfg.logger.flush_every_s, exact_dropout=False)
+    trainer = build_trainer(cfg, devices.resolve(device), [], False, True, False, None)
+    trainer.fit(module)
+    return [epoch["it_per_s"] for epoch in pack[0].epochs]
 
 
 def framework_loop(cfg) -> list[float]:
@@ -258,7 +258,7 @@ def run(
     loops: tuple[str, ...] = DEFAULT_LOOPS,
     packs: tuple[int, ...] = (8,),
 ) -> list[Row]:
-    """`packs`: the member counts the `packed` loop runs (one row each); one-step shapes only."""
+    """`packs`: the member counts the `packed` loop runs (one row each)."""
     quiet = logging.getLogger("seqlab")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # each run's own report is not the benchmark's
@@ -281,16 +281,10 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
             for repeat in range(repeats):
                 for loop, k in list(variants):
                     cfg = configs[loop]
-                    try:
-                        if loop == "packed":
-                            rates = packed_loop(cfg, device, k)
-                        else:
-                            rates = _BARE_LOOPS[loop](cfg, device) if loop in _BARE_LOOPS else framework_loop(cfg)
-                    except Unpackable as reason:
-                        progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} skipped: {reason}")
-                        variants.remove((loop, k))
-                        del runs[(loop, k)]
-                        continue
+                    if loop == "packed":
+                        rates = packed_loop(cfg, device, k)
+                    else:
+                        rates = _BARE_LOOPS[loop](cfg, device) if loop in _BARE_LOOPS else framework_loop(cfg)
                     runs[(loop, k)].append(_epoch_median(rates))
                     progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} repeat {repeat + 1}/{repeats}: "
                              f"{runs[(loop, k)][-1]:,.1f} it/s")

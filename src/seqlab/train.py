@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from seqlab import SeqlabError, one_line
 from seqlab.resume.requeue import Preempted
@@ -191,6 +191,7 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     from seqlab.training.loop import FusedLoop
     from seqlab.training.module import LOSS_TO_MSE
     from seqlab.training.perf import optimizer_factory, steps_per_call
+    from seqlab.training.trainer import build_trainer
 
     perf, ddp = cfg.perf, multi_process(cfg.trainer)
     datamodule = instantiate(cfg.data)
@@ -236,40 +237,9 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     # DDP: the other ranks' processes, watched from rank 0 (a rank that dies: one line naming it)
     watch = [RankWatch.installed(job.output_dir, tracker)] if ddp and job.rank == 0 else []
     every = [*own, *watch, *chosen.values(), *trial_callbacks(tracker)]
-    trainer = _build_trainer(cfg, device, every, LightningBridge(tracker, clock), fused, has_val, val_every)
+    trainer = build_trainer(cfg, device, every, LightningBridge(tracker, clock), fused, has_val, val_every)
     tracker.set_tags({"torch_threads": torch.get_num_threads()})
     return Parts(datamodule, module, trainer, chosen, stop, k)
-
-
-def _build_trainer(cfg: DictConfig, device, callbacks: list, logger, fused: bool, has_val: bool, val_every: Any):
-    """conf/trainer/ through its `_target_`, plus what this job decides: the device found, the
-    validation interval in whole loop calls, clipping inside the fused loop, the tracker as logger."""
-    from hydra.utils import instantiate
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    node = OmegaConf.to_container(cfg.trainer, resolve=True)
-    extra = node.pop("extra")
-    decided = dict(
-        accelerator=device.accelerator,
-        gradient_clip_val=None if fused else cfg.trainer.gradient_clip_val,  # the loop clips itself
-        check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch if has_val else 1,
-        val_check_interval=val_every,
-        deterministic=cfg.deterministic,
-        log_every_n_steps=cfg.logger.flush_every_n_steps,
-        enable_progress_bar=cfg.perf.progress == "bar",
-        # Per-epoch checkpoints cost more than an epoch of this model: by default one, at the end.
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_model_summary=False,
-        default_root_dir=cfg.paths.output_dir,
-    )
-    if not has_val:
-        decided["limit_val_batches"] = 0
-    from hydra.errors import InstantiationException
-
-    try:
-        return instantiate({**node, **decided, **extra}, callbacks=callbacks, logger=logger)
-    except InstantiationException as error:  # Lightning's own error says which argument
-        raise (error.__cause__ or error) from None
 
 
 def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) -> None:

@@ -1,7 +1,7 @@
 """One member of a pack as the run it is (issue 22, point 4): its config, its job (folder, result
 file), its MLflow run, its data and network built as its run alone builds them, and what its
 callbacks would keep when it trains alone (epoch timing, best val_rmse and the network to keep,
-time to target, validation patience), in plain Python: the packed loop (seqlab.packing.loop) hands
+time to target, validation patience), in plain Python: the pack's module (seqlab.packing.module) hands
 each member its own numbers, and a member ends (diverged, stopped early) without the others."""
 
 from __future__ import annotations

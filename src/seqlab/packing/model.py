@@ -7,8 +7,10 @@ Written out rather than derived: `nn.LSTM` cannot be vmapped (pytorch#105982), a
 `stack_module_state` reached about half the speed of the written-out step on this project's 2-core
 VM (issue 22's table). Member k is a plain CNNLSTM on the way in (the constructor) and a plain
 CNNLSTM state dict on the way out and back (`member`, `load_member`), so a member's checkpoint and
-logged model can be the ones its run alone would have. One-step data only (the seed shape), where
-the network is the exact shortcut of CNNLSTM.forward_one_step.
+logged model can be the ones its run alone would have. One-step data (the seed shape) takes the
+exact shortcut of CNNLSTM.forward_one_step; data of more steps runs the convolution and BatchNorm of
+all members as one grouped operation each, and each member's own LSTM (torch's fused kernel, the
+one nn.LSTM runs) over its sequences inside the one step.
 
 Each member's mathematics is its own: BatchNorm statistics over its own batch, its own dropout
 masks (from its own generator, as CPU dropout draws them), and a loss whose gradient for its
@@ -20,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from seqlab.model import CNNLSTM
 from seqlab.training.gradients import l2_parameters
@@ -72,6 +75,11 @@ class PackedCNNLSTM(nn.Module):
                 # A parameter frozen in the members (MATLAB's second LSTM bias) stays frozen.
                 self.register_parameter(name, nn.Parameter(stacked, requires_grad=named[key].requires_grad))
 
+        # The members' LSTM as a module of one member's shape, called with member k's packed slices
+        # (functional_call): each member's sequences through nn.LSTM's own kernel. Not a submodule:
+        # its weights are the packed tensors' (the template's own are never trained or saved).
+        self._lstm = [nn.LSTM(first.lstm.input_size, first.lstm.hidden_size, batch_first=True)]
+
     def l2_parameters(self) -> list[nn.Parameter]:
         """The packed tensors MATLAB's L2 regularises (seqlab.training.gradients.l2_parameters)."""
         return [getattr(self, name) for name in self._l2_names]
@@ -85,6 +93,26 @@ class PackedCNNLSTM(nn.Module):
         """Put a CNNLSTM state dict back as member k."""
         for key, name in _KEYS.items():
             getattr(self, name)[k].copy_(state[key])
+
+    def forward(self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+        """x: (K, batch, features) for one-step data, (K, batch, steps, features) otherwise; returns
+        (K, batch, outputs): member k's output is its own network's on x[k] (CNNLSTM.forward)."""
+        if x.dim() == 3:
+            return self.forward_one_step(x, generators)
+        k, n, steps, features = x.shape
+        # Every member's convolution at once: its features are its own group of channels.
+        h = nn.functional.conv1d(x.permute(1, 0, 3, 2).reshape(n, k * features, steps),
+                                 self.conv_weight.reshape(-1, features, self.kernel_size), self.conv_bias.reshape(-1),
+                                 padding="same", groups=k)  # (batch, K x filters, steps)
+        h = torch.relu(self._batch_norm_channels(h)).view(n, k, -1, steps)
+        lstm, last = self._lstm[0].to(x.device), []
+        for m in range(k):
+            weights = {"weight_ih_l0": self.lstm_weight_ih[m], "weight_hh_l0": self.lstm_weight_hh[m],
+                       "bias_ih_l0": self.lstm_bias_ih[m], "bias_hh_l0": self.lstm_bias_hh[m]}
+            out, _ = functional_call(lstm, weights, (h[:, m].transpose(1, 2),))  # (batch, steps, hidden)
+            last.append(out[:, -1])
+        h = self._dropout(torch.stack(last), generators)
+        return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
 
     def forward_one_step(self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
         """x: (K, batch, features), one step per sample; returns (K, batch, outputs). Member k's
@@ -123,6 +151,14 @@ class PackedCNNLSTM(nn.Module):
                                        self.bn_weight.view(-1), self.bn_bias.view(-1), self.training,
                                        self.bn_momentum, self.bn_eps)
         return out.view(n, k, c).transpose(0, 1)
+
+    def _batch_norm_channels(self, h: torch.Tensor) -> torch.Tensor:
+        """BatchNorm1d per member over its batch and steps: h is (batch, K x channels, steps)."""
+        if self.training:
+            self.bn_num_batches_tracked.add_(1)
+        return nn.functional.batch_norm(h, self.bn_running_mean.view(-1), self.bn_running_var.view(-1),
+                                        self.bn_weight.view(-1), self.bn_bias.view(-1), self.training,
+                                        self.bn_momentum, self.bn_eps)
 
     def _dropout(self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]) -> torch.Tensor:
         if not self.training or not any(self.dropout):

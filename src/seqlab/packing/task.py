@@ -16,18 +16,38 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
+import pytorch_lightning as pl
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqlab import SeqlabError, one_line
 from seqlab.packing.continuing import planned_resume, previous_attempt
-from seqlab.packing.loop import samples_key
+from seqlab.packing.data import PackData, samples_key
 from seqlab.packing.members import Member
-from seqlab.resume.interrupt import prepare_resume
+from seqlab.packing.model import PackedCNNLSTM
+from seqlab.packing.module import PackModule
+from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
+from seqlab.plots import training_curves
+from seqlab.resume.checkpoints import TimedCheckpoint
+from seqlab.resume.interrupt import GracefulStop, prepare_resume
+from seqlab.resume.points import CHECKPOINT, drop_resume_point, publish_resume_point, store_checkpoint
 from seqlab.resume.requeue import Preempted
-from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.schema import validate
+from seqlab.store.ghosts import heartbeat, identity
 from seqlab.sweeps.job import Job, JobResult
+from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
 from seqlab.sweeps.trial import as_current, member_link, open_trial
+from seqlab.tracking.connect import open_tracker
+from seqlab.tracking.datasets import log_training_data
+from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
+from seqlab.tracking.model_logging import log_networks
+from seqlab.training import devices
+from seqlab.training.noise import quiet_libraries
+from seqlab.training.module import LOSS_FUNCTIONS, LOSS_TO_MSE, evaluate, population_bn_statistics_
+from seqlab.training.perf import optimizer_factory, steps_per_call
+from seqlab.training.trainer import build_trainer
 
 log = logging.getLogger("seqlab")
 
@@ -39,8 +59,6 @@ class Unpackable(SeqlabError):
 def member_config(cfg: DictConfig, overrides: list[str], output_dir: Path) -> DictConfig:
     """The pack job's config with one member's own overrides (packable keys, its run's name): what
     the member's own job would have composed (the pack's other keys are the members' shared ones)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     member = copy.deepcopy(cfg)
     parser = OverridesParser.create()
     with open_dict(member):
@@ -122,17 +140,12 @@ def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResu
 
 
 def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]) -> list[JobResult]:
-    import pytorch_lightning as pl
-    import torch
-    from hydra.utils import instantiate
-
-    from seqlab.training import devices
-
+    quiet_libraries(cfg.perf.loader)
     device = devices.resolve(cfg.trainer.accelerator)
     devices.use_cores(device, cfg.deterministic, job.cpu_share())
     # Each member built as its run alone builds it (train._fit, _build): its seed, its data, its
     # network; its dropout then draws from where the build left the global stream. Members whose
-    # samples are the same read them once and share them (loop.samples_key); each splits them as its run
+    # samples are the same read them once and share them (data.samples_key); each splits them as its run
     # alone would, and drops its split's copies until its run ends (SeqDataModule.release).
     samples: dict[str, Any] = {}
     steps = set()
@@ -149,9 +162,10 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
         m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
         steps.add(m.datamodule.n_steps)
         m.datamodule.release()
-    if steps != {1}:
-        raise Unpackable(f"the data has {max(steps)} steps per sample: packs train one-step data (the packed "
-                         "multi-step LSTM measured ~50x slower than its members one by one)")
+    if len(steps) > 1:
+        raise Unpackable(f"the members' data differ in steps per sample ({', '.join(map(str, sorted(steps)))})")
+    if any(m.datamodule.samples.lengths is not None for m in members):
+        raise Unpackable("the data's sequences differ in length (packs train sequences of one length)")
     with ExitStack() as stack:
         # Whatever ends this block, no member's run stays RUNNING.
         stack.push(lambda kind, error, tb: _close(members, error))
@@ -162,13 +176,6 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
 def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStack, device) -> Optional[Path]:
     """Each member's run opened (continued, where it has resume_run_id); the pack's checkpoint a
     continued pack starts from."""
-    import torch
-
-    from seqlab.store.ghosts import heartbeat, identity
-    from seqlab.tracking.connect import open_tracker
-    from seqlab.tracking.datasets import log_training_data
-    from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
-
     sweep = job.sweep_info()
     checkpoint = None
     for m in members:
@@ -204,65 +211,52 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
 
 def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]],
          checkpoint: Optional[Path]) -> list[JobResult]:
-    import torch
-
-    from seqlab.packing.loop import PackData, PackStopped, PackTrainer, StopRequest
-    from seqlab.packing.model import PackedCNNLSTM
-    from seqlab.resume.points import CHECKPOINT, publish_resume_point
-    from seqlab.training.module import LOSS_TO_MSE
-
+    """The pack trained by Lightning's Trainer (packing.module.PackModule), with a run alone's graceful
+    stop and time-based checkpoint; then each member's end."""
     first = members[0]
     tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
     optimizer, scheduler, gradients, lr_scale = _packed_update(cfg, members, model)
     data = PackData.of(members, device.torch_device)
-    n_outputs = first.datamodule.n_outputs
-    to_mse = LOSS_TO_MSE[first.cfg.module.loss]
+    has_val = data.val_rows is not None
+    per_call, val_every = steps_per_call(cfg.perf.steps_per_call, data.n_batches,
+                                         cfg.trainer.val_check_interval if has_val else None)
+    n_outputs, to_mse = first.datamodule.n_outputs, LOSS_TO_MSE[first.cfg.module.loss]
+    module = PackModule(model, optimizer, scheduler, gradients, first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs),
+                        data, members, lr_scale=lr_scale, steps_per_call=per_call,
+                        flush_every_n_steps=tracked.tracker.flush_every_n_steps, flush_every_s=tracked.tracker.flush_every_s,
+                        exact_dropout=device.accelerator == "cpu", progress=sys.stderr if cfg.perf.progress == "line" else None)
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
 
     def publish(path: Path, step: int) -> None:
-        # The pack's checkpoint: every open run's resume point, a member that failed in it too (the
-        # checkpoint holds its status: a resume keeps it FAILED in its slot).
+        # Every open run's resume point, a member that failed in it too (the checkpoint holds its
+        # status: a resume keeps it FAILED in its slot).
         for m in members:
             if m.run_open:
                 with m.own_failure("the pack's checkpoint", step):
                     publish_resume_point(m.tracker, path, step)
 
-    with StopRequest() as stop:
-        trainer = PackTrainer(
-            model, optimizer, scheduler, gradients,
-            first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs), data, members,
-            lr_scale=lr_scale, max_epochs=cfg.trainer.max_epochs, max_steps=cfg.trainer.max_steps,
-            max_time_s=_seconds(cfg.trainer.max_time), flush_every_n_steps=tracked.tracker.flush_every_n_steps,
-            flush_every_s=tracked.tracker.flush_every_s, checkpoint_path=ckpt, checkpoint_every_s=cfg.checkpoint.interval_s,
-            publish=publish,
-            stop=stop, exact_dropout=device.accelerator == "cpu",
-            progress=sys.stderr if cfg.perf.progress == "line" else None,
-        )
-        if resume_run_ids is not None:
-            state = torch.load(checkpoint, map_location=device.torch_device, weights_only=False)
-            if state.get("run_ids") != resume_run_ids:
-                raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
-            trainer.load_state_dict(state)
-            for m in members:
-                if m.ended_before and m.active:  # its run FAILED after this checkpoint: it stays FAILED, frozen
-                    m.active, m.reason = False, m.reason or "failed in an earlier start of its pack"
-            log.info("resume    pack %s continues its %d members from step %d", first.job.pack_id, len(members), trainer.global_step)
-        log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
-                 device.name, ", ".join(m.name for m in members))
-        for m in members:
-            if m.run_open:
-                with m.own_failure("its system metrics"):
-                    m.tracker.start_system_metrics()  # the pack's process, sampled into each member's run
-        start = time.perf_counter()
-        try:
-            trainer.fit()
-        except PackStopped as stopped:
-            publish(stopped.path, stopped.step)
-            _stopped(members, stopped, stop.preempted())
-        wall = time.perf_counter() - start
-    return [_finish_or_fail(m, trainer, device, wall) for m in members]
+    stop = GracefulStop(ckpt)
+    callbacks = [stop] + ([TimedCheckpoint(ckpt, cfg.checkpoint.interval_s, publish, before_save=module.flush)]
+                          if cfg.checkpoint.interval_s > 0 else [])
+    trainer = build_trainer(cfg, device, callbacks, False, True, has_val, val_every)
+    log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
+             device.name, ", ".join(m.name for m in members))
+    for m in members:
+        if m.run_open:
+            with m.own_failure("its system metrics"):
+                m.tracker.start_system_metrics()  # the pack's process, sampled into each member's run
+    start = time.perf_counter()
+    try:
+        trainer.fit(module, ckpt_path=checkpoint if resume_run_ids is not None else None)
+    except BaseException:
+        if stop.saved is None:
+            raise
+        publish(stop.saved, trainer.global_step)
+        _stopped(members, stop, trainer.global_step)
+    wall = time.perf_counter() - start
+    return [_finish_or_fail(m, module, trainer, device, wall) for m in members]
 
 
 def _packed_update(cfg: DictConfig, members: list[Member], model):
@@ -270,12 +264,6 @@ def _packed_update(cfg: DictConfig, members: list[Member], model):
     member's rate as a multiple of the optimizer's (lr_scale). Each member's optimizer is built as its
     run alone builds it (instantiate: conf/optimizer/, a partial); the members differ only in their
     rate (a packable key), the rest is the pack's."""
-    import torch
-    from hydra.utils import instantiate
-
-    from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
-    from seqlab.training.perf import optimizer_factory
-
     partials = [instantiate(m.cfg.optimizer) for m in members]
     lrs = [float(p.keywords["lr"]) for p in partials]
     if len(set(lrs)) == 1:
@@ -295,32 +283,33 @@ def _packed_update(cfg: DictConfig, members: list[Member], model):
     return optimizer, scheduler, (gradients if gradients.active else None), lr_scale
 
 
-def _stopped(members: list[Member], stopped, preempted: Optional[Preempted]) -> NoReturn:
+def _stopped(members: list[Member], stop: GracefulStop, step: int) -> NoReturn:
     """A signal stopped the pack, its checkpoint published: the training members' runs end KILLED
     (their ExitStack), then the job is requeued (submitit's USR2: run_pack) or exits 130/143."""
+    preempted = stop.preempted()
     for m in members:
         if m.active:
-            m.status, m.reason = "KILLED", f"stopped by {stopped.signal} at step {stopped.step}"
+            m.status, m.reason = "KILLED", f"stopped by {stop.signal} at step {step}"
     if preempted is not None:
         then = "the job is requeued and continues these runs"
     elif os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
         then = "if SLURM requeued the job, it continues these runs by itself; else continue the sweep with its command and resume=latest"
     else:
         then = "continue the sweep with its command and resume=latest"
-    log.error("stopped by %s at step %d; checkpoint %s; %s", stopped.signal, stopped.step, stopped.path, then)
+    log.error("stopped by %s at step %d; checkpoint %s; %s", stop.signal, step, stop.saved, then)
     if preempted is not None:
         raise preempted from None  # run_pack requeues the job once every run has ended
-    raise SystemExit(143 if stopped.signal == "SIGTERM" else 130) from None
+    raise SystemExit(130 if stop.signal == "SIGINT" else 143) from None
 
 
-def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:
+def _finish_or_fail(m: Member, module: PackModule, trainer, device, wall: float) -> JobResult:
     """The member's run ended as its job alone ends it; where its own run refuses (deleted in the UI,
     an upload its store refuses), that member ends FAILED and the pack's other members still end theirs.
     Its own training and validation sets are split again for its end, and dropped after it."""
     if m.status != "FAILED":
         m.datamodule.setup("fit")
     try:
-        return _finish(m, trainer, device, wall)
+        return _finish(m, module, trainer, device, wall)
     except Exception as error:  # noqa: BLE001 - one member's run, not the pack's
         m.status = "RUNNING"  # it did not end as FINISHED
         m.fail(f"its MLflow run refused the end of its run: {one_line(error)}")
@@ -333,29 +322,14 @@ def _finish_or_fail(m: Member, trainer, device, wall: float) -> JobResult:
         m.datamodule.release()
 
 
-def _seconds(max_time: Optional[str]) -> Optional[float]:
-    """trainer.max_time, "DD:HH:MM:SS", in seconds."""
-    if not max_time:
-        return None
-    days, hours, minutes, seconds = (int(p) for p in str(max_time).split(":"))
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def _finish(m: Member, trainer, device, wall: float) -> JobResult:
+def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobResult:
     """The member's run as its job alone ends it: the network kept, final metrics, checkpoint,
     curves, model, status; its result."""
-    import torch
-
-    from seqlab.plots import training_curves
-    from seqlab.resume.points import drop_resume_point, store_checkpoint
-    from seqlab.tracking.model_logging import log_networks
-    from seqlab.training.module import LOSS_FUNCTIONS, evaluate, population_bn_statistics_
-
     tracker, cfg = m.tracker, m.cfg
     if m.status == "FAILED":
         return _ended(m)
     step = m.final_step or trainer.global_step
-    weights, kept = m.kept(trainer.model.member(m.k), trainer.global_step)
+    weights, kept = m.kept(module.model.member(m.k), trainer.global_step)
     m.network.load_state_dict(weights)
     m.network.to(device.torch_device)
     tracker.set_tags(kept)
@@ -369,7 +343,7 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
         if m.median(key) is not None:
             summary[f"{key}_median"] = m.median(key)
     if m.median("it_per_s") is not None:  # the pack's networks trained per second (the comparison's model-steps/s)
-        summary["pack_model_steps_per_s_median"] = len(trainer.members) * m.median("it_per_s")
+        summary["pack_model_steps_per_s_median"] = len(module.members) * m.median("it_per_s")
     baseline = m.datamodule.baseline_val_rmse()
     if baseline is not None:
         summary["val_rmse_baseline"] = baseline
@@ -380,7 +354,7 @@ def _finish(m: Member, trainer, device, wall: float) -> JobResult:
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     # The member's network as a Lightning checkpoint's state_dict; its optimizer state is in the pack's.
     torch.save({"state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
-                "global_step": step, "epoch": trainer.epoch, "pack_id": m.job.pack_id, "pack_member": m.k}, ckpt)
+                "global_step": step, "epoch": trainer.current_epoch, "pack_id": m.job.pack_id, "pack_member": m.k}, ckpt)
     if tracker.log_checkpoint:
         store_checkpoint(tracker, ckpt)
     tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))

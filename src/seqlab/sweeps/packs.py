@@ -100,11 +100,10 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
         (cfg.perf.name != "fast", f"perf={cfg.perf.name} trains through Lightning's own loop"),
         (cfg.trainer.devices != 1 or cfg.trainer.num_nodes != 1 or cfg.trainer.strategy not in ("auto", "single_device"),
          "a multi-process (DDP) job"),
-        (cfg.trainer.precision not in ("32-true", "32"), f"trainer.precision={cfg.trainer.precision} (packs train in 32-true)"),
+        (cfg.trainer.precision not in ("32-true", "32", "bf16-mixed"),
+         f"trainer.precision={cfg.trainer.precision} (packs train in 32-true or bf16-mixed)"),
         (optimizer.rpartition(".")[2] not in ("Adam", "AdamW", "SGD", "RMSprop"),
          f"optimizer {optimizer} (packs: adam, adamw, sgdm, rmsprop)"),
-        (cfg.trainer.val_check_interval is not None, "validation every N iterations (trainer.val_check_interval)"),
-        (cfg.trainer.check_val_every_n_epoch not in (1, None), "trainer.check_val_every_n_epoch other than 1"),
         (cfg.ckpt_path is not None, "ckpt_path= (a single run's checkpoint)"),
         (cfg.trainer.accelerator == "mps", "trainer.accelerator=mps"),
     ]

@@ -1,0 +1,126 @@
+"""A pack's data on the training device (issue 32, point 4): each distinct set of samples once, and
+each member's training and validation rows into it, in the order its run alone would use them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from seqlab.packing.members import Member
+
+
+def samples_key(data: DictConfig) -> str:
+    """What makes a member's samples: its data config, but for data.seed where the samples come from a
+    file (data.path: the seed only splits and orders them; generated data depends on it). Members with
+    one key read the samples once and share them (PackData.of)."""
+    settings = OmegaConf.to_container(data, resolve=True)
+    if settings.get("path"):
+        settings.pop("seed", None)
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+# Sample steps gathered at once for a validation: the K members' samples of one chunk (member-major).
+VAL_ROWS = 8192
+
+
+@dataclass
+class PackData:
+    """The members' data on the training device, each distinct set of samples once, as rows
+    (samples, features): members whose samples are the same (one file, split and shuffled by each
+    member's own seed; or one data config) share them, and each member has its own training and
+    validation rows into them, in its split's order (data.module.SeqDataModule.split)."""
+    x: torch.Tensor  # (rows, features) for one-step data, (rows, steps, features) otherwise
+    y: torch.Tensor  # (rows, responses)
+    train_rows: torch.Tensor  # (K, training samples) long
+    val_rows: Optional[torch.Tensor]  # (K, validation samples) long; None: no validation
+    batch_size: int
+    n_batches: int  # per epoch (data.module.TensorBatches.n_batches)
+    shuffle: bool
+    # Each member's validation inputs gathered once, (K, samples, features), where no member shares its
+    # samples (the memory is then the sets' own, as before the sharing, and no validation gathers them
+    # again); None: gathered a chunk at a time from the shared rows (val_chunks).
+    val_x: Optional[torch.Tensor] = None
+
+    @classmethod
+    def of(cls, members: list[Member], device: torch.device) -> "PackData":
+        """The members' data on the device: each distinct set of samples once (its rows, then a
+        validation set that came with it), and each member's training and validation rows into them,
+        its split's (SeqDataModule.split) or the data's own validation set."""
+        blocks, offsets, train_rows, val_rows = [], {}, [], []
+        for m in members:
+            dm, data = m.datamodule, m.datamodule.samples
+            if id(data) not in offsets:
+                offsets[id(data)] = sum(len(b) for b in blocks)
+                blocks += [data] + ([data.val] if data.val is not None else [])
+            base = offsets[id(data)]
+            if data.val is not None:
+                train, val = np.arange(len(data)), len(data) + np.arange(len(data.val))
+            else:
+                train, val = dm.split(len(data))
+            train_rows.append(base + train)
+            val_rows.append(base + val)
+
+        def rows(what: str, one_step: bool) -> torch.Tensor:
+            # One block on the CPU is the samples' own memory (from_numpy, .to: no copy).
+            arrays = [getattr(b, what)[:, 0] if one_step else getattr(b, what) for b in blocks]
+            joined = torch.from_numpy(arrays[0]) if len(arrays) == 1 else torch.cat([torch.from_numpy(a) for a in arrays])
+            return joined.to(device)
+
+        dm = members[0].datamodule
+        n, bs = len(train_rows[0]), dm.batch_size
+        drop = dm.drop_last or dm.drop_single
+        one_step = blocks[0].x.shape[1] == 1  # the packed network's one-step shortcut takes (K, batch, features)
+        data = cls(x=rows("x", one_step), y=rows("y", False), train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
+                   val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
+                   batch_size=bs, n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle)
+        if data.val_rows is not None and len(offsets) == len(members):
+            k, n_val = data.val_rows.shape
+            data.val_x = data.x.index_select(0, data.val_rows.reshape(-1)).view(k, n_val, *data.x.shape[1:])
+        return data
+
+    @property
+    def steps(self) -> int:
+        return 1 if self.x.dim() == 2 else self.x.shape[1]
+
+    @property
+    def n_samples(self) -> int:
+        return self.train_rows.shape[1]
+
+    def orders(self, members: list[Member]) -> torch.Tensor:
+        """(K, samples): each member's order for this epoch, drawn as its run alone draws it (a
+        permutation of its training set), as rows of x."""
+        if not self.shuffle:
+            return self.train_rows
+        n, device = self.n_samples, self.x.device
+        order = torch.stack([torch.randperm(n, generator=m.order, device=device) for m in members])
+        return self.train_rows.gather(1, order)
+
+    def val_targets(self) -> torch.Tensor:
+        """(K, samples, responses): each member's validation targets."""
+        k, n = self.val_rows.shape
+        return self.y.index_select(0, self.val_rows.reshape(-1)).view(k, n, -1)
+
+    def val_chunks(self):
+        """Each member's validation inputs, (K, chunk, features), a chunk of samples at a time: gathered
+        from the shared rows (K whole copies would cost K validation sets of memory)."""
+        k, n = self.val_rows.shape
+        chunk = max(1, VAL_ROWS // (k * self.steps))
+        for i in range(0, n, chunk):
+            if self.val_x is not None:
+                yield self.val_x[:, i:i + chunk]
+                continue
+            idx = self.val_rows[:, i:i + chunk]
+            yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], *self.x.shape[1:])
+
+    def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mini-batch b of every member: (K, batch, features), (K, batch, responses), gathered in
+        one index_select each (advanced indexing of a (K, batch) index cost a third of the step)."""
+        idx = orders[:, b * self.batch_size : (b + 1) * self.batch_size]
+        k, n = idx.shape
+        flat = idx.reshape(-1)
+        return self.x.index_select(0, flat).view(k, n, *self.x.shape[1:]), self.y.index_select(0, flat).view(k, n, -1)
