@@ -144,7 +144,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 # due after one chosen step (the checkpoint's clock is set so) and is taken at the next Lightning call
 # (2 steps a call here): mid-epoch, or after an epoch's last step and its end (validation, best).
 KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=2048", "data.source.n_features=32", "data.batch_size=32",
-            "trainer.max_epochs=4", "perf.steps_per_call=2", "checkpoint.interval_s=0.2", "logger.flush_every_n_steps=1000",
+            "trainer.max_epochs=4", "trainer.max_time=00:00:30:00", "perf.steps_per_call=2", "checkpoint.interval_s=0.2",
+            "logger.flush_every_n_steps=1000",
             "logger.flush_every_s=0", "logger.system_metrics=false"]
 
 
@@ -168,6 +169,12 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_pat
     assert len(members) == 3 and all(r.info.status == "RUNNING" for r in members.values())  # what kill -9 leaves
     stopped = {r.data.tags["interrupted_at_step"] for r in members.values()}
     assert stopped == {str(at)}  # one checkpoint for the whole pack, where it was due
+    # trainer.max_time counts across starts: the checkpoint holds the time trained (Lightning's Timer).
+    import torch
+
+    (ckpt,) = tmp_path.glob("logs/multiruns/*/*/checkpoints/interrupted.ckpt")  # the pack job's own
+    timer = next(v for k, v in torch.load(ckpt, weights_only=False)["callbacks"].items() if k.startswith("Timer"))
+    assert timer["time_elapsed"]["train"] > 0
 
     resumed = run_cli(*args, "resume=latest")
     out = resumed.stdout + resumed.stderr
