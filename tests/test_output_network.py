@@ -42,7 +42,7 @@ def test_best_keeps_the_lowest_validation_and_patience_counts_ties_as_no_better(
     # new bests at validations 0, 1, 3; then 0.31, 0.3 (a tie is no better, as in MATLAB), 0.35
     stopped = _validate(callback, trainer, module, [0.5, 0.4, 0.45, 0.3, 0.31, 0.3, 0.35, 0.1])
     assert stopped == 6 and callback.stopped == {"step": 70, "epoch": 7}
-    tags = callback.restore(module.model, trainer.global_step)
+    tags = callback.restore(module.model, trainer.global_step).tags()
     assert module.model.weight.item() == 3.0  # the weights of validation 3
     assert tags == {"output_network": "best", "output_network_step": "40", "output_network_epoch": "4",
                     "stopped_early": "step 70 (epoch 7)"}
@@ -52,7 +52,8 @@ def test_last_keeps_the_last_weights_and_no_patience_never_stops():
     module = SimpleNamespace(model=torch.nn.Linear(1, 1))
     callback, trainer = OutputNetwork(keep="last"), _Trainer()
     assert _validate(callback, trainer, module, [0.5, 0.6, 0.7, 0.8, 0.9]) is None
-    assert callback.restore(module.model, 50) == {"output_network": "last", "output_network_step": "50"}
+    kept = callback.restore(module.model, 50)
+    assert kept.tags() == {"output_network": "last", "output_network_step": "50"} and kept.name == "last"
     assert module.model.weight.item() == 4.0
     assert callback.value == pytest.approx(0.5)  # best_val_rmse is still tracked
 

@@ -109,7 +109,7 @@ class Outcome:
     wall_s: float
     baseline: Optional[float]
     device: Any  # devices.Device: what trained
-    kept: dict[str, str]  # which network the run ends with (output_network.OutputNetwork.restore's tags)
+    kept: Any  # tracking.model_logging.Kept: which network the run ends with (OutputNetwork.restore)
     model_uri: Optional[str]  # where the logged model is: runs:/... or models:/NAME/VERSION
 
 
@@ -120,6 +120,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     from seqlab.resume.checkpoints import save_checkpoint
     from seqlab.resume.interrupt import check_checkpoint
     from seqlab.resume.points import store_checkpoint
+    from seqlab.tracking.model_logging import Kept, log_networks  # the network kept and the checkpoints, as MLflow models
     from seqlab.training.devices import use_cores
     from seqlab.training.noise import quiet_libraries
 
@@ -150,8 +151,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     # The network the final metrics and the model are of (module.output_network): before any
     # BatchNorm finalisation.
     best = parts.callbacks.get("best")
-    kept = best.restore(parts.module.model, parts.trainer.global_step) if best is not None else {"output_network": "last"}
-    tracker.set_tags(kept)
+    kept = best.restore(parts.module.model, parts.trainer.global_step) if best is not None else Kept("last", parts.trainer.global_step)
+    tracker.set_tags(kept.tags())
     summary = _final_metrics(cfg, parts, tracker, wall, baseline)
 
     ckpt = job.output_dir / "checkpoints" / "last.ckpt"
@@ -162,9 +163,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
         if tracker.log_checkpoint:
             store_checkpoint(tracker, ckpt)
         tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
-        from seqlab.tracking.model_logging import log_networks  # the network kept and the checkpoints, as MLflow models
-
-        logged = log_networks(tracker, parts.module.model, parts.datamodule.train.x, kept, parts.trainer.global_step,
+        logged = log_networks(tracker, parts.module.model, parts.datamodule.train.x, kept,
                               best.best if best is not None else None, best.weights if best is not None else None,
                               best.logged if best is not None else [])
         model_uri = logged.uri if logged else None
@@ -315,19 +314,12 @@ def _result(cfg: DictConfig, job: Job, tracker, name: str, tags: dict, outcome: 
         target_rmse=cfg.metrics.target_rmse,
         time_to_target_s=reached["time_to_target_s"] if reached else None,
         reason=pruned,
-        output_network=_kept_name(outcome.kept),
+        output_network=outcome.kept.name,
         model_uri=outcome.model_uri,
     )
     if job.rank == 0:
         _report(job, tracker, result, outcome)
     return result
-
-
-def _kept_name(kept: dict[str, str]) -> str:
-    """'last', or 'best (step N)' (module.output_network)."""
-    if kept.get("output_network") == "best":
-        return f"best (step {kept['output_network_step']})"
-    return kept.get("output_network", "last")
 
 
 def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:

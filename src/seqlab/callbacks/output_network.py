@@ -17,6 +17,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab import SeqlabError
 from seqlab.callbacks.best import METRIC, BestValRmse
+from seqlab.tracking.model_logging import Kept, log_new_best
 
 log = logging.getLogger("seqlab")
 
@@ -83,8 +84,6 @@ class OutputNetwork(BestValRmse):
     def _log_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The network of this new best as a logged model now (its metrics are linked at the end,
         when those of its step are all logged): once per checkpoint, not per step."""
-        from seqlab.tracking.model_logging import log_new_best
-
         done = log_new_best(self.tracker, pl_module.model, trainer.datamodule.train.x, trainer.global_step)
         if done is not None:
             self.logged.append(done)
@@ -98,16 +97,11 @@ class OutputNetwork(BestValRmse):
         self.weights = state.get("weights")
         self.since_best = state.get("since_best", 0)
 
-    def restore(self, model: Any, global_step: int) -> dict[str, str]:
+    def restore(self, model: Any, global_step: int) -> Kept:
         """Put the network kept into `model` (the best validation's weights for keep='best'; the
-        last ones are there already) and return the tags that say which."""
-        tags = {"output_network": self.keep}
+        last ones are there already) and say which."""
+        stopped = f"step {self.stopped['step']} (epoch {self.stopped['epoch']})" if self.stopped is not None else None
         if self.keep == "best" and self.weights is not None:
             model.load_state_dict(self.weights)
-            tags["output_network_step"] = str(int(self.best[f"best_{METRIC}_step"]))
-            tags["output_network_epoch"] = str(int(self.best[f"best_{METRIC}_epoch"]))
-        else:  # last, or best when no validation gave a finite value
-            tags.update(output_network="last", output_network_step=str(global_step))
-        if self.stopped is not None:
-            tags["stopped_early"] = f"step {self.stopped['step']} (epoch {self.stopped['epoch']})"
-        return tags
+            return Kept("best", int(self.best[f"best_{METRIC}_step"]), int(self.best[f"best_{METRIC}_epoch"]), stopped)
+        return Kept("last", global_step, stopped_early=stopped)  # last, or best when no validation gave a finite value

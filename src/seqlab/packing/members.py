@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from seqlab import one_line
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink
+from seqlab.tracking.model_logging import Kept, log_new_best
 
 log = logging.getLogger("seqlab")
 
@@ -140,8 +141,6 @@ class Member:
     def _log_checkpoint(self, step: int) -> None:
         """logger.log_checkpoints=all: this new best as a logged model now, as OutputNetwork logs a
         run's alone (its metrics are linked at the end)."""
-        from seqlab.tracking.model_logging import log_new_best
-
         network = copy.deepcopy(self.network)
         network.load_state_dict(self.best_weights)
         done = log_new_best(self.tracker, network, self.datamodule.example_x, step)
@@ -175,18 +174,12 @@ class Member:
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
-    def kept(self, last: dict[str, torch.Tensor], step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """The network the run ends with and the tags that say which (OutputNetwork.restore)."""
+    def kept(self, last: dict[str, torch.Tensor], step: int) -> tuple[dict[str, torch.Tensor], Kept]:
+        """The network the run ends with and which it is (OutputNetwork.restore)."""
         if self.last_weights is not None:  # stopped early: the pack trained on, this member did not
             last, step = self.last_weights, self.final_step
-        tags = {"output_network": self.cfg.module.output_network}
-        if tags["output_network"] == "best" and self.best_weights is not None:
-            weights = self.best_weights
-            tags.update(output_network_step=str(int(self.best["best_val_rmse_step"])),
-                        output_network_epoch=str(int(self.best["best_val_rmse_epoch"])))
-        else:
-            weights = last
-            tags.update(output_network="last", output_network_step=str(step))
-        if self.stopped is not None:
-            tags["stopped_early"] = f"step {self.stopped['step']} (epoch {self.stopped['epoch']})"
-        return weights, tags
+        stopped = f"step {self.stopped['step']} (epoch {self.stopped['epoch']})" if self.stopped is not None else None
+        if self.cfg.module.output_network == "best" and self.best_weights is not None:
+            return self.best_weights, Kept("best", int(self.best["best_val_rmse_step"]), int(self.best["best_val_rmse_epoch"]),
+                                           stopped)
+        return last, Kept("last", step, stopped_early=stopped)

@@ -332,7 +332,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     weights, kept = m.kept(module.model.member(m.k), trainer.global_step)
     m.network.load_state_dict(weights)
     m.network.to(device.torch_device)
-    tracker.set_tags(kept)
+    tracker.set_tags(kept.tags())
     if cfg.module.bn_statistics == "population":
         population_bn_statistics_(m.network, m.datamodule.train_eval_batches(), device.torch_device)
     summary = {"train_wall_s": wall}
@@ -358,7 +358,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     if tracker.log_checkpoint:
         store_checkpoint(tracker, ckpt)
     tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))
-    logged = log_networks(tracker, m.network, m.datamodule.train.x, kept, step, m.best, m.best_weights, m.logged)
+    logged = log_networks(tracker, m.network, m.datamodule.train.x, kept, m.best, m.best_weights, m.logged)
     model_uri = logged.uri if logged else None
     drop_resume_point(tracker)
     m.status = "FINISHED"
@@ -369,7 +369,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
         val_rmse=summary.get("final_val_rmse"), val_rmse_baseline=baseline,
         best_val_rmse=m.best["best_val_rmse"] if m.best else None, target_rmse=cfg.metrics.target_rmse,
         time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
-        output_network=kept["output_network"] if kept["output_network"] == "last" else f"best (step {kept['output_network_step']})",
+        output_network=kept.name,
         model_uri=model_uri, reason=m.pruned,
     )
     _ended(m, result)

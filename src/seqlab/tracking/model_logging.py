@@ -29,6 +29,30 @@ CHECKPOINT = "checkpoint"  # logger.log_checkpoints=all: the network at each new
 
 
 @dataclass
+class Kept:
+    """Which network a run ends with (module.output_network), as a run alone's OutputNetwork.restore
+    and a pack member's Member.kept decide it: the run's tags say it, the job's result names it."""
+
+    output_network: str  # last | best
+    step: int  # the step of its weights
+    epoch: Optional[int] = None  # the best validation's epoch (best only)
+    stopped_early: Optional[str] = None  # "step N (epoch E)", where validation patience stopped training
+
+    def tags(self) -> dict[str, str]:
+        tags = {"output_network": self.output_network, "output_network_step": str(self.step)}
+        if self.epoch is not None:
+            tags["output_network_epoch"] = str(self.epoch)
+        if self.stopped_early is not None:
+            tags["stopped_early"] = self.stopped_early
+        return tags
+
+    @property
+    def name(self) -> str:
+        """'last', or 'best (step N)': the job result's output_network."""
+        return f"best (step {self.step})" if self.output_network == "best" else self.output_network
+
+
+@dataclass
 class LoggedNetwork:
     uri: str  # runs:/<run id>/<name>, or models:/NAME/VERSION when registered
     model_id: str  # MLflow 3's own: models:/<model_id> loads it too
@@ -161,16 +185,16 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     return LoggedNetwork(uri, model_id)
 
 
-def _kept_is_best(found: Optional[dict[str, float]], kept: dict[str, str]) -> bool:
+def _kept_is_best(found: Optional[dict[str, float]], kept: Kept) -> bool:
     """Whether the network kept (`model`) is the best validation's (`found`: best_val_rmse and its
     step): kept as best, or the last network and the best at the same step."""
-    if kept.get("output_network") == "best":
+    if kept.output_network == "best":
         return True
-    return found is not None and str(int(found["best_val_rmse_step"])) == kept.get("output_network_step")
+    return found is not None and int(found["best_val_rmse_step"]) == kept.step
 
 
 def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
-                    logged: list[tuple[str, int]], network: Any, example_x: np.ndarray, kept: dict[str, str]) -> None:
+                    logged: list[tuple[str, int]], network: Any, example_x: np.ndarray, kept: Kept) -> None:
     """At a run's end, per logger.log_checkpoints: the best validation's network (`weights`, found
     at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
     tagged checkpoint=best by the caller), and the metrics of each network logged during training
@@ -209,16 +233,15 @@ def log_new_best(tracker: Any, network: Any, example_x: np.ndarray, step: int) -
     return None if done is None else (done.model_id, step)
 
 
-def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: dict[str, str], last_step: int,
+def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: Kept,
                  found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
                  logged: list[tuple[str, int]]) -> Optional[LoggedNetwork]:
     """A run's networks at its end: the one kept as `model`, at its weights' step (the best
-    validation's with module.output_network=best, else `last_step`) and tagged checkpoint=best when
+    validation's with module.output_network=best, else the last) and tagged checkpoint=best when
     it is the best validation's network; then, per logger.log_checkpoints, `checkpoint-best` and
     the links of those logged during training. A run alone and a pack's member alike."""
     is_best = tracker.log_checkpoints != "none" and _kept_is_best(found, kept)
-    step = int(kept.get("output_network_step", last_step))
-    done = log_network(tracker, network, example_x, step, tracker.register_as,
-                       tags={**kept, **({"checkpoint": "best"} if is_best else {})})
+    done = log_network(tracker, network, example_x, kept.step, tracker.register_as,
+                       tags={**kept.tags(), **({"checkpoint": "best"} if is_best else {})})
     _log_checkpoints(tracker, found, weights, logged, network, example_x, kept)
     return done
