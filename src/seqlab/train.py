@@ -273,25 +273,12 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
 
 
 def _final_metrics(cfg: DictConfig, parts: Parts, tracker, wall: float, baseline: Optional[float]) -> dict[str, float]:
-    """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation), and the
-    run's medians; logged at the last step."""
-    from seqlab.training.module import evaluate, population_bn_statistics_
+    """The run's final metrics (training.module.final_metrics), logged at the last step."""
+    from seqlab.training.module import final_metrics
 
-    module, datamodule = parts.module, parts.datamodule
-    if cfg.module.bn_statistics == "population":
-        population_bn_statistics_(module.model, datamodule.train_eval_batches(), module.device)
-        log.info("batchnorm population statistics from one pass over the %d training samples", len(datamodule.train))
-    summary = {"train_wall_s": wall}
-    val_batches = datamodule.val_dataloader()
-    if val_batches:
-        summary.update({f"final_val_{k}": v for k, v in evaluate(module.model, module.loss_fn, val_batches, module.device).items()})
     timer = parts.callbacks.get("timer")
-    for key in ("it_per_s", "samples_per_s"):
-        value = timer.median(key) if timer is not None else None
-        if value is not None:
-            summary[f"{key}_median"] = value
-    if baseline is not None:
-        summary["val_rmse_baseline"] = baseline
+    summary = final_metrics(parts.module.model, cfg.module.loss, cfg.module.bn_statistics, parts.datamodule,
+                            parts.module.device, wall, timer.median if timer is not None else lambda key: None, baseline)
     tracker.log_metrics(summary, parts.trainer.global_step)
     return summary
 

@@ -45,7 +45,7 @@ from seqlab.tracking.describe import record_config, run_name, run_params, run_ta
 from seqlab.tracking.model_logging import log_networks
 from seqlab.training import devices
 from seqlab.training.noise import quiet_libraries
-from seqlab.training.module import LOSS_FUNCTIONS, LOSS_TO_MSE, evaluate, population_bn_statistics_
+from seqlab.training.module import LOSS_TO_MSE, final_metrics
 from seqlab.training.perf import optimizer_factory, steps_per_call
 from seqlab.training.trainer import build_trainer
 
@@ -333,20 +333,11 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     m.network.load_state_dict(weights)
     m.network.to(device.torch_device)
     tracker.set_tags(kept.tags())
-    if cfg.module.bn_statistics == "population":
-        population_bn_statistics_(m.network, m.datamodule.train_eval_batches(), device.torch_device)
-    summary = {"train_wall_s": wall}
-    if m.datamodule.has_val():
-        found = evaluate(m.network, LOSS_FUNCTIONS[cfg.module.loss], m.datamodule.val_dataloader(), device.torch_device)
-        summary.update({f"final_val_{k}": v for k, v in found.items()})
-    for key in ("it_per_s", "samples_per_s"):
-        if m.median(key) is not None:
-            summary[f"{key}_median"] = m.median(key)
+    baseline = m.datamodule.baseline_val_rmse()
+    summary = final_metrics(m.network, cfg.module.loss, cfg.module.bn_statistics, m.datamodule, device.torch_device, wall,
+                            m.median, baseline)
     if m.median("it_per_s") is not None:  # the pack's networks trained per second (the comparison's model-steps/s)
         summary["pack_model_steps_per_s_median"] = len(module.members) * m.median("it_per_s")
-    baseline = m.datamodule.baseline_val_rmse()
-    if baseline is not None:
-        summary["val_rmse_baseline"] = baseline
     tracker.log_metrics(summary, step)
     if cfg.metrics.target_rmse is not None:
         tracker.set_tags({"target_rmse": cfg.metrics.target_rmse, "target_reached": str(m.reached is not None).lower()})

@@ -305,3 +305,24 @@ def evaluate(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], t
     if count:
         out["loss"] = total / count
     return out
+
+
+def final_metrics(network: nn.Module, loss: str, bn_statistics: str, datamodule: Any, device: torch.device, wall: float,
+                  median: Callable[[str], Optional[float]], baseline: Optional[float]) -> dict[str, float]:
+    """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation:
+    module.bn_statistics), and the run's medians over epochs (`median`: the epoch timer's); a run
+    alone's and a pack member's alike."""
+    if bn_statistics == "population":
+        population_bn_statistics_(network, datamodule.train_eval_batches(), device)
+        log.info("batchnorm population statistics from one pass over the %d training samples", len(datamodule.train))
+    summary = {"train_wall_s": wall}
+    val_batches = datamodule.val_dataloader()
+    if val_batches:
+        summary.update({f"final_val_{k}": v for k, v in evaluate(network, LOSS_FUNCTIONS[loss], val_batches, device).items()})
+    for key in ("it_per_s", "samples_per_s"):
+        value = median(key)
+        if value is not None:
+            summary[f"{key}_median"] = value
+    if baseline is not None:
+        summary["val_rmse_baseline"] = baseline
+    return summary
