@@ -242,7 +242,8 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_dec
 
     members, _ = _members(seeds)
     packed = PackedCNNLSTM(members)
-    optimizer = packed_optimizer(partial, [p for p in packed.parameters() if p.requires_grad], lrs)
+    own = [partial(params=m.parameters(), lr=lr) for m, lr in zip(members, lrs)]  # as each member's run builds it
+    optimizer = packed_optimizer(own, [p for p in packed.parameters() if p.requires_grad])
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
     losses = []
     for i in range(steps):
@@ -257,16 +258,18 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_dec
 
 
 def test_an_optimizer_setting_a_pack_cannot_train_is_one_line():
-    import functools
-
     from seqlab import SeqlabError
     from seqlab.packing.optim import packed_optimizer
 
     params = [torch.nn.Parameter(torch.zeros(2, 3))]
+
+    def own(cls, **settings):  # each member's optimizer over its own network, as its run alone builds it
+        return [cls([torch.nn.Parameter(torch.zeros(3))], lr=1e-3, **settings) for _ in range(2)]
+
     with pytest.raises(SeqlabError, match=r"^optimizer.nesterov=True cannot be packed \(only False\): pack=off to train it$"):
-        packed_optimizer(functools.partial(torch.optim.SGD, momentum=0.9, nesterov=True), params, [1e-3, 1e-3])
+        packed_optimizer(own(torch.optim.SGD, momentum=0.9, nesterov=True), params)
     with pytest.raises(SeqlabError, match=r"^optimizer Adagrad cannot be packed"):
-        packed_optimizer(functools.partial(torch.optim.Adagrad), params, [1e-3, 1e-3])
+        packed_optimizer(own(torch.optim.Adagrad), params)
 
 
 def test_a_scheduler_scales_every_members_rate():

@@ -9,7 +9,6 @@ rate (Adam is elementwise); `PackedAdam` is for members that do not."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Iterable, Optional, Sequence
 
@@ -169,19 +168,24 @@ _PACKED = {
 }
 
 
-def packed_optimizer(partial: functools.partial, params: Iterable[nn.Parameter], lr: Sequence[float]) -> _PackedOptimizer:
-    """The packed form of the config's optimizer (a `_partial_` of torch.optim.Adam, AdamW, SGD or
-    RMSprop: conf/optimizer/), each member with its own learning rate; a setting it cannot pack
-    is one line naming it."""
-    found = _PACKED.get(partial.func)
+def packed_optimizer(members: Sequence[torch.optim.Optimizer], params: Iterable[nn.Parameter]) -> _PackedOptimizer:
+    """The packed form of the members' optimizers over the packed tensors: each member's optimizer
+    is built as its run alone builds it (conf/optimizer/ instantiated, over its own network), and its
+    packed form takes the settings from torch's own (`defaults`; each member's rate from its
+    param group). Adam, AdamW, SGD and RMSprop pack; a setting that cannot is one line naming it."""
+    first = members[0]
+    found = _PACKED.get(type(first))
     if found is None:
-        raise SeqlabError(f"optimizer {partial.func.__name__} cannot be packed: pack=off, or optimizer=adam|adamw|sgdm|rmsprop")
+        raise SeqlabError(f"optimizer {type(first).__name__} cannot be packed: pack=off, or optimizer=adam|adamw|sgdm|rmsprop")
     cls, carried, required = found
-    given = partial.keywords
+    given = first.defaults
     for key, value in required.items():
-        if key in given and given[key] != value:
+        if given.get(key, value) != value:
             raise SeqlabError(f"optimizer.{key}={given[key]} cannot be packed (only {value}): pack=off to train it")
-    return cls(params, lr, **{key: given[key] for key in carried if key in given})
+    differ = sorted({key for o in members[1:] for key in carried if o.defaults[key] != given[key]})
+    if differ:  # the sweeper packs jobs that differ in packable keys only: optimizer.lr, not these
+        raise SeqlabError(f"a pack's members differ in optimizer.{differ[0]}: only optimizer.lr can differ in a pack")
+    return cls(params, [o.param_groups[0]["lr"] for o in members], **{key: given[key] for key in carried})
 
 
 class PackedGradientTreatment:

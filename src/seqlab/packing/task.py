@@ -7,7 +7,6 @@ opens, and train.main trains the members one by one."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import sys
@@ -18,9 +17,10 @@ from typing import Any, Callable, NoReturn, Optional
 
 import pytorch_lightning as pl
 import torch
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from seqlab import SeqlabError, one_line
 from seqlab.packing.continuing import planned_resume, previous_attempt
@@ -37,7 +37,7 @@ from seqlab.resume.requeue import Preempted
 from seqlab.schema import validate
 from seqlab.store.ghosts import heartbeat, identity
 from seqlab.sweeps.job import Job, JobResult
-from seqlab.sweeps.packs import PackPlan, key_of, member_dir, per_member
+from seqlab.sweeps.packs import PackPlan, key_of, member_dir
 from seqlab.sweeps.trial import as_current, member_link, open_trial
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.datasets import log_training_data
@@ -56,17 +56,14 @@ class Unpackable(SeqlabError):
     """This pack's members cannot train packed: they train one by one (the reason is one line)."""
 
 
-def member_config(cfg: DictConfig, overrides: list[str], output_dir: Path) -> DictConfig:
-    """The pack job's config with one member's own overrides (packable keys, its run's name): what
-    the member's own job would have composed (the pack's other keys are the members' shared ones)."""
-    member = copy.deepcopy(cfg)
-    parser = OverridesParser.create()
+def member_config(overrides: list[str], output_dir: Path) -> DictConfig:
+    """A member's own config, composed by Hydra from its job's overrides: what its job alone composes
+    (the pack job's own keys are its members' shared ones), in its folder inside the pack's. Hydra's
+    own overrides (the launcher, a trial's environment) are the pack job's."""
+    mine = [o for o in overrides if not key_of(o).startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    member = compose(config_name=HydraConfig.get().job.config_name, overrides=mine)
     with open_dict(member):
-        for override in overrides:
-            if per_member(key_of(override)) and not key_of(override).startswith("hydra."):
-                OmegaConf.update(member, key_of(override), parser.parse_override(override).value(), merge=False)
         member.paths.output_dir = str(output_dir)
-        member.pack_job = None  # a member's params are its job's, not its pack's place
     return member
 
 
@@ -82,7 +79,7 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
         out = member_dir(job.output_dir, k)
         member_job = Job(out, overrides, job.sweep_dir, job.num, concurrent_jobs=job.concurrent_jobs,
                          member=k, pack_id=pack_id)
-        members.append(Member(k, member_config(cfg, overrides, out), member_job, trial_link=member_link(overrides)))
+        members.append(Member(k, member_config(overrides, out), member_job, trial_link=member_link(overrides)))
     return members
 
 
@@ -262,17 +259,17 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
 def _packed_update(cfg: DictConfig, members: list[Member], model):
     """The pack's optimizer, schedule and gradient treatment over its packed tensors, and each
     member's rate as a multiple of the optimizer's (lr_scale). Each member's optimizer is built as its
-    run alone builds it (instantiate: conf/optimizer/, a partial); the members differ only in their
-    rate (a packable key), the rest is the pack's."""
-    partials = [instantiate(m.cfg.optimizer) for m in members]
-    lrs = [float(p.keywords["lr"]) for p in partials]
+    run alone builds it (conf/optimizer/ instantiated, over its own network); the members differ only
+    in their rate (a packable key), the rest is the pack's."""
+    own = [instantiate(m.cfg.optimizer)(params=m.network.parameters()) for m in members]
+    lrs = [o.param_groups[0]["lr"] for o in own]
     if len(set(lrs)) == 1:
         # One learning rate: the configured optimizer over the packed tensors is each member's own
         # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
-        optimizer = optimizer_factory(partials[0], cfg.perf.optimizer_impl, capturable=False)(params=model.parameters())
+        optimizer = optimizer_factory(instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl)(params=model.parameters())
         lr_scale = torch.ones(len(members))
     else:
-        optimizer = packed_optimizer(partials[0], model.parameters(), lrs)
+        optimizer = packed_optimizer(own, model.parameters())
         lr_scale = torch.tensor(lrs)
     first = members[0].cfg
     scheduler = instantiate(first.scheduler)(optimizer=optimizer) if first.scheduler and "_target_" in first.scheduler else None
