@@ -271,16 +271,8 @@ def test_the_slurm_launcher_config_composes():
     assert launcher.submitit_folder.endswith("/.submitit/%j")
 
 
-@pytest.mark.slow
-def test_a_server_on_postgresql(postgres, run_cli, tmp_path):
-    with LocalServer(postgres, str(tmp_path / "server-artifacts"), log_path=tmp_path / "server.log") as server:
-        proc = run_cli(*TINY, "logger=mlflow_server", f"logger.tracking_uri={server.uri}")
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        client = mlflow.MlflowClient(server.uri)
-        (run,) = runs_of(client, "seqlab")
-        assert run.info.status == "FINISHED"
-        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
-        assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
+# A run logged to a server on PostgreSQL: test_make_server_keeps_the_databases_password_off_every_command_line
+# trains one on the server it starts.
 
 
 def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
@@ -408,9 +400,10 @@ def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, tmp_path):
+def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, run_cli, tmp_path):
     # Issue 24, point 6: `make server BACKEND_STORE_URI=postgresql://user:password@...` echoed the
     # password and left it on the command lines of seqlab.store.server and mlflow server (ps).
+    # The server on PostgreSQL it starts is also where a run is logged: its metrics and artifacts land.
     import psutil
 
     from conftest import POSTGRES_PASSWORD
@@ -429,6 +422,12 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(postgre
         assert [line for line in lines if POSTGRES_PASSWORD in line] == []
         client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
         assert client.search_experiments()  # it serves the PostgreSQL store
+        proc = run_cli(*TINY, "logger=mlflow_server", f"logger.tracking_uri=http://127.0.0.1:{port}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (run,) = runs_of(client, "seqlab")
+        assert run.info.status == "FINISHED"
+        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
+        assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
     finally:
         os.killpg(make.pid, signal.SIGTERM)
         out, _ = make.communicate(timeout=60)
