@@ -1,6 +1,8 @@
 """Past one machine, for real: sweeps as SLURM jobs on a one-node cluster (the `slurm` fixture,
 tests/slurm_cluster.py), a DDP job of two SLURM tasks, and a job alone and a pack stopped mid-run by
-the cluster (scontrol requeue) that continue their own MLflow runs. Without SLURM: tests/test_preemption.py."""
+the cluster (scontrol requeue) that continue their own MLflow runs. Without SLURM: tests/test_preemption.py.
+Each sweep here is a sbatch and fresh Pythons on the node: the sweep of array tasks is checked on the
+requeue test's sweep, not run again on its own."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from conftest import start_cli, runs_of
 ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
                "trainer.accelerator=cpu", "logger.system_metrics=false"]
 # A job alone and a pack in one sweep (seed=0,1,2 pack=2: a pack of the first two, the third alone),
-# each long enough to be stopped mid-run: 13 steps an epoch (819 training samples, batch 64), 40 epochs
-# (two jobs on two cores: an epoch takes a tenth of a second or more).
-BOTH = ["seed=0,1,2", "pack=2", "data.n_samples=1024", "trainer.max_epochs=40"]
-BOTH_STEPS = 13 * 40
+# each long enough to be stopped mid-run: 13 steps an epoch (819 training samples, batch 64), 20 epochs
+# (two jobs on two cores: an epoch takes a tenth of a second or more). Each job is stopped once it has
+# printed its second epoch, and stops at its next call's end (13 steps a call): on the loaded 2-core VM
+# within 2 epochs, leaving more than 15 to train after its requeue.
+BOTH = ["seed=0,1,2", "pack=2", "data.n_samples=1024", "trainer.max_epochs=20"]
+BOTH_STEPS = 13 * 20
 
 
 def _server(mlflow_server, experiment: str) -> list[str]:
@@ -62,27 +66,6 @@ def _each_step_once(client, run_id: str, key: str = "train_loss") -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_as_slurm_jobs(slurm, mlflow_server, run_process, tmp_path):
-    proc = run_process("-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-sweep"), "data.n_samples=256",
-                       "trainer.max_epochs=2", "seed=0,1", env=slurm.env, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    client = mlflow.MlflowClient(mlflow_server.uri)
-    (parent,), children = _runs(client, "slurm-sweep")
-    assert parent.info.status == "FINISHED" and len(children) == 2
-    assert {r.info.status for r in children} == {"FINISHED"}
-    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
-    # Each an array task of one SLURM job, the jobs' own processes on the node.
-    jobs = sorted(r.data.tags["slurm_job_id"] for r in children)
-    assert len(set(jobs)) == 2 and len({j.split("_")[0] for j in jobs}) == 1, jobs
-    assert {r.data.params["seed"] for r in children} == {"0", "1"}
-    # The summary and the comparison, as a local sweep prints them.
-    assert "2 jobs, 0 failed" in proc.stdout and "verdict: n = 2 repeats per configuration" in proc.stdout
-    sweep_dir = next(tmp_path.glob("logs/multiruns/*"))
-    assert (sweep_dir / "sweep_summary.csv").read_text().count("FINISHED") == 2
-    assert len(list(sweep_dir.glob(".submitit/*/*_submission.sh"))) == 1  # one sbatch, an array of 2
-
-
-@pytest.mark.slow
 def test_a_ddp_job_of_two_slurm_tasks(slurm, mlflow_server, run_process, tmp_path):
     proc = run_process("-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-ddp"), "trainer.devices=2",
                        "trainer.strategy=ddp", "data.n_samples=256", "trainer.max_epochs=2", env=slurm.env, timeout=300)
@@ -99,7 +82,9 @@ def test_a_ddp_job_of_two_slurm_tasks(slurm, mlflow_server, run_process, tmp_pat
 
 @pytest.mark.slow
 def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server, tmp_path):
-    """scontrol requeue of a job alone and of a pack (issue 32): each continues its own runs, every step once."""
+    """scontrol requeue of a job alone and of a pack (issue 32): each continues its own runs, every step once.
+    The same sweep is the check of a sweep as SLURM jobs: an array of tasks from one sbatch, each task a
+    job's runs under the sweep's parent, and the summary and comparison as a local sweep prints them."""
     proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *BOTH, env=slurm.env)
     try:
         # Each array task: SIGTERM now, SIGKILL KillWait (10 s) later, then a new start.
@@ -110,8 +95,21 @@ def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server,
             proc.kill()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     client = mlflow.MlflowClient(mlflow_server.uri)
-    _, runs = _runs(client, "slurm-requeue")
+    (parent,), runs = _runs(client, "slurm-requeue")
     assert len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2  # the same runs, continued
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert {r.data.params["seed"] for r in runs} == {"0", "1", "2"}
+    # Each job an array task of one SLURM job (the pack's two members one task), the jobs' own processes on the node.
+    jobs = {r.data.tags["slurm_job_id"] for r in runs}
+    assert len(jobs) == 2 and len({j.split("_")[0] for j in jobs}) == 1, jobs
+    assert len({r.data.tags["slurm_job_id"] for r in runs if "pack_id" in r.data.tags}) == 1
+    # The summary and the comparison, as a local sweep prints them.
+    # (the pack's two members are one configuration's repeats, the job alone another's: packed speeds differ)
+    assert "3 jobs, 0 failed" in out and "verdict: n = 1-2 repeats per configuration (seeds 0, 1, 2)" in out
+    sweep_dir = next(tmp_path.glob("logs/multiruns/*"))
+    assert (sweep_dir / "sweep_summary.csv").read_text().count("FINISHED") == 3
+    assert len(list(sweep_dir.glob(".submitit/*/*_submission.sh"))) == 1  # one sbatch, an array of 2
     logs = _job_logs(tmp_path)
     assert logs.count("stopped by SIGTERM at step") >= 2  # the job alone and the pack
     for run in runs:

@@ -70,12 +70,13 @@ def _wait_for(path, text, timeout=180):
 
 @pytest.mark.slow
 def test_a_sweep_stopped_in_its_third_job_resumes_where_it_stopped(run_cli, store, tmp_path):
-    # Four jobs; the third trains long enough to be stopped mid-run, the fourth never starts.
-    sweep = ["-m", "trainer.max_epochs=2,3,80,4", "data.n_samples=256", "logger.system_metrics=false"]
+    # Four jobs; the third trains long enough to be stopped mid-run (signalled once it has printed its
+    # third epoch, it stops at its next step: 27 epochs to spare), the fourth never starts.
+    sweep = ["-m", "trainer.max_epochs=2,3,30,4", "data.n_samples=256", "logger.system_metrics=false"]
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
         proc = start_cli(tmp_path, *sweep, stderr=stderr)
-        _wait_for(err, "epoch 3/80")
+        _wait_for(err, "epoch 3/30")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-2000:]
@@ -93,7 +94,7 @@ def test_a_sweep_stopped_in_its_third_job_resumes_where_it_stopped(run_cli, stor
     assert refused.returncode == 1
     (line,) = [x for x in refused.stderr.splitlines() if x.strip()]
     assert line.startswith(f"error: resume=latest: these overrides differ from sweep {sweep_id}'s: trainer.max_epochs=2,3 "
-                           "(not in the sweep), trainer.max_epochs=2,3,80,4 (missing)")
+                           "(not in the sweep), trainer.max_epochs=2,3,30,4 (missing)")
     assert len(runs_of(store, "seqlab")) == len(runs)
 
     resumed = run_cli(*sweep, "resume=latest")
@@ -106,13 +107,13 @@ def test_a_sweep_stopped_in_its_third_job_resumes_where_it_stopped(run_cli, stor
     parent = store.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep_resumes"] == "1"
     children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
-    assert sorted(r.data.params["trainer.max_epochs"] for r in children) == ["2", "3", "4", "80"]  # no duplicates
+    assert sorted(r.data.params["trainer.max_epochs"] for r in children) == ["2", "3", "30", "4"]  # no duplicates
     assert all(r.info.status == "FINISHED" for r in runs)
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id and r.data.tags["sweep_id"] == sweep_id for r in children)
-    third = next(r for r in children if r.data.params["trainer.max_epochs"] == "80")
+    third = next(r for r in children if r.data.params["trainer.max_epochs"] == "30")
     assert third.info.run_id == killed_id  # continued into its own run
     steps = [m.step for m in store.get_metric_history(killed_id, "train_loss")]
-    assert steps == list(range(1, 80 * 4 + 1))  # 205 training samples, batch 64: 4 steps an epoch, each once
+    assert steps == list(range(1, 30 * 4 + 1))  # 205 training samples, batch 64: 4 steps an epoch, each once
     assert "Repeats: 4 of 4 runs finished" in parent.data.tags["verdict"]
 
 

@@ -148,9 +148,10 @@ def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_ends_the_run_killed(tmp_pa
 
 
 # -- interrupted runs: checkpoint, resume, exact continuation ------------------------------------
-# 4096 samples: 3277 for training, 52 steps an epoch at batch 64.
-RESUMABLE = ["deterministic=true", "data.n_samples=4096", "trainer.max_epochs=12", "perf.steps_per_call=10"]
-STEPS = 52
+# 2048 samples: 1639 for training, 26 steps an epoch at batch 64 (the last of 39 samples): signalled
+# once epoch 3 is printed, the run stops within a call of 10 steps, 9 epochs before its end.
+RESUMABLE = ["deterministic=true", "data.n_samples=2048", "trainer.max_epochs=12", "perf.steps_per_call=10"]
+STEPS = 26
 
 
 @pytest.mark.slow

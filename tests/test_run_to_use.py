@@ -330,24 +330,21 @@ def test_predict_cli_misspelled_key_and_missing_model_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(compose_cfg, tmp_path, caplog, capfd):
-    from seqlab.store.server import LocalServer
-
+def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(compose_cfg, tmp_path, caplog, capfd,
+                                                                               mlflow_server):
+    # The session's server (tests/conftest.py), in an experiment and a registered model of this test's own.
+    server, name = mlflow_server, f"served-{tmp_path.name}"
     caplog.set_level("INFO", logger="seqlab")
-    server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start()
-    try:
-        result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1", f"logger.tracking_uri={server.uri}",
-                                   "logger.register_as=served"))
-        client = mlflow.MlflowClient(server.uri)
-        assert result.model_uri == "models:/served/1"
-        assert [(str(v.version), v.run_id) for v in client.search_model_versions("name='served'")] == [("1", result.run_id)]
-        experiment = client.get_experiment_by_name("seqlab")
-        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-        link = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs/{result.run_id}?workflowType=machine_learning"
-        assert f"see it: {link}" in caplog.text
-        assert "View run" not in capfd.readouterr().out  # MLflow's own links, without the view, are not printed
-    finally:
-        server.stop()
+    result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1", f"logger.tracking_uri={server.uri}",
+                               f"logger.experiment_name={name}", f"logger.register_as={name}"))
+    client = mlflow.MlflowClient(server.uri)
+    assert result.model_uri == f"models:/{name}/1"
+    assert [(str(v.version), v.run_id) for v in client.search_model_versions(f"name='{name}'")] == [("1", result.run_id)]
+    experiment = client.get_experiment_by_name(name)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    link = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs/{result.run_id}?workflowType=machine_learning"
+    assert f"see it: {link}" in caplog.text
+    assert "View run" not in capfd.readouterr().out  # MLflow's own links, without the view, are not printed
 
 
 def test_links_leave_out_credentials():

@@ -240,25 +240,9 @@ def test_ddp_shards_cover_each_sample_at_most_once_per_epoch():
     assert torch.cat([b[0].flatten() for b in in_order[1]]).tolist() == list(range(51, 102))
 
 
-@pytest.mark.slow
-def test_ddp_with_two_cpu_processes_logs_one_run_per_job(run_process, store, tmp_path):
-    n_train, bs = 512, 32  # 640 samples, 20% for validation
-    proc = run_process("-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                   f"data.batch_size={bs}", "data.n_samples=640",
-                   "trainer.max_epochs=2", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (parent,), children = _children(store)
-    assert parent.info.status == "FINISHED"
-    assert len(children) == 1  # one run for the job, from rank 0 only
-    for run in children:
-        assert run.info.status == "FINISHED"
-        losses = store.get_metric_history(run.info.run_id, "train_loss")
-        # Each process trains on half the samples: 512 / (32 x 2) = 8 steps an epoch.
-        assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
-        assert all(math.isfinite(m.value) for m in losses)
-        assert len(store.get_metric_history(run.info.run_id, "val_rmse")) == 2
-    job_dir = next((tmp_path / "logs" / "multiruns").iterdir()) / "0"
-    assert (job_dir / "train_ddp_process_1.log").is_file()  # rank 1 ran as this job
+# A DDP job of two CPU processes in a sweep, one run for the job: tests/test_rank_failure.py
+# (test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_command_lines), whose
+# sweep of one DDP job is checked for both.
 
 
 def test_multi_process_training_needs_the_cli(compose_cfg):
@@ -287,16 +271,8 @@ def test_the_slurm_launcher_config_composes():
     assert launcher.submitit_folder.endswith("/.submitit/%j")
 
 
-@pytest.mark.slow
-def test_a_server_on_postgresql(postgres, run_cli, tmp_path):
-    with LocalServer(postgres, str(tmp_path / "server-artifacts"), log_path=tmp_path / "server.log") as server:
-        proc = run_cli(*TINY, "logger=mlflow_server", f"logger.tracking_uri={server.uri}")
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        client = mlflow.MlflowClient(server.uri)
-        (run,) = runs_of(client, "seqlab")
-        assert run.info.status == "FINISHED"
-        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
-        assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
+# A run logged to a server on PostgreSQL: test_make_server_keeps_the_databases_password_off_every_command_line
+# trains one on the server it starts.
 
 
 def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
@@ -424,9 +400,10 @@ def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, tmp_path):
+def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, run_cli, tmp_path):
     # Issue 24, point 6: `make server BACKEND_STORE_URI=postgresql://user:password@...` echoed the
     # password and left it on the command lines of seqlab.store.server and mlflow server (ps).
+    # The server on PostgreSQL it starts is also where a run is logged: its metrics and artifacts land.
     import psutil
 
     from conftest import POSTGRES_PASSWORD
@@ -445,6 +422,12 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(postgre
         assert [line for line in lines if POSTGRES_PASSWORD in line] == []
         client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
         assert client.search_experiments()  # it serves the PostgreSQL store
+        proc = run_cli(*TINY, "logger=mlflow_server", f"logger.tracking_uri=http://127.0.0.1:{port}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (run,) = runs_of(client, "seqlab")
+        assert run.info.status == "FINISHED"
+        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
+        assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)
     finally:
         os.killpg(make.pid, signal.SIGTERM)
         out, _ = make.communicate(timeout=60)

@@ -45,10 +45,21 @@ def _preset(tmp_path: Path, sweeper: dict) -> list[str]:
 
 @pytest.mark.slow
 def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots(run_cli, store, tmp_path):
-    proc = run_cli("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.pruner.name=none", *TINY)
+    """Also issue 25's command: Hydra's sweep grammar on the command line replaces the preset's entries
+    for those keys; the study holds their distributions and every trial's run records a value in them.
+    (One search checked both ways: the preset's own entries for these keys are sampled by the joblib
+    and PostgreSQL searches below.)"""
+    proc = run_cli("-m", "hparams_search=optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))", "data.batch_size=choice(32,64)",
+                   "hydra.sweeper.n_trials=6", "hydra.sweeper.pruner.name=none", *TINY)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out
+    study = _study(tmp_path)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+    for trial in study.trials:
+        assert trial.distributions["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
+        assert trial.distributions["data.batch_size"] == CategoricalDistribution([32, 64])
+        assert trial.distributions["model.hidden_size"] == IntDistribution(8, 64, step=8)  # the preset's others stay
 
     (parent,), trials = _parent_and_trials(store)
     assert [t.data.tags["optuna_trial"] for t in trials] == [str(n) for n in range(6)]
@@ -59,6 +70,12 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
     first = trials[0].data.params
     assert (first["optimizer.lr"], first["data.batch_size"], first["model.hidden_size"], first["model.dropout"]) == (
         "0.001", "64", "24", "0.1")
+    for run in trials:  # in the command line's distributions
+        assert 1e-4 <= float(run.data.params["optimizer.lr"]) <= 1e-2
+        assert run.data.params["data.batch_size"] in ("32", "64")
+    assert len({run.data.params["optimizer.lr"] for run in trials}) == 6  # sampled, not one value
+    # Hydra's job records hold the sampled values, not the grammar.
+    assert all("interval" not in run.data.tags["hydra_overrides"] for run in trials)
 
     # every run records its best validation RMSE and when it was reached
     for t in trials:
@@ -375,27 +392,8 @@ def test_sweep_grammar_and_mappings_give_the_official_sweepers_distributions(ent
         assert actual == expected
 
 
-@pytest.mark.slow
-def test_a_search_samples_the_distributions_written_in_hydras_sweep_grammar_on_the_command_line(run_cli, store, tmp_path):
-    """Issue 25's command: Hydra's sweep grammar on the command line replaces the preset's entries
-    for those keys; the study holds their distributions and every trial's run records a value in them."""
-    proc = run_cli("-m", "hparams_search=optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))", "data.batch_size=choice(32,64)",
-                   "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner.name=none", *TINY)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    study = _study(tmp_path)
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
-    for trial in study.trials:
-        assert trial.distributions["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
-        assert trial.distributions["data.batch_size"] == CategoricalDistribution([32, 64])
-        assert trial.distributions["model.hidden_size"] == IntDistribution(8, 64, step=8)  # the preset's others stay
-    _, trials = _parent_and_trials(store)
-    assert len(trials) == 4
-    for run in trials:
-        assert 1e-4 <= float(run.data.params["optimizer.lr"]) <= 1e-2
-        assert run.data.params["data.batch_size"] in ("32", "64")
-    assert len({run.data.params["optimizer.lr"] for run in trials}) == 4  # sampled, not one value
-    # Hydra's job records hold the sampled values, not the grammar.
-    assert all("interval" not in run.data.tags["hydra_overrides"] for run in trials)
+# A search that samples the distributions written in Hydra's sweep grammar on the command line:
+# test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots, above.
 
 
 def test_the_command_lines_sweeps_join_the_space_and_the_rest_hold_for_every_trial():
