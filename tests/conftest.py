@@ -39,11 +39,11 @@ TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 # listed costs little and goes after these.
 FILE_SECONDS = {
     "test_scale.py": 120, "test_search.py": 85, "test_robust.py": 84, "test_cluster.py": 80, "test_repeats.py": 36,
-    "test_pack_runs.py": 85, "test_search_workers.py": 33, "test_run_to_use.py": 32, "test_study.py": 28,
-    "test_perf.py": 29, "test_preemption.py": 32, "test_config.py": 25, "test_rank_failure.py": 25,
+    "test_pack_runs.py": 130, "test_search_workers.py": 33, "test_run_to_use.py": 32, "test_study.py": 28,
+    "test_perf.py": 38, "test_preemption.py": 32, "test_config.py": 25, "test_rank_failure.py": 25,
     "test_step_writer.py": 21, "test_checkpoints.py": 21, "test_train.py": 17, "test_server_auth.py": 16,
     "test_store.py": 15, "test_sync.py": 14, "test_bad_input.py": 12, "test_own_data.py": 30, "test_hydra_next.py": 20,
-    "test_checkpoint_models.py": 25, "test_packing.py": 30,
+    "test_checkpoint_models.py": 25, "test_packing.py": 20,
 }
 
 

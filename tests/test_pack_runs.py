@@ -28,6 +28,18 @@ def _members(store, experiment):
     return {r.data.tags["hydra_overrides"]: r for r in runs if "pack_id" in r.data.tags}
 
 
+def _packed_then_alone(run_cli, store, seeds: str, seed: str, args: list[str]):
+    """A pack of the jobs seed=`seeds` with `args`, then job seed=`seed` alone with the same args: the
+    pack's output, that member's run, the run alone, and each one's train_loss in step order."""
+    packed = run_cli("-m", f"seed={seeds}", f"pack={seeds.count(',') + 1}", *args, "logger.experiment_name=packed")
+    assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
+    alone = run_cli(f"seed={seed}", *args, "logger.experiment_name=alone")
+    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
+    (single,) = runs_of(store, "alone")
+    member = next(r for r in runs_of(store, "packed") if r.data.params.get("seed") == seed and "pack_id" in r.data.tags)
+    return packed, member, single, _losses(store, member.info.run_id), _losses(store, single.info.run_id)
+
+
 # Each member alone: one key away from the first member's values, so every packable key is checked.
 ALONE = {
     "a": [["seed=1", "optimizer.lr=0.001", "model.dropout=0.1"],   # seed: weights, data, order, dropout masks
@@ -138,12 +150,12 @@ def publish_then_die(tracker, path, step):
 points.publish_resume_point = publish_then_die
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-# 1638 training samples in batches of 32: 52 steps an epoch (the last of 6 samples), 4 epochs. Losses are sent at each epoch's end
+# 819 training samples in batches of 32: 26 steps an epoch (the last of 19 samples), 4 epochs. Losses are sent at each epoch's end
 # only (flush_every_n_steps=1000), so a checkpoint inside an epoch has steps not yet sent: they must be
 # sent before it, or the resume, which continues after it, would never send them. The checkpoint comes
 # due after one chosen step (the checkpoint's clock is set so) and is taken at the next Lightning call
 # (2 steps a call here): mid-epoch, or after an epoch's last step and its end (validation, best).
-KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=2048", "data.source.n_features=32", "data.batch_size=32",
+KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=1024", "data.source.n_features=32", "data.batch_size=32",
             "trainer.max_epochs=4", "trainer.max_time=00:00:30:00", "perf.steps_per_call=2", "checkpoint.interval_s=0.2",
             "logger.flush_every_n_steps=1000",
             "logger.flush_every_s=0", "logger.system_metrics=false"]
@@ -151,7 +163,7 @@ KILLABLE = ["-m", "seed=0,1,2", "pack=3", "data.n_samples=2048", "data.source.n_
 
 @pytest.mark.slow
 # Mid-epoch on a tracking server (each member's journal), at an epoch's end on the local store.
-@pytest.mark.parametrize("at,where", [(52, "local"), (78, "server")], ids=["epoch-end-local", "mid-epoch-server"])
+@pytest.mark.parametrize("at,where", [(26, "local"), (40, "server")], ids=["epoch-end-local", "mid-epoch-server"])
 def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli, at, where, request):
     import mlflow
     import zygote
@@ -185,7 +197,7 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_pat
     for run_id, run in after.items():
         assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
         steps = sorted(m.step for m in store.get_metric_history(run_id, "train_loss"))
-        assert steps == list(range(1, 4 * 52 + 1))  # every step once: none lost, none stored twice
+        assert steps == list(range(1, 4 * 26 + 1))  # every step once: none lost, none stored twice
         assert len(store.get_metric_history(run_id, "val_rmse")) == 4  # every epoch ended, the one of the checkpoint too
 
 
@@ -308,16 +320,10 @@ def test_members_of_one_file_share_its_samples_and_each_trains_as_its_job_alone(
     of = PackData.of.__func__
     monkeypatch.setattr(PackData, "of", classmethod(lambda cls, members, device: built.append(of(cls, members, device)) or built[-1]))
     own = ["data=npz", f"data.path={path}", "data.batch_size=32", "trainer.max_epochs=8", "logger.system_metrics=false"]
-    packed = run_cli("-m", "seed=0,1,2", "pack=3", *own, "logger.experiment_name=packed")
-    assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
-    (data,) = built
+    _, member, single, a, b = _packed_then_alone(run_cli, store, "0,1,2", "2", own)
+    (data,) = built  # the pack's; the job alone has none
     assert data.x.shape == (512, 32)  # the file's rows once, not 3 sets of them
     assert data.train_rows.shape == (3, 410) and len({tuple(r.tolist()) for r in data.train_rows}) == 3  # 3 splits
-    alone = run_cli("seed=2", *own, "logger.experiment_name=alone")
-    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
-    (single,) = runs_of(store, "alone")
-    member = next(r for r in runs_of(store, "packed") if r.data.params.get("seed") == "2" and "pack_id" in r.data.tags)
-    a, b = _losses(store, member.info.run_id), _losses(store, single.info.run_id)
     assert len(a) == len(b) == 8 * 13
     np.testing.assert_allclose(a[:100], b[:100], rtol=1e-4)
     assert [i.dataset.digest for i in member.inputs.dataset_inputs] == [i.dataset.digest for i in single.inputs.dataset_inputs]
@@ -330,14 +336,8 @@ def test_members_of_1440_step_data_train_packed_each_as_its_job_alone(run_cli, s
     its job alone."""
     small = ["data=daily_profile", "data.n_samples=80", "data.batch_size=16", "trainer.max_epochs=2", "model.hidden_size=8",
              "logger.system_metrics=false"]
-    packed = run_cli("-m", "seed=0,1", "pack=2", *small, "logger.experiment_name=packed")
-    assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
+    packed, member, single, a, b = _packed_then_alone(run_cli, store, "0,1", "1", small)
     assert "2 jobs as 1 launches: 1 pack(s) of 2 members" in packed.stdout and "train one by one" not in packed.stdout
-    alone = run_cli("seed=1", *small, "logger.experiment_name=alone")
-    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
-    (single,) = runs_of(store, "alone")
-    member = next(r for r in runs_of(store, "packed") if r.data.params.get("seed") == "1" and "pack_id" in r.data.tags)
-    a, b = _losses(store, member.info.run_id), _losses(store, single.info.run_id)
     assert len(a) == len(b) == 2 * 4  # 64 training samples in batches of 16, 2 epochs
     np.testing.assert_allclose(a, b, rtol=1e-4)
     assert member.data.metrics["final_val_rmse"] == pytest.approx(single.data.metrics["final_val_rmse"], rel=1e-3)
@@ -349,13 +349,7 @@ def test_a_pack_in_bf16_mixed_precision_trains_each_member_as_its_job_alone(run_
     packs; a member's losses agree with its job alone's in bf16 as closely as bf16 allows (both run the
     same precision; the pack's batched products round differently from a run alone's)."""
     small = [*SMALL[:3], "trainer.max_epochs=2", "trainer.precision=bf16-mixed", "logger.system_metrics=false"]
-    packed = run_cli("-m", "seed=0,1", "pack=2", *small, "logger.experiment_name=packed")
-    assert packed.returncode == 0, (packed.stdout + packed.stderr)[-3000:]
+    packed, _, _, a, b = _packed_then_alone(run_cli, store, "0,1", "1", small)
     assert "1 pack(s) of 2 members" in packed.stdout
-    alone = run_cli("seed=1", *small, "logger.experiment_name=alone")
-    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]
-    (single,) = runs_of(store, "alone")
-    member = next(r for r in runs_of(store, "packed") if r.data.params.get("seed") == "1" and "pack_id" in r.data.tags)
-    a, b = _losses(store, member.info.run_id), _losses(store, single.info.run_id)
     assert len(a) == len(b) == 2 * 13
     np.testing.assert_allclose(a, b, rtol=1e-3)  # measured: at most 1.6e-4 here

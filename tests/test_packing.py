@@ -117,33 +117,6 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
     assert got[:, -1].mean() < 0.5 * got[:, 0].mean()  # they trained
 
 
-# -- the benchmark's packed loop --------------------------------------------------------------------
-def test_the_benchmark_runs_the_products_packs_beside_bare(tmp_path):
-    import json
-
-    from conftest import ROOT
-    from inprocess import run_script
-
-    out = tmp_path / "bench.json"
-    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--shapes", "seed,profile", "--loops", "bare",
-                                                          "--pack", "1,3", "--out", str(out)], env={"SEQLAB_ROOT": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert sorted((r["shape"], r["loop"], r["members"]) for r in rows) == [
-        ("profile", "bare", 1), ("profile", "packed", 1), ("profile", "packed", 3),
-        ("seed", "bare", 1), ("seed", "packed", 1), ("seed", "packed", 3)]
-    bare = next(r for r in rows if r["shape"] == "seed" and r["loop"] == "bare")
-    for r in rows:
-        assert r["it_per_s"] > 0 and r["model_steps_per_s"] == pytest.approx(r["it_per_s"] * r["members"])
-        assert r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"])
-        if r["shape"] == "seed":  # over K bare loops one after another: bare's own rate
-            assert r["ratio_to_bare"] == pytest.approx(r["model_steps_per_s"] / bare["it_per_s"])
-    assert "packed3" in proc.stdout and "model-steps/s" in proc.stdout
-
-    bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --pack must be positive integers, e.g. 1,3,8,32"]
-
-
 # -- per-member settings ---------------------------------------------------------------------------
 @pytest.mark.parametrize("method,clip", [("l2norm", None), ("global-l2norm", None), ("absolute-value", None),
                                          ("l2norm", 0.05)])

@@ -300,25 +300,28 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 
 
 def test_benchmark_smoke_writes_valid_json(tmp_path):
+    """Every loop, the product's packs among them (K = 1 and 3, one-step and 1440-step data), in one smoke run."""
     out = tmp_path / "bench.json"
-    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32", "--out", str(out)],
-                      env={"SEQLAB_ROOT": str(tmp_path)})
+    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32", "--loops", "plain,bare,naive,default,packed",
+                                                          "--pack", "1,3", "--out", str(out)], env={"SEQLAB_ROOT": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
-    loops = ("plain", "bare", "naive", "default")
-    assert sorted((r["shape"], r["batch_size"], r["loop"]) for r in rows) == sorted(
-        (s, b, l) for s in ("seed", "profile") for b in (32,) for l in loops
+    loops = [("plain", 1), ("bare", 1), ("naive", 1), ("default", 1), ("packed", 1), ("packed", 3)]
+    assert sorted((r["shape"], r["batch_size"], r["loop"], r["members"]) for r in rows) == sorted(
+        (s, 32, loop, k) for s in ("seed", "profile") for loop, k in loops
     )
     assert all(r["it_per_s"] > 0 and r["steps_per_epoch"] > 0 and len(r["runs"]) == 1 for r in rows)
-    assert all(r["samples_per_s"] == pytest.approx(r["it_per_s"] * r["batch_size"]) for r in rows)
+    assert all(r["model_steps_per_s"] == pytest.approx(r["it_per_s"] * r["members"]) for r in rows)
+    assert all(r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"]) for r in rows)
     assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
     assert all(r["ratio_to_bare"] == 1.0 for r in rows if r["loop"] == "bare")
-    for r in rows:  # each ratio is that row's rate over its own shape and batch's bare rate
+    for r in rows:  # each ratio is that row's model-steps/s over its own shape and batch's bare rate (K bare loops)
         bare = next(b for b in rows if (b["shape"], b["batch_size"], b["loop"]) == (r["shape"], r["batch_size"], "bare"))
-        assert r["ratio_to_bare"] == pytest.approx(r["it_per_s"] / bare["it_per_s"])
+        assert r["ratio_to_bare"] == pytest.approx(r["model_steps_per_s"] / bare["it_per_s"])
     assert data["machine"]["cpu"]
     assert "vs plain" in proc.stdout and "vs bare" in proc.stdout
+    assert "packed3" in proc.stdout and "model-steps/s" in proc.stdout
 
 
 def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
@@ -327,6 +330,8 @@ def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive"
     ]
+    bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --pack must be positive integers, e.g. 1,3,8,32"]
 
 
 # -- profiling -----------------------------------------------------------------------------------
