@@ -30,20 +30,18 @@ CONF_DIR = ROOT / "conf"
 TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 
 
-# Seconds each file took (setup to teardown, the 2-core VM, two xdist workers, stop 30; the pack
-# and cluster files as measured after issue 32's tests; the files the suite's trim changed
-# (cluster, preemption, scale, rank_failure, repeats, search, search_workers, run_to_use, study,
-# robust) as their old seconds less the tests removed or shortened, in the same units). xdist
-# hands out whole files in the order collected (--no-loadscope-reorder): the longest first, so that
-# no long file starts last while the other worker has nothing left (the suite's tail). A file not
-# listed costs little and goes after these.
+# Seconds each file took (setup, call and teardown summed, --durations=0 of the whole suite on this
+# session's 2-core VM, two xdist workers, quiet, 2026-12-02). xdist hands out whole files in the
+# order collected (--no-loadscope-reorder): the longest first, so that no long file starts last
+# while the other worker has nothing left (the suite's tail). A file not listed costs little and
+# goes after these.
 FILE_SECONDS = {
-    "test_scale.py": 120, "test_search.py": 85, "test_robust.py": 84, "test_cluster.py": 80, "test_repeats.py": 36,
-    "test_pack_runs.py": 130, "test_search_workers.py": 33, "test_run_to_use.py": 32, "test_study.py": 28,
-    "test_perf.py": 38, "test_preemption.py": 32, "test_config.py": 25, "test_rank_failure.py": 25,
-    "test_step_writer.py": 21, "test_checkpoints.py": 21, "test_train.py": 17, "test_server_auth.py": 16,
-    "test_store.py": 15, "test_sync.py": 14, "test_bad_input.py": 12, "test_own_data.py": 30, "test_hydra_next.py": 20,
-    "test_checkpoint_models.py": 25, "test_packing.py": 20,
+    "test_pack_runs.py": 122, "test_search.py": 106, "test_scale.py": 92, "test_robust.py": 73,
+    "test_cluster.py": 69, "test_repeats.py": 48, "test_preemption.py": 43, "test_perf.py": 41,
+    "test_search_workers.py": 33, "test_study.py": 33, "test_rank_failure.py": 33, "test_checkpoints.py": 29,
+    "test_hydra_next.py": 29, "test_run_to_use.py": 25, "test_config.py": 23, "test_step_writer.py": 23,
+    "test_train.py": 19, "test_server_auth.py": 16, "test_store.py": 16, "test_bad_input.py": 14,
+    "test_own_data.py": 13, "test_checkpoint_models.py": 13, "test_packing.py": 7, "test_sync.py": 5,
 }
 
 
