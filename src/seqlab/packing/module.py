@@ -29,7 +29,9 @@ from seqlab import SeqlabError
 from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
 from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.training.devices import synchronize
 from seqlab.training.lightning_private import batches_done_in_epoch, count_optimizer_steps
+from seqlab.training.loop import gradient_buffers
 
 log = logging.getLogger("seqlab")
 
@@ -86,7 +88,7 @@ class PackModule(pl.LightningModule):
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.grads = self.gradient_buffers()
+        self.grads = gradient_buffers(self.params)
         self.trained = 0  # optimizer steps trained: the step each member's run records
         self.losses: list[torch.Tensor] = []  # each step's (K,) losses, until flushed
         self.steps: list[int] = []
@@ -109,18 +111,9 @@ class PackModule(pl.LightningModule):
     def val_dataloader(self) -> list:
         return [0] if self.data.val_rows is not None else []  # one call: the members' sets a chunk at a time
 
-    def gradient_buffers(self) -> list[torch.Tensor]:
-        """Every trainable parameter's gradient tensor, made as zeros where missing (Lightning frees
-        them as it starts fitting), then zeroed in place each step: parameters the one-step shortcut
-        leaves unused still get their (zero) gradient and optimizer update."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [p.grad for p in self.params]
-
     def on_train_start(self) -> None:
         self.trained = self.trainer.global_step
-        self.grads = self.gradient_buffers()
+        self.grads = gradient_buffers(self.params)
         # In full precision the step calls the raw optimizer and a plain backward, and counts its steps
         # into Lightning's; under a precision plugin (bf16-mixed) it goes through Lightning's, as the
         # fused loop does for a run alone (training.module.SeqRegressor.on_train_start).
@@ -136,7 +129,7 @@ class PackModule(pl.LightningModule):
         orders, first, stop = item
         if not self._epoch:  # resumed inside an epoch: Lightning does not start it again
             self.on_train_epoch_start()
-        self.grads = self.gradient_buffers()  # the same tensors unless something freed them
+        self.grads = gradient_buffers(self.params)  # the same tensors unless something freed them
         if self.trainer.max_steps > 0:
             stop = min(stop, first + self.trainer.max_steps - self.trained)
         for b in range(first, stop):
@@ -182,7 +175,7 @@ class PackModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         if self._epoch and not self._epoch["closed"]:  # inside an epoch (every N iterations): not its training time
-            self._sync()
+            synchronize(self.data.x.device)
             self._epoch["val_from"] = time.perf_counter()
 
     def on_validation_end(self) -> None:
@@ -230,10 +223,6 @@ class PackModule(pl.LightningModule):
             if bad is not None:
                 m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
 
-    def _sync(self) -> None:
-        if self.data.x.device.type == "cuda":
-            torch.cuda.synchronize()
-
     @torch.no_grad()
     def _close_epoch(self) -> None:
         """Each training member's epoch as its callbacks record it alone: timing (the pack's time: what
@@ -242,7 +231,7 @@ class PackModule(pl.LightningModule):
         if not epoch or epoch["closed"]:
             return
         epoch["closed"] = True
-        self._sync()
+        synchronize(self.data.x.device)
         seconds = max(time.perf_counter() - epoch["start"] - epoch["val_s"], 1e-9)
         self.flush()
         steps, step = epoch["steps"], self.trained

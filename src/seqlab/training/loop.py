@@ -27,6 +27,17 @@ from seqlab.training.profiling import phase
 
 log = logging.getLogger("seqlab")
 
+
+def gradient_buffers(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """Every trainable parameter's gradient tensor, made as zeros where missing (Lightning may free
+    them around validation, and as it starts fitting), then zeroed in place each step, so a captured
+    graph's stay live and parameters the one-step shortcut leaves unused still get their (zero)
+    gradient, L2 term and optimizer update. The fused loop's and a pack's (packing.module)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in params]
+
 class FusedLoop:
     """Runs the optimizer steps of one item. Built by the module when training starts (the
     optimizer exists only then), from the perf settings bound in train.py:
@@ -67,7 +78,7 @@ class FusedLoop:
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or optimizer.step
         self.backward = backward or torch.Tensor.backward
-        self.grads = self.gradient_buffers()
+        self.grads = gradient_buffers(self.params)
         self.epoch_preds: list[torch.Tensor] = []
         self.epoch_targets: list[torch.Tensor] = []
         self.graphed = self._graphed_step(str(cuda_graph).lower())
@@ -90,19 +101,11 @@ class FusedLoop:
             )
         return None
 
-    def gradient_buffers(self) -> list[torch.Tensor]:
-        """Every trainable parameter's gradient tensor, made as zeros where missing (Lightning
-        may free them around validation); zeroed in place, so a captured graph's stay live."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [p.grad for p in self.params]
-
     def run(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], first_step: int,
             max_steps: Optional[int] = None) -> tuple[int, torch.Tensor]:
         """The steps of one item (at most `max_steps` of them), numbered from `first_step`.
         Returns how many ran and the last step's loss (a device tensor)."""
-        self.grads = self.gradient_buffers()  # the same tensors unless Lightning freed them
+        self.grads = gradient_buffers(self.params)  # the same tensors unless Lightning freed them
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
         if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
             lr = lr.detach().clone()
