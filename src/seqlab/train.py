@@ -40,10 +40,10 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
 
     from seqlab.ddp.ranks import process_group_scope
     from seqlab.resume.interrupt import start_point
-    from seqlab.resume.points import drop_resume_point
-    from seqlab.store.ghosts import heartbeat, identity
+    from seqlab.store.ghosts import heartbeat
     from seqlab.tracking.connect import open_tracker
-    from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
+    from seqlab.tracking.describe import record_config
+    from seqlab.tracking.lifecycle import describe_run, end_run, ending_status, finished_result, open_run
     from seqlab.training import devices
 
     try:
@@ -58,34 +58,28 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
         cfg.resume = previous_attempt(job.output_dir, sweep.sweep_id, tracker.connect(), JobResult.read_if_any)
         if cfg.resume:
             job.overrides.append(f"resume={cfg.resume}")
-    accelerator = device.accelerator if device else cfg.trainer.accelerator
-    name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
-    tags = run_tags(cfg, job, device, sweep)
-    tags.update(identity())  # which process owns the run: a run it leaves RUNNING is found and ended
-    params = run_params(cfg)
-    start_from, name = start_point(cfg, job, tracker, params, name)
-    parent = sweep.parent_run_id if sweep.tracking_uri == tracker.tracking_uri else None
+    opening = describe_run(cfg, job, tracker, device, sweep)
+    start_from, opening.name = start_point(cfg, job, tracker, opening.params, opening.name)
 
-    with tracker.run(name, tags, parent_run_id=parent, description=cfg.notes, resume_run_id=cfg.resume,
-                     journal_dir=job.output_dir), \
-            heartbeat(tracker):
-        # Written now so that a sweep (and main's error path) knows this job's run.
-        job.write(JobResult("RUNNING", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
-                            accelerator=tags.get("accelerator"), batch_size=cfg.data.batch_size))
-        try:
-            record_config(cfg, job, tracker, params)
+    # The run's lifecycle is a pack member's (tracking.lifecycle): opened, recorded, ended with its status.
+    open_run(tracker, cfg, job, sweep, opening, cfg.resume)
+    error = None
+    try:
+        with heartbeat(tracker):
+            record_config(cfg, job, tracker, opening.params, continued=bool(cfg.resume))
             if device_error is not None:
                 raise device_error
             with process_group_scope(cfg.trainer):
-                outcome = _fit(cfg, job, tracker, device, start_from, name)
-            if job.rank == 0:
-                # Kept until now: a run that fails or is killed again continues from its last checkpoint.
-                drop_resume_point(tracker)
-        finally:
-            tracker.log_artifact(job.output_dir / ".hydra", "hydra")
-            for log_file in job.output_dir.glob("*.log"):
-                tracker.log_artifact(log_file)
-    return _result(cfg, job, tracker, name, tags, outcome)
+                outcome = _fit(cfg, job, tracker, device, start_from, opening.name)
+    except BaseException as failure:
+        error = failure
+        raise
+    finally:
+        end_run(tracker, *ending_status(error), job.output_dir)
+    result = finished_result(cfg, job, tracker, opening, outcome.ending)
+    if job.rank == 0:
+        _report(job, tracker, result, outcome)
+    return result
 
 
 @dataclass
@@ -105,12 +99,9 @@ class Outcome:
     """What training measured, for the job's result and report."""
 
     parts: Parts
-    summary: dict[str, float]
     wall_s: float
-    baseline: Optional[float]
     device: Any  # devices.Device: what trained
-    kept: Any  # tracking.model_logging.Kept: which network the run ends with (OutputNetwork.restore)
-    model_uri: Optional[str]  # where the logged model is: runs:/... or models:/NAME/VERSION
+    ending: Any  # tracking.lifecycle.Ending: the network kept, the final metrics, where the model is
 
 
 def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path], name: str) -> Outcome:
@@ -119,8 +110,9 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
 
     from seqlab.resume.checkpoints import save_checkpoint
     from seqlab.resume.interrupt import check_checkpoint
-    from seqlab.resume.points import store_checkpoint
-    from seqlab.tracking.model_logging import Kept, log_networks  # the network kept and the checkpoints, as MLflow models
+    from seqlab.tracking.lifecycle import Ending, record_end
+    from seqlab.tracking.model_logging import Kept
+    from seqlab.training.module import final_metrics
     from seqlab.training.devices import use_cores
     from seqlab.training.noise import quiet_libraries
 
@@ -150,26 +142,24 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     wall = time.perf_counter() - start
     # The network the final metrics and the model are of (module.output_network): before any
     # BatchNorm finalisation.
-    best = parts.callbacks.get("best")
-    kept = best.restore(parts.module.model, parts.trainer.global_step) if best is not None else Kept("last", parts.trainer.global_step)
-    tracker.set_tags(kept.tags())
-    summary = _final_metrics(cfg, parts, tracker, wall, baseline)
-
-    ckpt = job.output_dir / "checkpoints" / "last.ckpt"
-    save_checkpoint(parts.trainer, ckpt)  # atomically; every process takes part, rank 0 writes
+    callbacks = parts.callbacks
+    best, to_target = callbacks.get("best"), callbacks.get("time_to_target")
+    step = parts.trainer.global_step
+    kept = best.restore(parts.module.model, step) if best is not None else Kept("last", step)
+    timer = callbacks.get("timer")
+    summary = final_metrics(parts.module.model, cfg.module.loss, cfg.module.bn_statistics, parts.datamodule,
+                            parts.module.device, wall, timer.median if timer is not None else lambda key: None, baseline)
+    reached = to_target.reached if to_target is not None and to_target.target is not None else None
+    ending = Ending(parts.module.model, parts.datamodule.train.x, kept, summary, step,
+                    job.output_dir / "checkpoints" / "last.ckpt", baseline,
+                    best=best.best if best is not None else None, best_weights=best.weights if best is not None else None,
+                    logged=best.logged if best is not None else [],
+                    time_to_target_s=reached["time_to_target_s"] if reached else None,
+                    pruned=next((c.pruned for c in parts.trainer.callbacks if getattr(c, "pruned", None)), None))
+    save_checkpoint(parts.trainer, ending.checkpoint)  # atomically; every process takes part, rank 0 writes
     if job.rank == 0:
-        from seqlab.plots import training_curves
-
-        if tracker.log_checkpoint:
-            store_checkpoint(tracker, ckpt)
-        tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=name))
-        logged = log_networks(tracker, parts.module.model, parts.datamodule.train.x, kept,
-                              best.best if best is not None else None, best.weights if best is not None else None,
-                              best.logged if best is not None else [])
-        model_uri = logged.uri if logged else None
-    else:
-        model_uri = None
-    return Outcome(parts, summary, wall, baseline, device, kept, model_uri)
+        record_end(tracker, job, name, ending)
+    return Outcome(parts, wall, device, ending)
 
 
 def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
@@ -270,43 +260,6 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
         if preempted is not None:
             raise preempted from None  # the job is requeued once its run has ended (_main_job)
         raise
-
-
-def _final_metrics(cfg: DictConfig, parts: Parts, tracker, wall: float, baseline: Optional[float]) -> dict[str, float]:
-    """The run's final metrics (training.module.final_metrics), logged at the last step."""
-    from seqlab.training.module import final_metrics
-
-    timer = parts.callbacks.get("timer")
-    summary = final_metrics(parts.module.model, cfg.module.loss, cfg.module.bn_statistics, parts.datamodule,
-                            parts.module.device, wall, timer.median if timer is not None else lambda key: None, baseline)
-    tracker.log_metrics(summary, parts.trainer.global_step)
-    return summary
-
-
-def _result(cfg: DictConfig, job: Job, tracker, name: str, tags: dict, outcome: Outcome) -> JobResult:
-    """The job's result, in one place: what the sweep summary, a search and the report read."""
-    summary, callbacks = outcome.summary, outcome.parts.callbacks
-    best, to_target = callbacks.get("best"), callbacks.get("time_to_target")
-    reached = to_target.reached if to_target is not None and to_target.target is not None else None
-    pruned = next((c.pruned for c in outcome.parts.trainer.callbacks if getattr(c, "pruned", None)), None)
-    result = JobResult(
-        "FINISHED", job.num, tags.get("sweep_id"), job.overrides, tracker.run_id, name,
-        accelerator=tags.get("accelerator"),
-        batch_size=cfg.data.batch_size,
-        it_per_s=summary.get("it_per_s_median"),
-        samples_per_s=summary.get("samples_per_s_median"),
-        val_rmse=summary.get("final_val_rmse", tracker.last("val_rmse")),
-        val_rmse_baseline=outcome.baseline,
-        best_val_rmse=best.value if best is not None else None,
-        target_rmse=cfg.metrics.target_rmse,
-        time_to_target_s=reached["time_to_target_s"] if reached else None,
-        reason=pruned,
-        output_network=outcome.kept.name,
-        model_uri=outcome.model_uri,
-    )
-    if job.rank == 0:
-        _report(job, tracker, result, outcome)
-    return result
 
 
 def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:

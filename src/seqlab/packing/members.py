@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from seqlab import one_line
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink
+from seqlab.tracking.lifecycle import Opening
 from seqlab.tracking.model_logging import Kept, log_new_best
 
 log = logging.getLogger("seqlab")
@@ -31,7 +32,7 @@ class Member:
     job: Job  # its own folder and result file
     tracker: Any = None  # its MLflow run (tracking.MlflowTracker)
     name: str = ""
-    tags: dict = field(default_factory=dict)
+    opening: Optional[Opening] = None  # what its run opened with: name, tags, params (tracking.lifecycle)
     datamodule: Any = None  # data.SeqDataModule, set up as its run alone sets it up
     network: Any = None  # model.CNNLSTM: built as its run alone builds it; at the end, the network it keeps
     dropout_stream: Optional[torch.Generator] = None  # the global stream its run alone would draw dropout from

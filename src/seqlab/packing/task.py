@@ -29,20 +29,19 @@ from seqlab.packing.members import Member
 from seqlab.packing.model import PackedCNNLSTM
 from seqlab.packing.module import PackModule
 from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
-from seqlab.plots import training_curves
 from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, prepare_resume
-from seqlab.resume.points import CHECKPOINT, drop_resume_point, publish_resume_point, store_checkpoint
+from seqlab.resume.points import CHECKPOINT, publish_resume_point
 from seqlab.resume.requeue import Preempted
 from seqlab.schema import validate
-from seqlab.store.ghosts import heartbeat, identity
+from seqlab.store.ghosts import heartbeat
 from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir
 from seqlab.sweeps.trial import as_current, member_link, open_trial
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.datasets import log_training_data
-from seqlab.tracking.describe import record_config, run_name, run_params, run_tags
-from seqlab.tracking.model_logging import log_networks
+from seqlab.tracking.describe import record_config
+from seqlab.tracking.lifecycle import Ending, describe_run, end_run, ending_status, finished_result, open_run, record_end
 from seqlab.training import devices
 from seqlab.training.noise import quiet_libraries
 from seqlab.training.module import LOSS_TO_MSE, final_metrics
@@ -97,7 +96,7 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
             with as_current(m.trial_link):  # a search's trial reports to its trial as a job alone
                 alone(m.cfg, m.job)
     except BaseException as error:  # noqa: BLE001 - each member's run has been ended; its result is written here
-        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        status = ending_status(error)[0]
         for m in members:
             if m.job.result is None or m.job.result.status == "RUNNING":
                 m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
@@ -179,27 +178,21 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         if m.ended_before:
             continue  # its run stays as it ended: FAILED
         m.tracker = open_tracker(m.cfg.logger, m.job, sweep)
+        m.opening = describe_run(m.cfg, m.job, m.tracker, device, sweep, pack_id=m.job.pack_id,
+                                 pack_size=str(len(members)), pack_member=str(m.k), torch_threads=str(torch.get_num_threads()),
+                                 **(m.trial_link.tags() if m.trial_link else {}))
+        m.name = m.opening.name
         if m.resume_run_id:
             # A run alone's resume, before the run reopens: the config checked against the run's, what
             # its server had not stored sent first; the pack's one checkpoint fetched once.
-            fetched = prepare_resume(m.tracker.connect(), m.resume_run_id, run_params(m.cfg), m.job.output_dir / "resume",
+            fetched = prepare_resume(m.tracker.connect(), m.resume_run_id, m.opening.params, m.job.output_dir / "resume",
                                      fetch=checkpoint is None)
             checkpoint = checkpoint or fetched
-        m.name = m.tracker.run_name or run_name(device.accelerator, m.cfg, m.job.overrides, sweep.swept_keys)
-        m.tags = {**run_tags(m.cfg, m.job, device, sweep), **identity(),
-                  "pack_id": m.job.pack_id, "pack_size": str(len(members)), "pack_member": str(m.k),
-                  "torch_threads": str(torch.get_num_threads()), **(m.trial_link.tags() if m.trial_link else {})}
-        parent = sweep.parent_run_id if sweep.tracking_uri == m.tracker.tracking_uri else None
         # The journal in the member's folder: a server's backlog that kill -9 cut off is sent by the resume.
-        m.tracker.start(m.name, m.tags, parent_run_id=parent, description=m.cfg.notes, resume_run_id=m.resume_run_id,
-                        journal_dir=m.job.output_dir)
+        open_run(m.tracker, m.cfg, m.job, sweep, m.opening, m.resume_run_id)
         stack.enter_context(heartbeat(m.tracker))
         m.trial = open_trial(m.trial_link) if m.trial_link else None
-        m.job.write(JobResult("RUNNING", job.num, m.tags.get("sweep_id"), m.job.overrides, m.tracker.run_id, m.name,
-                              accelerator=device.accelerator, batch_size=m.cfg.data.batch_size))
-        m.cfg.resume = m.resume_run_id  # record_config: a continued run keeps its params
-        record_config(m.cfg, m.job, m.tracker, run_params(m.cfg))
-        m.cfg.resume = None
+        record_config(m.cfg, m.job, m.tracker, m.opening.params, continued=m.resume_run_id is not None)
         m.datamodule.setup("fit")  # its sets, for their digests, one member at a time
         log_training_data(m.tracker, m.cfg.data, m.datamodule)
         m.datamodule.release()
@@ -329,37 +322,24 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     weights, kept = m.kept(module.model.member(m.k), trainer.global_step)
     m.network.load_state_dict(weights)
     m.network.to(device.torch_device)
-    tracker.set_tags(kept.tags())
     baseline = m.datamodule.baseline_val_rmse()
     summary = final_metrics(m.network, cfg.module.loss, cfg.module.bn_statistics, m.datamodule, device.torch_device, wall,
                             m.median, baseline)
     if m.median("it_per_s") is not None:  # the pack's networks trained per second (the comparison's model-steps/s)
         summary["pack_model_steps_per_s_median"] = len(module.members) * m.median("it_per_s")
-    tracker.log_metrics(summary, step)
-    if cfg.metrics.target_rmse is not None:
+    if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's tags, for a run alone
         tracker.set_tags({"target_rmse": cfg.metrics.target_rmse, "target_reached": str(m.reached is not None).lower()})
-    ckpt = m.job.output_dir / "checkpoints" / "last.ckpt"
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ending = Ending(m.network, m.datamodule.train.x, kept, summary, step, m.job.output_dir / "checkpoints" / "last.ckpt",
+                    baseline, best=m.best, best_weights=m.best_weights, logged=m.logged,
+                    time_to_target_s=m.reached["time_to_target_s"] if m.reached else None, pruned=m.pruned)
+    ending.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     # The member's network as a Lightning checkpoint's state_dict; its optimizer state is in the pack's.
     torch.save({"state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
-                "global_step": step, "epoch": trainer.current_epoch, "pack_id": m.job.pack_id, "pack_member": m.k}, ckpt)
-    if tracker.log_checkpoint:
-        store_checkpoint(tracker, ckpt)
-    tracker.log_artifact(training_curves(tracker.history, m.job.output_dir / "training_curves.png", title=m.name))
-    logged = log_networks(tracker, m.network, m.datamodule.train.x, kept, m.best, m.best_weights, m.logged)
-    model_uri = logged.uri if logged else None
-    drop_resume_point(tracker)
+                "global_step": step, "epoch": trainer.current_epoch, "pack_id": m.job.pack_id, "pack_member": m.k},
+               ending.checkpoint)
+    record_end(tracker, m.job, m.name, ending)
     m.status = "FINISHED"
-    result = JobResult(
-        "FINISHED", m.job.num, m.tags.get("sweep_id"), m.job.overrides, tracker.run_id, m.name,
-        accelerator=device.accelerator, batch_size=cfg.data.batch_size,
-        it_per_s=summary.get("it_per_s_median"), samples_per_s=summary.get("samples_per_s_median"),
-        val_rmse=summary.get("final_val_rmse"), val_rmse_baseline=baseline,
-        best_val_rmse=m.best["best_val_rmse"] if m.best else None, target_rmse=cfg.metrics.target_rmse,
-        time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
-        output_network=kept.name,
-        model_uri=model_uri, reason=m.pruned,
-    )
+    result = finished_result(cfg, m.job, tracker, m.opening, ending)
     _ended(m, result)
     log.info("done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)", m.name, m.k,
              m.job.pack_id, _fmt(result.val_rmse), _fmt(result.best_val_rmse), _fmt(result.it_per_s, ",.0f"))
@@ -373,18 +353,13 @@ def _fmt(value, spec: str = ".4g") -> str:
 def _ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
     """End the member's run with its status (and reason), its job's artifacts logged; its result written."""
     tracker = m.tracker
-    result = result or JobResult(m.status, m.job.num, m.tags.get("sweep_id") or m.job.sweep_info().sweep_id, m.job.overrides,
+    result = result or JobResult(m.status, m.job.num, m.job.sweep_info().sweep_id, m.job.overrides,
                                  m.run_id, m.name, batch_size=m.cfg.data.batch_size, reason=m.reason)
     if m.ended_before:  # its run ended FAILED in an earlier start of the pack: only its result is written
         m.job.write(result)
         return result
     try:
-        try:
-            tracker.log_artifact(m.job.output_dir.parent / ".hydra", "hydra")
-            for log_file in m.job.output_dir.parent.glob("*.log"):
-                tracker.log_artifact(log_file)
-        finally:
-            tracker.end(m.status, m.reason)
+        end_run(tracker, m.status, m.reason, m.job.output_dir.parent)  # the pack job's files: its members share them
     finally:
         m.job.write(result)  # whatever its run did, the sweep reads the member's result
     return result
@@ -396,9 +371,8 @@ def _close(members: list[Member], error: Optional[BaseException]) -> None:
         if m.tracker is None or m.tracker.run_id is None or (m.job.result is not None and m.job.result.status != "RUNNING"):
             continue  # never opened, or ended already
         if m.status == "RUNNING":
-            interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
-            m.status = "KILLED" if interrupted else "FAILED"
-            m.reason = m.reason or ("interrupted" if interrupted else one_line(error) if error else "the pack ended")
+            m.status, reason = ending_status(error) if error is not None else ("FAILED", "the pack ended")
+            m.reason = m.reason or reason
         try:
             _ended(m)
         except Exception as failure:  # noqa: BLE001 - every member's run gets its end

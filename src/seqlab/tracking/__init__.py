@@ -1,6 +1,7 @@
 """MLflow tracking, one job per module:
 
-- `run`:        the run's lifecycle (`MlflowTracker`: open, records, end FINISHED/FAILED/KILLED)
+- `run`:        the run's connection (`MlflowTracker`: open, records, end FINISHED/FAILED/KILLED)
+- `lifecycle`:  a run's steps from its opening to its end, a run alone's and a pack member's alike
 - `senders`:    how records travel: direct (+ the step-writer process), through the outbox to a
                 server (+ the fallback copy), or nowhere (a DDP job's other processes)
 - `step_writer`, `outbox`: the helper process that writes a local store's metrics; the queue to a server

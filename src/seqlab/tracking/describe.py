@@ -102,10 +102,10 @@ def run_params(cfg: DictConfig) -> dict[str, str]:
                       if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
 
 
-def record_config(cfg: DictConfig, job: Job, tracker, params: dict) -> None:
-    """The params (a new run's: a resumed run has them, and MLflow keeps a param's first value)
+def record_config(cfg: DictConfig, job: Job, tracker, params: dict, continued: bool) -> None:
+    """The params (a new run's: a `continued` run has them, and MLflow keeps a param's first value)
     and the resolved config as config.yaml."""
-    if not cfg.resume:  # a resumed run has them, and MLflow keeps a param's first value
+    if not continued:
         tracker.log_params(params)
     path = job.output_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,135 @@
+"""A run's lifecycle, written once for a run alone (seqlab.train) and for each member of a pack
+(seqlab.packing.task): what it opens with, its opening, its end's records and its result, and
+its end with a status. Each job is a pack of K >= 1 runs; these are the steps every one of them
+takes, in this order:
+
+    describe_run -> open_run -> (record_config, datasets, training) -> record_end -> end_run
+
+A failure on the way ends the run with `ending_status(error)`: KILLED for an interruption, FAILED
+with the reason otherwise; never RUNNING."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from seqlab import one_line
+from seqlab.plots import training_curves
+from seqlab.resume.points import drop_resume_point, store_checkpoint
+from seqlab.store.ghosts import identity
+from seqlab.sweeps.job import Job, JobResult, SweepInfo
+from seqlab.tracking.describe import run_name, run_params, run_tags
+from seqlab.tracking.model_logging import Kept, log_networks
+
+
+@dataclass
+class Opening:
+    """What a run opens with (seqlab.tracking.describe): its name, tags and params."""
+
+    name: str
+    tags: dict[str, str]
+    params: dict[str, str]
+
+
+def describe_run(cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: SweepInfo, **more_tags: str) -> Opening:
+    """The run's name (the logger's, else made from what the job sets), its tags (with the
+    process that owns it: a run it leaves RUNNING is found and ended) and its params."""
+    accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
+    name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
+    return Opening(name, {**run_tags(cfg, job, device, sweep), **identity(), **more_tags}, run_params(cfg))
+
+
+def open_run(tracker: Any, cfg: DictConfig, job: Job, sweep: SweepInfo, opening: Opening,
+             resume_run_id: Optional[str]) -> None:
+    """The run started (continued: `resume_run_id`), a child of its sweep's run where both are in one
+    store, its journal in the job's folder; then the job's result says RUNNING with the run's id,
+    so that a sweep (and an error's path) knows its run."""
+    parent = sweep.parent_run_id if sweep.tracking_uri == tracker.tracking_uri else None
+    tracker.start(opening.name, opening.tags, parent_run_id=parent, description=cfg.notes, resume_run_id=resume_run_id,
+                  journal_dir=job.output_dir)
+    try:
+        job.write(JobResult("RUNNING", job.num, opening.tags.get("sweep_id"), job.overrides, tracker.run_id, opening.name,
+                            accelerator=opening.tags.get("accelerator"), batch_size=cfg.data.batch_size))
+    except BaseException as error:  # a full disk: the run is not left RUNNING
+        tracker.end(*ending_status(error))
+        raise
+
+
+@dataclass
+class Ending:
+    """What a run that trained to its end leaves: the network it keeps and which one that is, its
+    final metrics, its checkpoint, and what its callbacks found (best validation, time to target,
+    a search's pruning)."""
+
+    network: Any  # the network kept, with its weights loaded
+    example_x: Any  # the training inputs: the logged model's signature and example
+    kept: Kept
+    summary: dict[str, float]  # training.module.final_metrics, and the job's own
+    step: int  # where the run's training ended: its final metrics' step
+    checkpoint: Path  # last.ckpt in the job's folder, written
+    baseline: Optional[float] = None  # val_rmse of predicting the training mean
+    best: Optional[dict[str, float]] = None  # best_val_rmse and its step and epoch
+    best_weights: Optional[dict[str, Any]] = None
+    logged: list[tuple[str, int]] = field(default_factory=list)  # logger.log_checkpoints=all: (model id, step)
+    time_to_target_s: Optional[float] = None
+    pruned: Optional[str] = None  # why a search's pruner stopped it
+    model_uri: Optional[str] = None  # where record_end logged the network kept
+
+
+def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
+    """The end's records, in the run: which network it keeps, the final metrics, the checkpoint as
+    an artifact (logger.log_checkpoint), the training curves, the networks as MLflow models; and no
+    resume point any more (training went to its end: nothing is left to continue)."""
+    tracker.set_tags(ending.kept.tags())
+    tracker.log_metrics(ending.summary, ending.step)
+    if tracker.log_checkpoint:
+        store_checkpoint(tracker, ending.checkpoint)
+    tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=title))
+    logged = log_networks(tracker, ending.network, ending.example_x, ending.kept, ending.best, ending.best_weights,
+                          ending.logged)
+    ending.model_uri = logged.uri if logged else None
+    drop_resume_point(tracker)
+
+
+def finished_result(cfg: DictConfig, job: Job, tracker: Any, opening: Opening, ending: Ending) -> JobResult:
+    """The job's result of a run that trained to its end: what the sweep summary, a search and the
+    report read."""
+    summary = ending.summary
+    return JobResult(
+        "FINISHED", job.num, opening.tags.get("sweep_id"), job.overrides, tracker.run_id, opening.name,
+        accelerator=opening.tags.get("accelerator"),
+        batch_size=cfg.data.batch_size,
+        it_per_s=summary.get("it_per_s_median"),
+        samples_per_s=summary.get("samples_per_s_median"),
+        val_rmse=summary.get("final_val_rmse", tracker.last("val_rmse")),
+        val_rmse_baseline=ending.baseline,
+        best_val_rmse=ending.best["best_val_rmse"] if ending.best else None,
+        target_rmse=cfg.metrics.target_rmse,
+        time_to_target_s=ending.time_to_target_s,
+        reason=ending.pruned,
+        output_network=ending.kept.name,
+        model_uri=ending.model_uri,
+    )
+
+
+def ending_status(error: Optional[BaseException]) -> tuple[str, Optional[str]]:
+    """The status and reason a run ends with when `error` stopped it (None: nothing did)."""
+    if error is None:
+        return "FINISHED", None
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return "KILLED", "interrupted"
+    return "FAILED", one_line(error)
+
+
+def end_run(tracker: Any, status: str, reason: Optional[str], job_dir: Path) -> None:
+    """The job's own files (Hydra's composed config and overrides, its log) into the run, whatever
+    became of it; then the run ended with its status (and the reason, as failure_reason)."""
+    try:
+        tracker.log_artifact(job_dir / ".hydra", "hydra")
+        for log_file in job_dir.glob("*.log"):
+            tracker.log_artifact(log_file)
+    finally:
+        tracker.end(status, reason)
