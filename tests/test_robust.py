@@ -606,3 +606,89 @@ def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, stor
     assert ended[0] == run_id and store.get_run(run_id).info.status == "KILLED"
     assert [m.step for m in store.get_metric_history(run_id, "train_loss")] == list(range(5, 11))
     assert not any(p.exists() for p in journal_paths(folder, run_id))
+
+
+class _Planted:
+    """What a planted pickle would run when loaded: it leaves a file (issue 33's reproduction ran os.system)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_record(tmp_path, store):
+    """Issue 33: the reaper and resume= read a run's journal from the folder its params name, which
+    anyone who can write to the store can set. A pickle planted there is not loaded (before: its
+    code ran), nor a journal reached through a link or owned by another user; a journal cut off
+    mid-record delivers the rows before the cut."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from mlflow.entities import Metric
+
+    from seqlab.resume.journal import MetricJournal, deliver_journal, journal_paths
+    from seqlab.store.ghosts import end_dead_runs, identity
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    experiment = store.get_experiment_by_name("Default").experiment_id
+
+    def dead_run(folder):
+        run_id = store.create_run(experiment, tags={**identity(), "process_pid": str(gone.pid),
+                                                     "process_start_ticks": "1"}).info.run_id
+        store.log_param(run_id, "paths.output_dir", str(folder))
+        return run_id
+
+    # A planted pickle, named as the dead run's journal: the reaper ends the run, runs nothing.
+    marker = tmp_path / "planted-code-ran"
+    planted = dead_run(tmp_path / "planted")
+    journal, sent = journal_paths(tmp_path / "planted", planted)
+    journal.parent.mkdir()
+    journal.write_bytes(pickle.dumps([_Planted(marker)]))
+    (ended,) = end_dead_runs(store)
+    assert ended[0] == planted and store.get_run(planted).info.status == "KILLED"
+    assert not marker.exists(), "the planted journal's code ran"
+    assert store.get_metric_history(planted, "train_loss") == []
+
+    # A whole journal, its last record torn by a kill mid-write: the records before it are delivered.
+    torn = dead_run(tmp_path / "torn")
+    rows = MetricJournal(tmp_path / "torn", torn)
+    rows.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(1, 6)])
+    rows.extend([Metric("train_loss", float("nan"), 1_700_000_000_006, 6)])  # a diverged step's value, as it is
+    rows.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(7, 10)])
+    rows.file.close()
+    path = journal_paths(tmp_path / "torn", torn)[0]
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    path.write_bytes(path.read_bytes()[:-7])  # the last record cut off
+    (ended,) = end_dead_runs(store)
+    history = store.get_metric_history(torn, "train_loss")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6] and history[-1].value != history[-1].value  # NaN kept
+
+    # A record whose checksum fails ends the reading there, as a torn one does.
+    bad = tmp_path / "bad"
+    bad_run = store.create_run(experiment).info.run_id
+    rows = MetricJournal(bad, bad_run)
+    rows.extend([Metric("train_loss", 1.0, 1_700_000_000_001, 1)])
+    rows.extend([Metric("train_loss", 2.0, 1_700_000_000_002, 2)])
+    rows.file.close()
+    path = journal_paths(bad, bad_run)[0]
+    path.write_bytes(path.read_bytes().replace(b"2.0", b"9.0"))
+    assert deliver_journal(store, bad_run, bad) == 1
+
+    # A journal reached through a link, and one another user owns: not opened.
+    linked_run = store.create_run(experiment).info.run_id
+    elsewhere = tmp_path / "elsewhere"
+    rows = MetricJournal(elsewhere, linked_run)
+    rows.extend([Metric("train_loss", 1.0, 1_700_000_000_001, 1)])
+    rows.file.close()
+    (tmp_path / "linked").mkdir()
+    journal_paths(tmp_path / "linked", linked_run)[0].symlink_to(journal_paths(elsewhere, linked_run)[0])
+    assert deliver_journal(store, linked_run, tmp_path / "linked") == 0
+    if os.getuid() == 0:  # only root can give a file to another user here
+        os.chown(journal_paths(elsewhere, linked_run)[0], 65534, 65534)
+        assert deliver_journal(store, linked_run, elsewhere) == 0
+    assert store.get_metric_history(linked_run, "train_loss") == []

@@ -6,15 +6,28 @@ folder (`journal_paths`, with a count of the rows the server has confirmed, in o
 they survive the process: a job killed outright while the server was away or behind (SIGKILL
 after SIGTERM within SLURM's KillWait, `docker stop`, the OOM killer) leaves the rows the server
 never got there, and `resume=` (or the requeued job) sends them first (`deliver_journal`). Light
-imports only: MLflow loads where rows are made."""
+imports only: MLflow loads where rows are made.
+
+The journal is data, never code: one line per batch, `CRC32 JSON\n`, the JSON a list of
+[key, value, timestamp, step] rows (issue 33). Its folder may be named by a run anyone who can
+write to the store created (the reaper and `resume=` read the run's `paths.output_dir`), so a
+journal is read only where it is a plain file this user owns, never through a link; and a torn
+last line (a kill mid-write, a full disk) or a line whose checksum fails ends the reading: the
+rows before it count."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-import pickle
+import stat
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional
+
+log = logging.getLogger("seqlab")
+
 
 def journal_paths(folder: Path, run_id: str) -> tuple[Path, Path]:
     """The journal of run `run_id` in `folder`, and its count of confirmed rows."""
@@ -29,8 +42,9 @@ class MetricJournal:
         self.paths = journal_paths(folder, run_id) if folder is not None else None
         if folder is not None:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # a job's folder: this user's only (secrets.private)
-        self.file = open(self.paths[0], "w+b") if self.paths else tempfile.TemporaryFile(prefix="seqlab-metrics-")
-        self.sent_fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) if self.paths else None
+        self.file = (os.fdopen(os.open(self.paths[0], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w+b")
+                     if self.paths else tempfile.TemporaryFile(prefix="seqlab-metrics-"))
+        self.sent_fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600) if self.paths else None
         self.count = 0
         self.sent = 0
 
@@ -38,7 +52,7 @@ class MetricJournal:
         return self.count
 
     def extend(self, metrics: list[Any]) -> None:
-        pickle.dump([(m.key, m.value, m.timestamp, m.step) for m in metrics], self.file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.file.write(_record([[m.key, m.value, m.timestamp, m.step] for m in metrics]))
         self.file.flush()  # into the kernel: a kill of this process loses none of it
         self.count += len(metrics)
 
@@ -63,21 +77,52 @@ class MetricJournal:
             path.unlink(missing_ok=True)
 
 
-def _read(file: Any, skip: int) -> Iterator[list[Any]]:
+def _record(rows: list[list[Any]]) -> bytes:
+    """One batch as one line: its checksum, then its rows as JSON (NaN and Infinity as JSON's extension writes them)."""
+    body = json.dumps(rows, separators=(",", ":")).encode()
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _rows(file: BinaryIO) -> Iterator[list[Any]]:
+    """Each whole batch, in order, up to the first line that is torn or fails its checksum."""
+    for line in file:
+        if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+            return  # cut off by a kill or a full disk: the rows before it count
+        body = line[9:-1]
+        try:
+            if int(line[:8], 16) != zlib.crc32(body):
+                return
+            rows = json.loads(body)
+        except ValueError:
+            return
+        yield rows
+
+
+def _read(file: BinaryIO, skip: int) -> Iterator[list[Any]]:
     from mlflow.entities import Metric
 
     file.flush()
     file.seek(0)
-    while True:
-        try:
-            rows = pickle.load(file)
-        except (EOFError, pickle.UnpicklingError):  # the end, or a batch cut off by the kill
-            return
+    for rows in _rows(file):
         if skip >= len(rows):
             skip -= len(rows)
             continue
-        yield [Metric(k, v, ts, step) for k, v, ts, step in rows[skip:]]
+        yield [Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in rows[skip:]]
         skip = 0
+
+
+def _open_own(path: Path) -> Optional[BinaryIO]:
+    """`path` opened for reading where it is a plain file this user owns (not a link); else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        log.warning("journal   %s is not a file of this user's: not read", path)
+        return None
+    return os.fdopen(fd, "rb")
 
 
 def send_metrics(client: Any, run_id: str, metrics: list[Any]) -> None:
@@ -90,15 +135,20 @@ def deliver_journal(client: Any, run_id: str, folder: Path) -> int:
     """Send what a killed process journaled for `run_id` and its server never confirmed (the
     store keeps a row it already has once); how many rows. The journal is removed once sent."""
     path, sent_path = journal_paths(folder, run_id)
-    if not path.is_file():
+    journal = _open_own(path)
+    if journal is None:
         return 0
-    try:
-        sent = int(sent_path.read_text().strip() or 0)
-    except (OSError, ValueError):
-        sent = 0
+    sent = 0
+    counted = _open_own(sent_path)
+    if counted is not None:
+        with counted:
+            try:
+                sent = int(counted.read(64).strip() or 0)
+            except ValueError:
+                pass
     n = 0
-    with open(path, "rb") as file:
-        for batch in _read(file, sent):
+    with journal:
+        for batch in _read(journal, sent):
             send_metrics(client, run_id, batch)
             n += len(batch)
     for leftover in (path, sent_path):
