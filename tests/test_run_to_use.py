@@ -390,3 +390,23 @@ def test_two_jobs_logging_the_same_dataset_at_once_both_record_it():
 
     with pytest.raises(MlflowException, match="something else"):
         log_inputs(BrokenClient(), "run1", [(ds, "training")])
+
+
+def test_predict_finds_a_runs_model_among_more_than_a_page_of_models(trained, tmp_path):
+    """Issue 34, point 4: MLflow answers a search of logged models a page (100) at a time, and one
+    sweep=device_batch logs 630 in its experiment; predict.py run= said "has no model" for a run
+    whose model was not on the first page."""
+    root, result, _ = trained
+    (tmp_path / "mlruns").mkdir(exist_ok=True)
+    shutil.copy(root / "mlruns" / "mlflow.db", tmp_path / "mlruns" / "mlflow.db")  # the artifacts stay where they are
+    store = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    experiment = store.get_run(result.run_id).info.experiment_id
+    for _ in range(100):  # newer models of other runs: the first page
+        store.create_logged_model(experiment, name="model", source_run_id=store.create_run(experiment).info.run_id)
+    x, _ = _new_data(8)
+    path = tmp_path / "new.npz"
+    np.savez(path, X=x)
+    done = _cli(tmp_path, f"run={result.run_id}", "data=npz", f"data.path={path}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("outputs"))
+    assert len(np.loadtxt(f"{out}/predictions.csv", delimiter=",", skiprows=1, ndmin=1)) == 8

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import validate_predict
+from seqlab.tracking.model_logging import ARTIFACT_PATH, run_models, run_scope
 
 log = logging.getLogger("seqlab")
 
@@ -56,8 +57,7 @@ def _model_uri(cfg: DictConfig, client: Any) -> str:
             f"run={run_id}: no such run in the store {_redacted(cfg.tracking_uri)}; "
             "train.py prints a run's id (mlflow run ...), and the MLflow UI shows it"
         ) from None
-    models = client.search_logged_models([run.info.experiment_id], filter_string="name = 'model'")
-    if not any(m.source_run_id == run_id for m in models):
+    if next(run_models(client, run, ARTIFACT_PATH), None) is None:
         raise SeqlabError(
             f"run={run_id} ({run.info.status}) has no model: a run logs its network when it finishes; "
             "train again, or give another run"
@@ -168,7 +168,6 @@ def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per download: noise here
 
-    from seqlab.tracking.model_logging import run_scope
 
     from seqlab.store.ghosts import end_dead_runs
     from seqlab.store.server_auth import client_credentials

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from seqlab.tracking.model_logging import run_models
+
 log = logging.getLogger("seqlab")
 
 SYNCED_FROM = "seqlab_synced_from"  # on a copy, written last: the source run's id
@@ -125,8 +127,7 @@ def _copy_models(src: Any, dst: Any, run: Any, experiment_id: str, copy: str) ->
     """The run's logged models (MLflow 3), each as a model of the copy with the same files."""
     import mlflow
 
-    models = src.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
-    for model in models:
+    for model in run_models(src, run):
         made = dst.create_logged_model(experiment_id, name=model.name, source_run_id=copy, tags=dict(model.tags or {}),
                                        params=dict(model.params or {}), model_type=model.model_type)
         with tempfile.TemporaryDirectory(prefix="seqlab-sync-model-") as tmp:
