@@ -692,3 +692,52 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
         os.chown(journal_paths(elsewhere, linked_run)[0], 65534, 65534)
         assert deliver_journal(store, linked_run, elsewhere) == 0
     assert store.get_metric_history(linked_run, "train_loss") == []
+
+
+def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_changed(compose_cfg, store, tmp_path,
+                                                                                    monkeypatch):
+    """Issue 34, point 3: a data file that grew between the stop and the resume moves validation
+    samples into training; the resume compares the sets' digests with the run's and refuses, naming
+    the file, unless resume_data=changed (then it goes on, tagged)."""
+    import os
+    import signal
+
+    import numpy as np
+
+    from seqlab.tracking import StepLog
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "load.npz"
+    x, y = rng.normal(size=(300, 1, 1440)).astype(np.float32), rng.normal(size=(300, 1)).astype(np.float32)
+    np.savez(path, X=x, y=y)
+    args = ["data=npz", f"data.path={path}", "trainer.max_epochs=2", "logger.system_metrics=false"]
+    add = StepLog.add
+
+    def add_then_signal(self, loss, step, lr):
+        add(self, loss, step, lr)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(StepLog, "add", add_then_signal)
+    with pytest.raises(SystemExit):
+        train(compose_cfg(*args))
+    monkeypatch.setattr(StepLog, "add", add)
+    (run,) = runs_of(store, "seqlab")
+    run_id = run.info.run_id
+    assert run.info.status == "KILLED"
+
+    grown = rng.normal(size=(40, 1, 1440)).astype(np.float32)
+    np.savez(path, X=np.concatenate([x, grown]), y=np.concatenate([y, rng.normal(size=(40, 1)).astype(np.float32)]))
+    with pytest.raises(SeqlabError) as refused:
+        train(compose_cfg(*args, f"resume={run_id}"))
+    line = str(refused.value)
+    assert line.startswith(f"resume={run_id}: the data differ from the run's: the training set (load-train) had digest ")
+    assert f"{path} now gives " in line and "(240 samples)" in line and "(272 samples)" in line, line
+    assert line.endswith("or go on with these with resume_data=changed") and "\n" not in line
+    assert "resume_data" not in store.get_run(run_id).data.tags
+
+    train(compose_cfg(*args, f"resume={run_id}", "resume_data=changed"))
+    after = store.get_run(run_id)
+    assert after.info.status == "FINISHED" and after.data.tags["resume_data"] == "changed"
+    contexts = sorted(next(t.value for t in d.tags if t.key == "mlflow.data.context") for d in after.inputs.dataset_inputs)
+    assert contexts == ["training", "training", "validation", "validation"]  # what it trained on before, and after

@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 
 from seqlab import SeqlabError, one_line
 from seqlab.schema import validate_predict
-from seqlab.tracking.model_logging import ARTIFACT_PATH, run_models, run_scope
+from seqlab.store.models import run_models
+from seqlab.tracking.model_logging import ARTIFACT_PATH, run_scope
 
 log = logging.getLogger("seqlab")
 

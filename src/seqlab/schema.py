@@ -35,6 +35,7 @@ StepWriterKind = _choices("StepWriterKind", "process", "inline")
 # devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported: the
 # MLflow run is owned by the process that started the job.
 Strategy = _choices("Strategy", "auto", "ddp")
+ResumeData = _choices("ResumeData", "same", "changed")
 # Not Enums: YAML reads a bare 32 as a number and a bare off/on as a bool, which an Enum field refuses.
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
 CUDA_GRAPH = ("auto", "on", "off")
@@ -198,6 +199,7 @@ class TrainConfig:
     notes: str = ""
     # An MLflow run id: continue that interrupted run; in a multirun, `latest` or a sweep id (seqlab.sweeps.job).
     resume: Optional[str] = None
+    resume_data: ResumeData = ResumeData.same  # a resumed run's data changed since its stop: refused unless `changed`
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
     pack: Any = "off"  # a multirun's jobs as packs of at most N members (seqlab.packing); pack_job: set by its sweeper
     pack_job: Optional[int] = None

@@ -126,7 +126,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     if job.rank == 0:  # the training and validation sets as the run's dataset inputs (the UI's Dataset column)
         from seqlab.tracking.datasets import log_training_data
 
-        log_training_data(tracker, cfg.data, parts.datamodule)
+        log_training_data(tracker, cfg.data, parts.datamodule, resumed=bool(cfg.resume),
+                          data_changed=cfg.resume_data == "changed")
     log.info("model     %s, %s parameters, init=%s", type(model).__name__,
              f"{sum(p.numel() for p in model.parameters()):,}", cfg.model.init)
     log.info("device    %s (%s); perf=%s, %d step(s) per call", device.accelerator, device.name,

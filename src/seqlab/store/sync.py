@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from seqlab.tracking.model_logging import run_models
+from seqlab.store.models import run_models
 
 log = logging.getLogger("seqlab")
 

@@ -224,19 +224,6 @@ def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: O
         log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", value, step, done.model_id)
 
 
-def run_models(client: Any, run: Any, name: Optional[str] = None) -> Iterator[Any]:
-    """The run's logged models (named `name`, if given), every page of them: MLflow answers a search
-    a page (100) at a time, and one sweep=device_batch logs 630 models in its experiment."""
-    where = f"source_run_id = '{run.info.run_id}'" + (f" AND name = '{name}'" if name else "")
-    token = None
-    while True:
-        page = client.search_logged_models([run.info.experiment_id], filter_string=where, page_token=token)
-        yield from page
-        token = page.token
-        if not token:
-            return
-
-
 def log_new_best(tracker: Any, network: Any, example_x: np.ndarray, step: int) -> Optional[tuple[str, int]]:
     """logger.log_checkpoints=all: the network of a new best val_rmse as a logged model now, once per
     checkpoint, not per step; (its model id, step) for log_networks to link its metrics at the end,
