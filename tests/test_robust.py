@@ -273,7 +273,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     model = torch.nn.Linear(2, 1)
     not_a_checkpoint = tmp_path / "notes.ckpt"
     not_a_checkpoint.write_text("hello")
-    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: not a PyTorch Lightning checkpoint \(UnpicklingError\)$"):
+    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: not a PyTorch Lightning checkpoint \(\w+\)$"):
         check_checkpoint(not_a_checkpoint, model, "ckpt_path=x")
     torch.save({"weights": 1}, tmp_path / "other.ckpt")
     with pytest.raises(SeqlabError, match=r"no state_dict"):
@@ -283,6 +283,12 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
         check_checkpoint(tmp_path / "part.ckpt", model, "ckpt_path=x")
     torch.save({"state_dict": model.state_dict()}, tmp_path / "good.ckpt")
     check_checkpoint(tmp_path / "good.ckpt", model, "ckpt_path=x")
+    # Issue 34, point 2: a checkpoint someone else wrote runs no code (before: it ran at this check).
+    marker = tmp_path / "planted-code-ran"
+    torch.save({"state_dict": model.state_dict(), "planted": _Planted(marker)}, tmp_path / "planted.ckpt")
+    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: the checkpoint holds more than tensors and plain values"):
+        check_checkpoint(tmp_path / "planted.ckpt", model, "ckpt_path=x")
+    assert not marker.exists(), "the checkpoint's planted code ran"
 
 
 def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_path):

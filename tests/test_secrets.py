@@ -175,7 +175,10 @@ def test_folders_holding_a_resolved_config_are_this_users_only(compose_cfg, run_
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     (sweep,) = (tmp_path / "logs" / "multiruns").iterdir()
     assert stat.S_IMODE(sweep.stat().st_mode) == 0o700
-    single = run_cli(*TINY)
-    assert single.returncode == 0
+    # Issue 34, point 2: a store this run creates is this user's only, its database and artifacts inside.
+    single = run_cli(*TINY, f"logger.tracking_uri=sqlite:///{tmp_path}/fresh/mlflow.db")
+    assert single.returncode == 0, (single.stdout + single.stderr)[-2000:]
     (run,) = (tmp_path / "logs" / "runs").iterdir()
     assert stat.S_IMODE(run.stat().st_mode) == 0o700 and (run / "config.yaml").is_file()
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700 and (tmp_path / "fresh" / "mlflow.db").is_file()
+    assert stat.S_IMODE((tmp_path / "fresh" / "mlflow.db.lock").stat().st_mode) == 0o600

@@ -112,10 +112,15 @@ class GracefulStop(pl.Callback):
 
 
 def check_checkpoint(path: Path, module: torch.nn.Module, what: str) -> None:
-    """One line, before training, for a file that is not a checkpoint of this model."""
+    """One line, before training, for a file that is not a checkpoint of this model. Loaded as
+    tensors and plain types only (weights_only, as Lightning then loads it): a checkpoint someone
+    else could write (a shared folder, a store's artifacts) runs no code here (issue 34)."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # pickle, zip and torch errors alike
+        if "Weights only load failed" in str(error):
+            raise SeqlabError(f"{what}: the checkpoint holds more than tensors and plain values (loading it could run "
+                              "code): not loaded; use a checkpoint this project wrote") from None
         raise SeqlabError(f"{what}: not a PyTorch Lightning checkpoint ({type(error).__name__})") from None
     state = checkpoint.get("state_dict") if isinstance(checkpoint, Mapping) else None
     if not isinstance(state, Mapping):

@@ -34,6 +34,14 @@ def sqlite_path(tracking_uri: str) -> Optional[Path]:
     return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
 
 
+def store_folder(db: Path) -> None:
+    """The folder of a SQLite store: a new one is this user's only (0700), since its database and
+    artifacts hold every run's params and metrics; an existing one keeps its mode (a store a team
+    shares on purpose)."""
+    if not db.parent.is_dir():
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def lock_path(db: Path) -> Path:
     return db.with_name(db.name + ".lock")
 
@@ -43,8 +51,8 @@ def store_lock(db: Path, timeout_s: float = LOCK_TIMEOUT_S, clock: Callable[[], 
                sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
     """Hold the store's lock. flock is released by the kernel when its holder dies, so a killed
     process never leaves the store locked."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(db), os.O_RDWR | os.O_CREAT, 0o666)
+    store_folder(db)
+    fd = os.open(lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = clock() + timeout_s
         while True:

@@ -35,9 +35,10 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # While a server is away, the outbox says so once; urllib3 would warn per retry.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    from seqlab.store.local import open_client, store_folder
+
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    from seqlab.store.local import open_client
+        store_folder(Path(uri[len("sqlite:///") :]))
 
     return open_client(uri)
 
