@@ -301,3 +301,20 @@ def test_a_finished_run_reopened_by_a_plain_mlflow_client_is_left_running(tmp_pa
     store.update_run(run_id, status="RUNNING")  # what mlflow.start_run(run_id=...) does
     assert ghosts.end_dead_runs(store, now=lambda: NOW) == []
     assert store.get_run(run_id).info.status == "RUNNING"
+
+
+def test_a_cloned_machine_with_this_hosts_name_and_pid_namespace_id_is_judged_by_its_heartbeat():
+    # Issue 34, point 5: cloned VMs (or containers with a fixed host name) share the host name, and
+    # every host's initial pid namespace has the same id; their boot ids differ. Before, a live run of
+    # the clone looked like this machine's from before a restart, and was ended.
+    tags = {**_tags(pid=os.getppid(), started=1.0, beat=NOW), ghosts.BOOT: "the-clones-boot",
+            ghosts.PIDNS: ghosts.pid_namespace(), ghosts.MACHINE: "the-clones-machine-id"}
+    assert ghosts.machine_id() and ghosts.machine_id() != "the-clones-machine-id"
+    assert ghosts.why_dead(tags, NOW) is None
+    assert ghosts.why_dead(tags, NOW, beat_seen=NOW - 5 * 60) is None
+    assert ghosts.why_dead(tags, NOW, beat_seen=NOW - 20 * 60) == (
+        f"process ended without closing the run (its heartbeat from {HERE} (another machine) has not changed for 20 min)")
+    # This machine's own run, from before it restarted, is still told by its boot.
+    tags[ghosts.MACHINE] = ghosts.machine_id()
+    assert ghosts.why_dead(tags, NOW) == f"process ended without closing the run (the machine {HERE} has restarted since)"
+    assert ghosts.identity()[ghosts.MACHINE] == ghosts.machine_id()

@@ -1,6 +1,6 @@
 """Runs left RUNNING by a process that died without closing them (kill -9, the OOM killer, a
 closed laptop, a preempted node). Each run records which process owns it (host, boot, pid
-namespace, pid and the process's start time since boot, so that a reused pid is not taken for
+namespace, machine id, pid and the process's start time since boot, so that a reused pid is not taken for
 the owner) and a heartbeat it renews about every minute; a run that ends gives up its process
 tag, so a run reopened later by another client has no owner to judge. Whenever a seqlab command
 opens a store, it ends KILLED, with a `failure_reason`, the runs whose owner is gone: on this
@@ -34,6 +34,9 @@ HOST, PID, STARTED, HEARTBEAT = "process_host", "process_pid", "process_started"
 # the start time in clock ticks since boot, which a step of the wall clock (NTP, a VM resumed)
 # does not move, as it moves psutil's create_time (computed from the boot time).
 BOOT, PIDNS, START_TICKS = "process_boot", "process_pidns", "process_start_ticks"
+# Which machine: its /etc/machine-id. A host name is not one (cloned VMs and containers with a
+# fixed host name share it), nor is the initial pid namespace's id (the same on every Linux host).
+MACHINE = "process_machine"
 HEARTBEAT_EVERY_S = 60.0
 # Another host's run is ended after this long without a heartbeat: many missed beats, so that a
 # loaded machine or a server away for a while does not end a live run.
@@ -62,6 +65,19 @@ def boot_id() -> str:
         return ""
 
 
+def machine_id() -> str:
+    """This machine's id: systemd's /etc/machine-id (D-Bus's copy where it is missing), else its
+    boot id and host name (then a restart makes it another machine, judged by its heartbeat)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            found = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if found:
+            return found
+    return f"{boot_id()}@{socket.gethostname()}"
+
+
 def pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -85,7 +101,7 @@ def identity(now: Callable[[], float] = time.time) -> dict[str, str]:
     pid = os.getpid()
     stat = proc_stat(pid)
     return {HOST: socket.gethostname(), PID: str(pid), STARTED: str(process_started(pid) or ""),
-            BOOT: boot_id(), PIDNS: pid_namespace(), START_TICKS: stat[1] if stat else "",
+            MACHINE: machine_id(), BOOT: boot_id(), PIDNS: pid_namespace(), START_TICKS: stat[1] if stat else "",
             HEARTBEAT: str(int(now()))}
 
 
@@ -133,13 +149,15 @@ def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
     run_host, pid = tags.get(HOST) or tags.get(_SWEEP_HOST), tags.get(PID) or tags.get(_SWEEP_PID)
     if not run_host or not pid or not pid.isdigit():
         return None  # not a seqlab run, one from before these tags, or one that ended (reopened by another client)
-    same_pids = run_host == here and tags.get(PIDNS, pid_namespace()) == pid_namespace()
+    # This machine's pids: the same machine (a run from before MACHINE: the same host name) and pid namespace.
+    same_machine = tags[MACHINE] == machine_id() if tags.get(MACHINE) else run_host == here
+    same_pids = same_machine and tags.get(PIDNS, pid_namespace()) == pid_namespace()
     if same_pids:
         if tags.get(BOOT) and boot_id() and tags[BOOT] != boot_id():
             return f"{REASON} (the machine {here} has restarted since)"
         gone = _pid_gone(int(pid), tags if tags.get(PID) else {})
         return f"{REASON} ({gone} on {here})" if gone else None
-    where = run_host if run_host != here else f"{run_host} (another pid namespace)"
+    where = run_host if run_host != here else f"{run_host} (another {'pid namespace' if same_machine else 'machine'})"
     if not tags.get(HEARTBEAT) or beat_seen is None:
         return None  # nothing tells whether it lives, or not yet seen for long enough
     if now - beat_seen > timeout_s:
