@@ -318,3 +318,38 @@ def test_a_cloned_machine_with_this_hosts_name_and_pid_namespace_id_is_judged_by
     tags[ghosts.MACHINE] = ghosts.machine_id()
     assert ghosts.why_dead(tags, NOW) == f"process ended without closing the run (the machine {HERE} has restarted since)"
     assert ghosts.identity()[ghosts.MACHINE] == ghosts.machine_id()
+
+
+def test_a_process_whose_run_was_ended_elsewhere_stops_at_its_next_heartbeat_and_can_be_resumed(
+        compose_cfg, store, monkeypatch, caplog):
+    # Issue 34, point 5: a run whose heartbeat went unseen for 15 minutes (a laptop asleep, Ctrl-Z) is
+    # ended by a reaper elsewhere while its process lives; when it wakes, it stopped writing into an
+    # ended run only when its run finished. Now its next heartbeat finds the run ended and stops it
+    # as SIGTERM does: a checkpoint, the run resumable, every step once.
+    from seqlab.tracking import StepLog
+    from seqlab.train import train
+
+    from conftest import runs_of
+
+    monkeypatch.setattr(ghosts, "HEARTBEAT_EVERY_S", 0.2)
+    args = ["data.n_samples=512", "trainer.max_epochs=6", "logger.system_metrics=false"]
+    add = StepLog.add
+
+    def ended_by_a_reaper_elsewhere(self, loss, step, lr):
+        add(self, loss, step, lr)
+        if step == 5:
+            (run,) = runs_of(store, "seqlab")
+            store.set_terminated(run.info.run_id, "KILLED")  # what the reaper on another machine does
+            time.sleep(1.5)  # this process goes on training meanwhile: a few beats
+
+    monkeypatch.setattr(StepLog, "add", ended_by_a_reaper_elsewhere)
+    with pytest.raises(SystemExit):
+        train(compose_cfg(*args))
+    monkeypatch.setattr(StepLog, "add", add)
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "KILLED" and "interrupted_at_step" in run.data.tags
+    assert f"run {run.info.run_id} was ended KILLED by another process while this one trained" in caplog.text
+    result = train(compose_cfg(*args, f"resume={run.info.run_id}"))
+    assert result.status == "FINISHED" and store.get_run(run.info.run_id).info.status == "FINISHED"
+    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] == 6 * 7

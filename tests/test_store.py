@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,25 @@ def test_a_process_opens_a_local_store_once(tmp_path, monkeypatch):
     (tmp_path / "other").mkdir()
     with pytest.raises(AssertionError, match="opened again"):
         local.open_client(other)  # another store is opened as before
+
+
+def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(tmp_path, compose_cfg, monkeypatch):
+    # Issue 34, point 7: SQLite's locking over NFS (and CIFS, Lustre, GPFS) is unreliable; compute nodes
+    # sharing a store there corrupt it. The mount table says which filesystem the store is on (here a
+    # mount table of the test's, since no NFS server can be started here).
+    import seqlab.store.local as local
+    from seqlab import SeqlabError
+    from seqlab.train import train
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nfileserver:/export/home {tmp_path} nfs4 rw,relatime 0 0\n")
+    monkeypatch.setattr(local, "MOUNTS", mounts)
+    assert local.filesystem_of(tmp_path / "mlruns" / "mlflow.db") == "nfs4"
+    assert local.filesystem_of(Path("/")) not in local.NETWORK_FILESYSTEMS
+    with pytest.raises(SeqlabError) as refused:
+        train(compose_cfg(*TINY))
+    line = str(refused.value)
+    assert line.startswith(f"the MLflow store {tmp_path}/mlruns/mlflow.db is on a nfs4 filesystem, where SQLite's file "
+                           "locking is unreliable") and "make server" in line and "postgresql://" in line and "\n" not in line
+    monkeypatch.setattr(local, "MOUNTS", tmp_path / "no-mount-table")  # none to read: not judged
+    open_client(f"sqlite:///{tmp_path}/elsewhere/mlflow.db").search_experiments()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -149,8 +150,9 @@ def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
     run_host, pid = tags.get(HOST) or tags.get(_SWEEP_HOST), tags.get(PID) or tags.get(_SWEEP_PID)
     if not run_host or not pid or not pid.isdigit():
         return None  # not a seqlab run, one from before these tags, or one that ended (reopened by another client)
-    # This machine's pids: the same machine (a run from before MACHINE: the same host name) and pid namespace.
-    same_machine = tags[MACHINE] == machine_id() if tags.get(MACHINE) else run_host == here
+    # This machine's pids: the same host name and machine id (a run from before MACHINE: the host name
+    # alone), and the same pid namespace.
+    same_machine = run_host == here and (not tags.get(MACHINE) or tags[MACHINE] == machine_id())
     same_pids = same_machine and tags.get(PIDNS, pid_namespace()) == pid_namespace()
     if same_pids:
         if tags.get(BOOT) and boot_id() and tags[BOOT] != boot_id():
@@ -276,11 +278,15 @@ def _deliver_journal(client: Any, run: Any) -> None:
 
 class Heartbeat:
     """Renews a run's heartbeat tag every `every_s` seconds from a daemon thread with its own
-    client: one small write a minute, off the training loop."""
+    client: one small write a minute, off the training loop. Before each beat it reads the run's
+    status: a run ended by another process while this one lived (a reaper elsewhere that saw no beat
+    for 15 minutes: a laptop asleep, Ctrl-Z, a network partition) stops this process at its next
+    step, as SIGTERM does (checkpoint kept, resumable), so that two processes never write one run."""
 
     def __init__(self, tracking_uri: str, run_id: str, every_s: float = HEARTBEAT_EVERY_S,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time, ours: Callable[[], bool] = lambda: False) -> None:
         self.tracking_uri, self.run_id, self.every_s, self.now = tracking_uri, run_id, every_s, now
+        self.ours = ours  # whether this process has ended the run itself
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.beats = 0
@@ -288,6 +294,18 @@ class Heartbeat:
     def beat(self, client: Any) -> None:
         client.set_tag(self.run_id, HEARTBEAT, str(int(self.now())))
         self.beats += 1
+
+    def ended_elsewhere(self, client: Any) -> Optional[str]:
+        """What another process did to the run (ended it, or continued it as its own); None: it is still this one's."""
+        run = client.get_run(self.run_id)
+        if self.ours() or self._stop.is_set():
+            return None
+        if run.info.status != "RUNNING":
+            return f"was ended {run.info.status} by another process"
+        tags = run.data.tags
+        if tags.get(PID) and (tags[PID] != str(os.getpid()) or tags.get(MACHINE, machine_id()) != machine_id()):
+            return f"was continued by another process (pid {tags[PID]} on {tags.get(HOST)})"
+        return None
 
     def _run(self) -> None:
         client = None
@@ -297,6 +315,13 @@ class Heartbeat:
                     import mlflow
 
                     client = mlflow.MlflowClient(self.tracking_uri)
+                what = self.ended_elsewhere(client)
+                if what is not None:
+                    log.error("stopping  run %s %s while this one trained (its heartbeat went unseen: a machine asleep, "
+                              "Ctrl-Z, a network partition); this process stops at its next step, its checkpoint kept, "
+                              "so that no two processes write one run", self.run_id, what)
+                    os.kill(os.getpid(), signal.SIGTERM)  # the graceful stop's way: a checkpoint, then the exit
+                    return
                 self.beat(client)
             except Exception:  # noqa: BLE001 - a busy store or an away server: the next beat tries again
                 pass
@@ -311,15 +336,15 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
-
 @contextmanager
-def heartbeat(tracker: Any, every_s: float = HEARTBEAT_EVERY_S) -> Iterator[Optional[Heartbeat]]:
+def heartbeat(tracker: Any, every_s: Optional[float] = None) -> Iterator[Optional[Heartbeat]]:
     """While the block runs, the tracker's run renews its heartbeat (not on DDP ranks > 0, which
     own no run)."""
     if not getattr(tracker, "run_id", None):
         yield None
         return
-    beat = Heartbeat(tracker.tracking_uri, tracker.run_id, every_s).start()
+    beat = Heartbeat(tracker.tracking_uri, tracker.run_id, every_s or HEARTBEAT_EVERY_S,
+                     ours=lambda: getattr(tracker, "ended", False)).start()
     try:
         yield beat
     finally:

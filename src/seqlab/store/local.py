@@ -22,6 +22,11 @@ from seqlab import SeqlabError, one_line
 
 # Creating and migrating a new store takes a few seconds; many processes may queue behind it.
 LOCK_TIMEOUT_S = 300.0
+# Filesystems on which SQLite's locking is not to be trusted (its own documentation: "SQLite over
+# a network": file locking on network filesystems is often broken), as /proc/mounts names them.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                       "fuse.sshfs")
+MOUNTS = Path("/proc/mounts")
 
 
 class StoreError(SeqlabError):
@@ -32,6 +37,36 @@ def sqlite_path(tracking_uri: str) -> Optional[Path]:
     """The file of a `sqlite:///...` store; None for any other store (a server, PostgreSQL)."""
     prefix = "sqlite:///"
     return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+
+
+def filesystem_of(path: Path, mounts: Optional[Path] = None) -> Optional[str]:
+    """The type of the filesystem `path` is on, from the mount table (the longest mount point
+    above it); None where there is no mount table to read."""
+    try:
+        lines = (mounts or MOUNTS).read_text().splitlines()
+    except OSError:
+        return None
+    path = path.resolve()
+    best: tuple[int, Optional[str]] = (-1, None)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if (path == point or point in path.parents) and len(point.parts) > best[0]:
+            best = (len(point.parts), fields[2])
+    return best[1]
+
+
+def check_local_filesystem(db: Path) -> None:
+    """One line for a SQLite store on a network filesystem, where its locking is unreliable and
+    simultaneous jobs would corrupt it: a tracking server or PostgreSQL is the way there."""
+    kind = filesystem_of(db.parent if db.parent.exists() else db.parent.parent)
+    if kind is not None and kind.lower() in NETWORK_FILESYSTEMS:
+        raise StoreError(
+            f"the MLflow store {db} is on a {kind} filesystem, where SQLite's file locking is unreliable (SQLite's own "
+            "documentation says so): keep mlruns/ on a local disk (paths.root_dir=...), or track to a server "
+            "(make server; logger=mlflow_server) or PostgreSQL (logger.tracking_uri=postgresql://...)")
 
 
 def store_folder(db: Path) -> None:
@@ -148,6 +183,7 @@ def open_client(tracking_uri: str):
         if is_database(tracking_uri):
             check_database(tracking_uri)
         return mlflow.MlflowClient(tracking_uri=tracking_uri)
+    check_local_filesystem(db)
     key = _identity(tracking_uri, db)
     if key in _OPENED:
         return _OPENED[key]

@@ -91,6 +91,7 @@ class MlflowTracker:
         self.register_as = register_as  # the logged model also becomes a version of this registered model
         self.rank = rank
         self.monitor = None
+        self.ended = False  # this process ended its run (a heartbeat then knows an end is its own)
         self.client: Optional[mlflow.MlflowClient] = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -182,6 +183,7 @@ class MlflowTracker:
         self.monitor.start()
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
+        self.ended = True
         if self.monitor is not None:
             try:
                 self.monitor.finish()  # logs what it sampled last
