@@ -747,3 +747,29 @@ def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_chan
     assert after.info.status == "FINISHED" and after.data.tags["resume_data"] == "changed"
     contexts = sorted(next(t.value for t in d.tags if t.key == "mlflow.data.context") for d in after.inputs.dataset_inputs)
     assert contexts == ["training", "training", "validation", "validation"]  # what it trained on before, and after
+
+
+def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(tmp_path):
+    """Issue 34, point 7: a full disk under a journal is one line naming it (as under a checkpoint),
+    and the run it stops ends KILLED, resumable, not FAILED with a traceback."""
+    import errno
+
+    from mlflow.entities import Metric
+
+    from seqlab.resume.journal import MetricJournal, journal_paths
+    from seqlab.resume.safe_writes import WriteFailed
+    from seqlab.tracking.lifecycle import ending_status
+
+    journal = MetricJournal(tmp_path, "r1")
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    journal.file = FullDisk()
+    with pytest.raises(WriteFailed) as full:
+        journal.extend([Metric("train_loss", 1.0, 1_700_000_000_001, 1)])
+    line = str(full.value)
+    assert line.startswith(f"could not write {journal_paths(tmp_path, 'r1')[0]}: No space left on device; free space")
+    assert ending_status(full.value) == ("KILLED", line)
+    assert ending_status(ValueError("a bug")) == ("FAILED", "a bug")

@@ -26,6 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
+from seqlab.resume.safe_writes import is_write_failure, write_failed
+
 log = logging.getLogger("seqlab")
 
 
@@ -52,8 +54,13 @@ class MetricJournal:
         return self.count
 
     def extend(self, metrics: list[Any]) -> None:
-        self.file.write(_record([[m.key, m.value, m.timestamp, m.step] for m in metrics]))
-        self.file.flush()  # into the kernel: a kill of this process loses none of it
+        try:
+            self.file.write(_record([[m.key, m.value, m.timestamp, m.step] for m in metrics]))
+            self.file.flush()  # into the kernel: a kill of this process loses none of it
+        except OSError as error:  # a full disk or a quota: one line, the run ends KILLED (tracking.lifecycle)
+            if not is_write_failure(error):
+                raise
+            raise write_failed(self.paths[0] if self.paths else "the metrics' temporary journal", error) from None
         self.count += len(metrics)
 
     def confirm(self, n: int) -> None:

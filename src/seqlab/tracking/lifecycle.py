@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from seqlab import one_line
 from seqlab.plots import training_curves
 from seqlab.resume.points import drop_resume_point, store_checkpoint
+from seqlab.resume.safe_writes import WriteFailed
 from seqlab.store.ghosts import identity
 from seqlab.sweeps.job import Job, JobResult, SweepInfo
 from seqlab.tracking.describe import run_name, run_params, run_tags
@@ -116,11 +117,15 @@ def finished_result(cfg: DictConfig, job: Job, tracker: Any, opening: Opening, e
 
 
 def ending_status(error: Optional[BaseException]) -> tuple[str, Optional[str]]:
-    """The status and reason a run ends with when `error` stopped it (None: nothing did)."""
+    """The status and reason a run ends with when `error` stopped it (None: nothing did). A write
+    that found no room (a full disk, a quota) ends it KILLED: it continues from its last good
+    checkpoint with resume= once there is room, as a resumed sweep continues its KILLED jobs."""
     if error is None:
         return "FINISHED", None
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         return "KILLED", "interrupted"
+    if isinstance(error, WriteFailed):
+        return "KILLED", one_line(error)
     return "FAILED", one_line(error)
 
 
