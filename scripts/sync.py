@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
               "(what was copied is not copied twice)", file=sys.stderr)
         return 1
     print(f"sync      {len(done.copied)} run(s) copied from {mask_uris(args.source)} to {mask_uris(target)}; "
-          f"{done.present} copied before" + (f"; {done.redone} unfinished copies made again" if done.redone else ""))
+          f"{done.present} copied before" + (f"; {done.redone} unfinished copies made again" if done.redone else "")
+          + (f"; {done.followed} brought up to date (resumed since)" if done.followed else "")
+          + (f"; {done.linked} linked to their sweep's parent" if done.linked else ""))
     if done.running:
         print(f"          {len(done.running)} run(s) still RUNNING in the source are left for the next sync: "
               + ", ".join(done.running[:5]) + ("..." if len(done.running) > 5 else ""))

@@ -59,6 +59,40 @@ def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_
     assert "sync      1 run(s) copied" in again.stdout and "2 copied before" in again.stdout
     assert len(runs_of(server, experiment)) == 3  # nothing twice
 
+    # Issue 34, point 6. A run KILLED when it was synced, resumed and finished since: its copy follows
+    # it (before: "present" for ever, a truncated copy). A job copied while its sweep's parent still
+    # ran: linked to the parent's copy once the parent arrives (before: never).
+    experiment_id = store.get_experiment_by_name(experiment).experiment_id
+    from mlflow.entities import Metric
+
+    resumed = store.create_run(experiment_id, run_name="resumed-later").info.run_id
+    store.log_batch(resumed, metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_000 + s, s) for s in range(1, 4)])
+    store.set_terminated(resumed, "KILLED")
+    sweep_parent = store.create_run(experiment_id, run_name="sweep-still-running", tags={"sweep_role": "parent"}).info.run_id
+    job = store.create_run(experiment_id, run_name="job-of-that-sweep", tags={"mlflow.parentRunId": sweep_parent}).info.run_id
+    store.set_terminated(job, "FINISHED")
+    third = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
+    assert third.returncode == 0 and "2 run(s) copied" in third.stdout, third.stdout + third.stderr
+    assert "mlflow.parentRunId" not in _by_name(server, experiment)["job-of-that-sweep"].data.tags
+
+    store.update_run(resumed, "RUNNING")  # resume=: the same run continues
+    store.log_batch(resumed, metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_100 + s, s) for s in range(4, 7)])
+    store.set_tag(resumed, "output_network", "last")
+    store.set_terminated(resumed, "FINISHED")
+    store.set_terminated(sweep_parent, "FINISHED")
+    fourth = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    assert "1 run(s) copied" in fourth.stdout and "1 brought up to date (resumed since)" in fourth.stdout
+    assert "1 linked to their sweep's parent" in fourth.stdout, fourth.stdout
+    copies = _by_name(server, experiment)
+    follow = copies["resumed-later"]
+    source = store.get_run(resumed)
+    assert (follow.info.status, follow.info.end_time) == ("FINISHED", source.info.end_time)
+    assert [m.step for m in server.get_metric_history(follow.info.run_id, "train_loss")] == [1, 2, 3, 4, 5, 6]
+    assert follow.data.tags["output_network"] == "last"
+    assert copies["job-of-that-sweep"].data.tags["mlflow.parentRunId"] == copies["sweep-still-running"].info.run_id
+    assert len(runs_of(server, experiment)) == 6  # each once
+
 
 def test_sync_needs_a_destination_and_an_existing_store(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
