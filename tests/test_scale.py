@@ -136,6 +136,7 @@ def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_ser
         while "epoch 2/" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "epoch 2/" in out.read_text(), out.read_text()[-3000:]  # the jobs are training
+        _only_the_sweeps_jobs_get_in(tmp_path, proc.pid)
         proc.send_signal(getattr(signal, signame))  # to the parent process alone
         proc.wait(timeout=120)
     finally:
@@ -153,6 +154,40 @@ def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_ser
     assert "ended KILLED; continue it (finished jobs are skipped) with:" in text
     assert f"resume={info['sweep_id']}" in text
     assert _port_closed(info["tracking_uri"])  # the sweep's server is gone with it
+
+
+def _only_the_sweeps_jobs_get_in(tmp_path, sweep_pid: int) -> None:
+    """Issue 34, point 2: a parallel sweep's loopback server signs its jobs in with a password of the
+    sweep's, which is in the environment of the sweep's processes and on no command line; another user
+    of the machine, without it, reads and writes nothing (before: every run, to anyone)."""
+    import json
+
+    import requests
+
+    (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
+    search = json.loads((sweep_dir / "sweep.json").read_text())["tracking_uri"] + "/api/2.0/mlflow/runs/search"
+    assert requests.post(search, json={"experiment_ids": ["0"]}, timeout=30).status_code == 401
+    assert requests.post(search, json={"experiment_ids": ["0"]}, auth=("seqlab-sweep", "a-guess-at-it"),
+                         timeout=30).status_code == 401
+    # The jobs' processes (the launcher's workers, started after the server) hold the password.
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            values = dict(v.split("=", 1) for v in environ.read_text(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        if values.get("MLFLOW_TRACKING_USERNAME") == "seqlab-sweep" and values.get("MLFLOW_TRACKING_PASSWORD"):
+            found.add(values["MLFLOW_TRACKING_PASSWORD"])
+    signed_in = [p for p in found if requests.post(search, json={"experiment_ids": ["0"]}, auth=("seqlab-sweep", p),
+                                                    timeout=30).status_code == 200]
+    assert len(signed_in) == 1, f"{len(found)} password(s) in the sweep's processes, {len(signed_in)} signed in"
+    password = signed_in[0]
+    assert len(password) >= 24
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert password not in cmdline.read_bytes().decode(errors="replace"), cmdline
+        except OSError:
+            pass  # a process that ended meanwhile
 
 
 def test_a_closed_terminal_ends_a_parallel_sweeps_waiting_parent_as_sigterm_does(monkeypatch, tmp_path):

@@ -64,15 +64,17 @@ def auth_environment(
     want_auth: bool = False,
     password_file: Optional[str] = None,
     admin_username: Optional[str] = None,
+    password: Optional[str] = None,
 ) -> Optional[dict[str, str]]:
     """What the server process needs to start with sign-in (its extra environment), or None to
     start open: on a loopback host unless asked for (`want_auth`), or beyond it only with
     ALLOW_UNAUTHENTICATED=1. Refuses, before anything binds, a shared server without an admin
-    password (unless its user store already has the admin from an earlier start)."""
+    password (unless its user store already has the admin from an earlier start). `password`: the
+    admin's, given (a sweep's own server); else from `password_file` or MLFLOW_AUTH_ADMIN_PASSWORD."""
     open_allowed = os.environ.get(ALLOW_OPEN) == "1"
     if not want_auth and (is_loopback(host) or open_allowed):
         return None
-    password = read_password(password_file)
+    password = password or read_password(password_file)
     username = admin_username or os.environ.get(ADMIN_USERNAME) or "admin"
     users_db = auth_dir / "basic_auth.db"
     if password is None and not users_db.is_file():

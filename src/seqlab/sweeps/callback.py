@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import sys
 import threading
@@ -67,6 +68,7 @@ def swept_keys(overrides: list[str]) -> list[str]:
 # Launchers that run jobs side by side on this machine: they get the loopback server. (The
 # basic launcher runs one job at a time; a cluster's jobs run on other hosts, which a loopback
 # server cannot serve: they need a tracking server they reach, see README "Scaling out".)
+SWEEP_USER = "seqlab-sweep"  # the user a parallel sweep's own server signs its jobs in as
 LOCAL_PARALLEL_LAUNCHERS = (
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
@@ -108,15 +110,23 @@ class MlflowSweepCallback(Callback):
         store = self.tracker.tracking_uri
         if self.serve_local_store == "never" or launcher not in LOCAL_PARALLEL_LAUNCHERS or not store.startswith("sqlite:"):
             return None
+        from seqlab.store import server_auth
         from seqlab.store.server import LocalServer
 
         self.tracker.connect()  # creates the store's tables and the experiment before any job runs
+        # It signs its jobs in: a loopback port is open to every user of the machine, who could
+        # otherwise read and write the sweep's runs. A password of this sweep's, in the server's and
+        # the jobs' environment (the launcher's workers inherit this process's), never on a command line.
+        password = secrets.token_urlsafe(24)
+        auth_env = server_auth.auth_environment("127.0.0.1", sweep_dir / "server-auth", want_auth=True,
+                                                admin_username=SWEEP_USER, password=password)
+        os.environ[server_auth.USERNAME], os.environ[server_auth.PASSWORD] = SWEEP_USER, password
         # Started, not waited for: it comes up while the launcher starts its workers, and each
         # job waits for it. The parent run stays on the file: it writes only before the jobs
         # start and after they end.
         self.server = LocalServer(
             store, str(Path(self.tracker.artifact_root or sweep_dir / "artifacts").resolve()),
-            log_path=sweep_dir / "mlflow_server.log",
+            log_path=sweep_dir / "mlflow_server.log", auth_env=auth_env,
         ).start(wait=False)
         print(f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)", flush=True)
         # This process only waits for the workers: a SIGTERM or SIGHUP (scancel, a closed
