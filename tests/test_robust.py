@@ -758,7 +758,7 @@ def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(
 
     from seqlab.resume.journal import MetricJournal, journal_paths
     from seqlab.resume.safe_writes import WriteFailed
-    from seqlab.tracking.lifecycle import ending_status
+    from seqlab import ending_status
 
     journal = MetricJournal(tmp_path, "r1")
 

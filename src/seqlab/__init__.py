@@ -15,6 +15,21 @@ class SeqlabError(Exception):
     """A problem the user can fix: printed as one line, never as a traceback."""
 
 
+class ResumableStop(SeqlabError):
+    """A stop the run continues from with resume= once its cause is fixed (a write that found no
+    room: resume.safe_writes.WriteFailed): its run ends KILLED, not FAILED."""
+
+
+def ending_status(error: "BaseException | None") -> "tuple[str, str | None]":
+    """The status and reason a run (and its job's result) ends with when `error` stopped it (None:
+    nothing did): KILLED for an interruption or a ResumableStop, FAILED for anything else."""
+    if error is None:
+        return "FINISHED", None
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return "KILLED", "interrupted"
+    return ("KILLED" if isinstance(error, ResumableStop) else "FAILED"), one_line(error)
+
+
 def one_line(error: BaseException) -> str:
     """An error as one line of at most 500 characters, for consoles, tags and summaries."""
     text = " ".join(str(error).split()) or type(error).__name__

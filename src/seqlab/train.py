@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from seqlab import SeqlabError, one_line
+from seqlab import SeqlabError, ending_status, one_line
 from seqlab.resume.requeue import Preempted
 from seqlab.schema import validate
 from seqlab.sweeps.job import Job, JobResult, check_single_run_resume, continue_job, fmt, resume_command
@@ -43,7 +43,7 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     from seqlab.store.ghosts import heartbeat
     from seqlab.tracking.connect import open_tracker
     from seqlab.tracking.describe import record_config
-    from seqlab.tracking.lifecycle import describe_run, end_run, ending_status, finished_result, open_run
+    from seqlab.tracking.lifecycle import describe_run, end_run, finished_result, open_run
     from seqlab.training import devices
 
     try:
@@ -318,14 +318,14 @@ def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
     try:
         result = train(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
-        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        status = ending_status(error)[0]  # as its run ended: KILLED also for a full disk (resumable)
         result = job.result or JobResult(status, job.num, job.sweep_info().sweep_id, job.overrides)
         result.status, result.reason = status, one_line(error)
         job.write(result)
         if isinstance(error, Preempted):
             log.error("preempted: MLflow run %s ended KILLED; the job is requeued and continues it", result.run_id)
             error.requeue()  # submitit requeues the job and ends this process
-        if status == "KILLED":
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
             # with status 0, which would read as success.

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from seqlab import SeqlabError, one_line
+from seqlab import SeqlabError, ending_status, one_line
 from seqlab.packing.continuing import planned_resume, previous_attempt
 from seqlab.packing.data import PackData, samples_key
 from seqlab.packing.members import Member
@@ -41,7 +41,7 @@ from seqlab.sweeps.trial import as_current, member_link, open_trial
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.datasets import log_training_data
 from seqlab.tracking.describe import record_config
-from seqlab.tracking.lifecycle import Ending, describe_run, end_run, ending_status, finished_result, open_run, record_end
+from seqlab.tracking.lifecycle import Ending, describe_run, end_run, finished_result, open_run, record_end
 from seqlab.training import devices
 from seqlab.training.noise import quiet_libraries
 from seqlab.training.module import LOSS_TO_MSE, final_metrics

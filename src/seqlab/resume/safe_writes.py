@@ -10,15 +10,16 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from seqlab import SeqlabError
+from seqlab import ResumableStop
 
 # Failures a user fixes where the file goes (space, permissions, quota, a read-only mount, a
 # file-size limit), as opposed to a bug.
 _WHERE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
 
 
-class WriteFailed(SeqlabError):
-    """A checkpoint or artifact could not be written."""
+class WriteFailed(ResumableStop):
+    """A checkpoint, artifact or journal could not be written: the run continues from its last good
+    checkpoint once there is room (its run ends KILLED)."""
 
 
 def is_write_failure(error: BaseException) -> bool:

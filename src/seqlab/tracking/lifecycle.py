@@ -5,8 +5,8 @@ takes, in this order:
 
     describe_run -> open_run -> (record_config, datasets, training) -> record_end -> end_run
 
-A failure on the way ends the run with `ending_status(error)`: KILLED for an interruption, FAILED
-with the reason otherwise; never RUNNING."""
+A failure on the way ends the run with `seqlab.ending_status(error)`: KILLED for an interruption
+(or a stop it continues from: a full disk), FAILED with the reason otherwise; never RUNNING."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from seqlab import one_line
+from seqlab import ending_status
 from seqlab.plots import training_curves
 from seqlab.resume.points import drop_resume_point, store_checkpoint
-from seqlab.resume.safe_writes import WriteFailed
 from seqlab.store.ghosts import identity
 from seqlab.sweeps.job import Job, JobResult, SweepInfo
 from seqlab.tracking.describe import run_name, run_params, run_tags
@@ -114,19 +113,6 @@ def finished_result(cfg: DictConfig, job: Job, tracker: Any, opening: Opening, e
         output_network=ending.kept.name,
         model_uri=ending.model_uri,
     )
-
-
-def ending_status(error: Optional[BaseException]) -> tuple[str, Optional[str]]:
-    """The status and reason a run ends with when `error` stopped it (None: nothing did). A write
-    that found no room (a full disk, a quota) ends it KILLED: it continues from its last good
-    checkpoint with resume= once there is room, as a resumed sweep continues its KILLED jobs."""
-    if error is None:
-        return "FINISHED", None
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        return "KILLED", "interrupted"
-    if isinstance(error, WriteFailed):
-        return "KILLED", one_line(error)
-    return "FAILED", one_line(error)
 
 
 def end_run(tracker: Any, status: str, reason: Optional[str], job_dir: Path) -> None:

@@ -16,7 +16,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from omegaconf import DictConfig, OmegaConf
 
-from seqlab import SeqlabError, one_line
+from seqlab import SeqlabError, ending_status, one_line
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.resume.journal import MetricJournal
 from seqlab.secrets import mask_flat, mask_text, mask_uris
@@ -214,21 +214,17 @@ class MlflowTracker:
         resume_run_id: Optional[str] = None,
         journal_dir: Optional[Path] = None,
     ) -> Iterator["MlflowTracker"]:
-        """Open a run (or reopen `resume_run_id`); end it FINISHED if the block completes, KILLED
-        if interrupted, FAILED (with the reason as the `failure_reason` tag) on any other exception."""
+        """Open a run (or reopen `resume_run_id`); end it FINISHED if the block completes, else as
+        seqlab.ending_status says (KILLED if interrupted, FAILED with the reason as `failure_reason`)."""
         self.start(run_name, tags, parent_run_id, description, resume_run_id, journal_dir)
-        status, reason = "FAILED", None
+        error = None
         try:
             yield self
-            status = "FINISHED"
-        except (KeyboardInterrupt, SystemExit):
-            status, reason = "KILLED", "interrupted"
-            raise
-        except BaseException as error:
-            reason = one_line(error)
+        except BaseException as failure:
+            error = failure
             raise
         finally:
-            self.end(status, reason)
+            self.end(*ending_status(error))
 
     def _copy_to_fallback(self, record: RunRecord, status: str) -> None:
         if not self.fallback_uri:
