@@ -434,21 +434,13 @@ def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_stor
     assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in caplog.text
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop_after", [7, 13], ids=["mid-epoch", "epoch-end"])
-def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, monkeypatch, stop_after):
-    """In-process and deterministic: SIGTERM arrives after step `stop_after`; with 13 steps an
-    epoch in items of 5, training stops at step 10 (mid-epoch) or 13 (the epoch's last item)."""
+def _stopped_by_sigterm_after(stop_after: int, monkeypatch, cfg) -> None:
+    """In-process training of `cfg` that SIGTERM stops after step `stop_after` (its run KILLED, resumable)."""
     import os
-    import shutil
     import signal
-
-    import torch
 
     from seqlab.tracking import StepLog
 
-    args = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
-            "deterministic=true"]  # 410 training samples: 13 steps an epoch
     add = StepLog.add
 
     def add_then_signal(self, loss, step, lr):
@@ -458,8 +450,23 @@ def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, m
 
     monkeypatch.setattr(StepLog, "add", add_then_signal)
     with pytest.raises(SystemExit):
-        train(compose_cfg(*args))
+        train(cfg)
     monkeypatch.setattr(StepLog, "add", add)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_after", [7, 13], ids=["mid-epoch", "epoch-end"])
+def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, monkeypatch, stop_after):
+    """In-process and deterministic: SIGTERM arrives after step `stop_after`; with 13 steps an
+    epoch in items of 5, training stops at step 10 (mid-epoch) or 13 (the epoch's last item)."""
+    import shutil
+
+    import torch
+
+
+    args = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
+            "deterministic=true"]  # 410 training samples: 13 steps an epoch
+    _stopped_by_sigterm_after(stop_after, monkeypatch, compose_cfg(*args))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
     assert run.data.tags["interrupted_at_step"] == ("10" if stop_after == 7 else "13")
@@ -705,29 +712,16 @@ def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_chan
     """Issue 34, point 3: a data file that grew between the stop and the resume moves validation
     samples into training; the resume compares the sets' digests with the run's and refuses, naming
     the file, unless resume_data=changed (then it goes on, tagged)."""
-    import os
-    import signal
 
     import numpy as np
 
-    from seqlab.tracking import StepLog
 
     rng = np.random.default_rng(0)
     path = tmp_path / "load.npz"
     x, y = rng.normal(size=(300, 1, 1440)).astype(np.float32), rng.normal(size=(300, 1)).astype(np.float32)
     np.savez(path, X=x, y=y)
     args = ["data=npz", f"data.path={path}", "trainer.max_epochs=2", "logger.system_metrics=false"]
-    add = StepLog.add
-
-    def add_then_signal(self, loss, step, lr):
-        add(self, loss, step, lr)
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(StepLog, "add", add_then_signal)
-    with pytest.raises(SystemExit):
-        train(compose_cfg(*args))
-    monkeypatch.setattr(StepLog, "add", add)
+    _stopped_by_sigterm_after(2, monkeypatch, compose_cfg(*args))
     (run,) = runs_of(store, "seqlab")
     run_id = run.info.run_id
     assert run.info.status == "KILLED"

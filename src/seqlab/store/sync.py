@@ -115,7 +115,7 @@ def sync(src: Any, dst: Any, experiments: Optional[list[str]] = None) -> Synced:
 
 def copy_run(src: Any, dst: Any, run: Any, experiment_id: str, copies: dict[str, str]) -> str:
     """One run into `dst`'s experiment: its copy's id. `copies`: source id -> copy id so far (its parent's)."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Param, RunTag
 
     source_id = run.info.run_id
     tags = dict(run.data.tags)
@@ -127,34 +127,30 @@ def copy_run(src: Any, dst: Any, run: Any, experiment_id: str, copies: dict[str,
     params = [Param(k, v) for k, v in run.data.params.items()]
     for i in range(0, len(params), MAX_PARAMS):
         dst.log_batch(copy, params=params[i : i + MAX_PARAMS])
-    for key in run.data.metrics:
-        history = [Metric(m.key, m.value, m.timestamp, m.step) for m in src.get_metric_history(source_id, key)]
-        for i in range(0, len(history), MAX_METRICS):
-            dst.log_batch(copy, metrics=history[i : i + MAX_METRICS], synchronous=True)
-    with tempfile.TemporaryDirectory(prefix="seqlab-sync-") as tmp:
-        local = Path(src.download_artifacts(source_id, "", tmp))
-        if any(local.iterdir()):
-            dst.log_artifacts(copy, str(local))
-    _copy_models(src, dst, run, experiment_id, copy)
-    dst.set_terminated(copy, run.info.status, end_time=run.info.end_time)
+    _copy_gained(src, dst, run, copy, experiment_id, tags, new=True)
     dst.log_batch(copy, tags=[RunTag(SYNCED_FROM, source_id)])  # last: only a whole copy has it
     return copy
 
 
 def follow_run(src: Any, dst: Any, run: Any, copy: Any, experiment_id: str) -> None:
-    """What `run` gained since its copy was made (it was resumed and has ended again) into that copy:
-    the metric values it lacks, the tags, the artifacts (written over), the models it lacks, the status."""
+    """What `run` gained since its copy was made (it was resumed and has ended again) into that copy."""
+    _copy_gained(src, dst, run, copy.info.run_id, experiment_id, copy.data.tags, new=False)
+
+
+def _copy_gained(src: Any, dst: Any, run: Any, copy_id: str, experiment_id: str, copy_tags: dict[str, str],
+                 new: bool) -> None:
+    """Into the copy, what it lacks of `run`: metric values (a `new` copy lacks them all), tags, the
+    artifacts (written over), logged models, and then the run's status and end."""
     from mlflow.entities import Metric, RunTag
 
-    source_id, copy_id = run.info.run_id, copy.info.run_id
+    source_id = run.info.run_id
     for key in run.data.metrics:
-        have = {(m.step, m.timestamp, m.value) for m in dst.get_metric_history(copy_id, key)}
+        have = set() if new else {(m.step, m.timestamp, m.value) for m in dst.get_metric_history(copy_id, key)}
         gained = [Metric(m.key, m.value, m.timestamp, m.step) for m in src.get_metric_history(source_id, key)
                   if (m.step, m.timestamp, m.value) not in have]
         for i in range(0, len(gained), MAX_METRICS):
             dst.log_batch(copy_id, metrics=gained[i : i + MAX_METRICS], synchronous=True)
-    tags = {k: v for k, v in run.data.tags.items() if k != "mlflow.parentRunId" and copy.data.tags.get(k) != v}
-    tags = [RunTag(k, v) for k, v in tags.items()]
+    tags = [RunTag(k, v) for k, v in run.data.tags.items() if k != "mlflow.parentRunId" and copy_tags.get(k) != v]
     for i in range(0, len(tags), MAX_PARAMS):
         dst.log_batch(copy_id, tags=tags[i : i + MAX_PARAMS])
     with tempfile.TemporaryDirectory(prefix="seqlab-sync-") as tmp:
