@@ -25,7 +25,7 @@ FROM ?=
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test ui server serve sync clean
+.PHONY: help install train test test-fast ui server serve sync clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ train: $(STAMP) ## train the default experiment (override anything with ARGS='ke
 
 test: $(STAMP) ## run the test suite
 	$(PY) -m pytest $(ARGS)
+
+test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about 1.5 min on 2 cores)
+	$(PY) -m pytest -m "not slow" -q $(ARGS)
 
 ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:5000 (another port: PORT=5001)
 	@mkdir -p mlruns/artifacts

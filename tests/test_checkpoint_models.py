@@ -50,6 +50,7 @@ def test_the_best_networks_checkpoint_is_a_logged_model_that_predict_takes(compo
         assert not np.allclose(saved["predictions"], last)  # the best network, not the last one
 
 
+@pytest.mark.slow
 def test_all_logs_a_network_at_each_new_best_and_none_only_the_one_kept(compose_cfg, store):
     result = train(compose_cfg(*OVERSHOOT, "logger.log_checkpoints=all"))
     run = store.get_run(result.run_id)
@@ -78,6 +79,7 @@ def test_a_bad_log_checkpoints_value_is_one_line(run_cli):
     assert "error: logger.log_checkpoints must be one of best, all, none; got 'some'" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_each_member_of_a_pack_logs_its_own_best_checkpoint(run_cli, store):
     proc = run_cli("-m", "seed=0,1", "pack=2", *OVERSHOOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -17,6 +17,7 @@ def _children_and_parent(store, experiment="seqlab"):
     return parents[0], sorted(children, key=lambda r: int(r.data.tags["job_num"]))
 
 
+@pytest.mark.slow
 def test_multirun_records_one_child_run_per_job_under_a_parent(run_cli, store, tmp_path):
     proc = run_cli("-m", "data.batch_size=32,64", *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,6 +40,7 @@ def test_multirun_records_one_child_run_per_job_under_a_parent(run_cli, store, t
     assert summary.count("FINISHED") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a sweep on a CPU-only machine")
 def test_a_missing_gpu_fails_its_jobs_not_the_sweep(run_cli, store):
     proc = run_cli("-m", "trainer.accelerator=cpu,gpu", *TINY)

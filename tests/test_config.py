@@ -136,6 +136,7 @@ def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
         assert "batch_size: 64" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_bad_value_is_one_line_and_exit_1(run_process):
     proc = run_process("data.batch_size=0")  # a real process: its exit status
     assert proc.returncode == 1

@@ -282,6 +282,7 @@ def test_a_process_hidden_by_hidepid_is_alive_not_gone(monkeypatch):
         f"process ended without closing the run (pid {dead} is gone on {HERE})"
 
 
+@pytest.mark.slow
 def test_a_finished_run_reopened_by_a_plain_mlflow_client_is_left_running(tmp_path, store):
     # The seqlab process that wrote the run has exited; a notebook reopens the run to add to it.
     code = (
@@ -320,6 +321,7 @@ def test_a_cloned_machine_with_this_hosts_name_and_pid_namespace_id_is_judged_by
     assert ghosts.identity()[ghosts.MACHINE] == ghosts.machine_id()
 
 
+@pytest.mark.slow
 def test_a_process_whose_run_was_ended_elsewhere_stops_at_its_next_heartbeat_and_can_be_resumed(
         compose_cfg, store, monkeypatch, caplog):
     # Issue 34, point 5: a run whose heartbeat went unseen for 15 minutes (a laptop asleep, Ctrl-Z) is

@@ -46,6 +46,7 @@ def _next_env(tmp_path) -> dict[str, str]:
     return cli_env({"PYTHONPATH": os.pathsep.join([str(NEXT), str(ROOT / "src")]), "XDG_CACHE_HOME": str(tmp_path / "cache")})
 
 
+@pytest.mark.slow
 def test_every_option_composes_on_hydra_1_4_without_a_warning(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMPOSE_EVERY_OPTION], cwd=ROOT, env=_next_env(tmp_path),
                           capture_output=True, text=True, timeout=300)

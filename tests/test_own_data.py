@@ -72,6 +72,7 @@ def _daily_load(days: int = 40):
     (lambda f, p: f.to_parquet(p), "parquet: 32 train / 8 val samples, 1 step(s) x 1440 feature(s), 1 response(s); "
                                    "index 'date' (pandas' index: not a feature), target 'load'"),
 ], ids=["csv-date-index", "csv-default-index", "parquet"])
+@pytest.mark.slow
 def test_a_frame_as_pandas_writes_it_trains_with_its_1440_readings(run_cli, store, tmp_path, write, data_line):
     kind = "parquet" if "parquet" in data_line else "csv"
     path = tmp_path / f"load.{kind}"

@@ -64,6 +64,7 @@ def test_a_bad_pack_value_is_one_line(value):
         pack_size(value)
 
 
+@pytest.mark.slow
 def test_why_unpackable_names_the_key(compose_cfg):
     assert why_unpackable(compose_cfg()) is None
     assert "perf=naive" in why_unpackable(compose_cfg("perf=naive"))

@@ -299,6 +299,7 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 # -- the benchmark -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     """Every loop, the product's packs among them (K = 1 and 3, one-step and 1440-step data), in one smoke run."""
     out = tmp_path / "bench.json"
@@ -337,6 +338,7 @@ def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
 # -- profiling -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
     from conftest import artifact_paths
 
@@ -434,6 +436,7 @@ def test_the_fused_loop_stops_at_max_steps_inside_an_item():
     assert loop.take_epoch()[0].shape == (12, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script runs every check")
 def test_gpu_check_says_in_one_line_that_there_is_no_gpu(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],

@@ -16,6 +16,7 @@ from conftest import TINY, artifact_paths, runs_of, start_cli
 from seqlab.train import train
 
 
+@pytest.mark.slow
 def test_every_run_records_its_best_val_rmse_and_when(compose_cfg, store):
     train(compose_cfg("data.n_samples=512", "trainer.max_epochs=4"))
     (run,) = runs_of(store, "seqlab")

@@ -508,6 +508,7 @@ def test_a_slow_server_is_waited_for_while_an_away_one_is_given_up():
     gone.close()
 
 
+@pytest.mark.slow
 def test_a_runs_copy_for_the_fallback_store_keeps_its_metrics_on_disk_not_in_memory():
     import tracemalloc
 
@@ -707,6 +708,7 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     assert store.get_metric_history(linked_run, "train_loss") == []
 
 
+@pytest.mark.slow
 def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_changed(compose_cfg, store, tmp_path,
                                                                                     monkeypatch):
     """Issue 34, point 3: a data file that grew between the stop and the resume moves validation

@@ -410,6 +410,7 @@ def test_the_command_lines_sweeps_join_the_space_and_the_rest_hold_for_every_tri
 
 
 
+@pytest.mark.slow
 def test_an_unreachable_study_database_is_one_line_with_its_password_masked(run_cli, store):
     # Issue 24, point 8: a PostgreSQL study whose server is down (nothing listens on the port).
     from seqlab.store.server import free_port

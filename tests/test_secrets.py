@@ -159,6 +159,7 @@ def test_a_reopened_run_records_its_new_tags_masked(tmp_path, store):
     assert tags["hydra_overrides"] == f"logger.fallback_uri=postgresql://bob:***@db/mlflow resume={first.run_id}"
 
 
+@pytest.mark.slow
 def test_folders_holding_a_resolved_config_are_this_users_only(compose_cfg, run_cli, tmp_path):
     # Issue 24, point 6: config.yaml, Hydra's .hydra/ and train.log hold the resolved config (a
     # database password in paths.optuna_storage, say); other users of the machine must not read them.

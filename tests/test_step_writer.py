@@ -40,6 +40,7 @@ def test_every_row_arrives_through_the_helper_process(tmp_path, store):
     assert [s for s, _ in tracker.history["train_loss"]] == list(range(1, 3001))  # kept for the plot too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["sqlite", "client"])
 def test_odd_values_and_the_latest_value_are_stored_as_mlflow_stores_them(tmp_path, store, monkeypatch, path):
     """NaN, infinities, a value logged twice, steps out of order: the same records through the
@@ -143,6 +144,7 @@ def test_closing_a_stopped_helper_ends_within_its_deadline(tmp_path, store):
         assert len(left) == len(rows) and why is not None  # every row handed back, to be written from here
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_published_only_after_the_steps_before_it_are_stored(tmp_path, store, monkeypatch):
     # A stalled helper: its rows would be lost by a kill, while resume= continues after the
     # checkpoint: a permanent gap. Publishing waits for them, and takes over from a stalled helper.
@@ -163,6 +165,7 @@ def test_a_checkpoint_is_published_only_after_the_steps_before_it_are_stored(tmp
         assert store.get_run(tracker.run_id).data.tags[points.STOPPED_AT] == "500"
 
 
+@pytest.mark.slow
 def test_a_helper_slower_than_training_never_holds_unbounded_memory(tmp_path, store, monkeypatch, caplog):
     # A stopped helper stands for one far slower than training: past the cap, training waits for
     # it (here: not at all) and then writes in its place; what it held is stored, not kept.

@@ -73,6 +73,7 @@ def test_a_target_never_reached_is_said(compose_cfg, store):
     assert run.data.tags["target_reached"] == "false" and "time_to_target_s" not in run.data.metrics
 
 
+@pytest.mark.slow
 def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
     # replicas=1,2 in the place of the preset's 1,8,32: each perf=fast job also as a pack of 2.
     proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "replicas=1,2", "data.n_samples=1024",

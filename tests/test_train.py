@@ -64,6 +64,7 @@ def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp
     assert ckpt["global_step"] == 14
 
 
+@pytest.mark.slow
 def test_training_beats_predicting_the_mean(compose_cfg, store):
     cfg = compose_cfg("data.n_samples=4096", "trainer.max_epochs=8")
     result = train(cfg)
