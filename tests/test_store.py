@@ -135,6 +135,7 @@ def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(tmp_path,
     mounts = tmp_path / "mounts"
     mounts.write_text(f"/dev/vda / ext4 rw 0 0\nfileserver:/export/home {tmp_path} nfs4 rw,relatime 0 0\n")
     monkeypatch.setattr(local, "MOUNTS", mounts)
+    monkeypatch.setattr(local, "_OPENED", {})  # this process has opened the test's store already: as a new process
     assert local.filesystem_of(tmp_path / "mlruns" / "mlflow.db") == "nfs4"
     assert local.filesystem_of(Path("/")) not in local.NETWORK_FILESYSTEMS
     with pytest.raises(SeqlabError) as refused:

@@ -14,6 +14,7 @@ Light imports only: MLflow and psutil load inside the functions that need them."
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -66,6 +67,7 @@ def boot_id() -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=None)  # read once a process: the reaper asks for every RUNNING run
 def machine_id() -> str:
     """This machine's id: systemd's /etc/machine-id (D-Bus's copy where it is missing), else its
     boot id and host name (then a restart makes it another machine, judged by its heartbeat)."""

@@ -183,10 +183,10 @@ def open_client(tracking_uri: str):
         if is_database(tracking_uri):
             check_database(tracking_uri)
         return mlflow.MlflowClient(tracking_uri=tracking_uri)
-    check_local_filesystem(db)
     key = _identity(tracking_uri, db)
     if key in _OPENED:
         return _OPENED[key]
+    check_local_filesystem(db)  # once per store and process, as the store is opened
     with store_lock(db):
         problem = half_created(db)
         if problem:
