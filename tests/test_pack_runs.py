@@ -131,15 +131,14 @@ from seqlab.resume import points
 from seqlab.resume.checkpoints import TimedCheckpoint
 publish = points.publish_resume_point
 published = []
-step = module.PackModule.step
+after_step = module.PackModule.after_step
 
-def step_then_due_at(self, x, y):  # the time-based checkpoint comes due once step {at} is trained
-    out = step(self, x, y)
+def step_then_due_at(self):  # the time-based checkpoint comes due once step {at} is trained
+    after_step(self)
     timed = next(c for c in self.trainer.callbacks if isinstance(c, TimedCheckpoint))
-    timed._last = -math.inf if self.trained + 1 >= {at} else time.monotonic()
-    return out
+    timed._last = -math.inf if self.trained >= {at} else time.monotonic()
 
-module.PackModule.step = step_then_due_at
+module.PackModule.after_step = step_then_due_at
 
 def publish_then_die(tracker, path, step):
     publish(tracker, path, step)
@@ -222,17 +221,16 @@ from seqlab.packing import module
 from seqlab.resume import points
 from seqlab.resume.checkpoints import TimedCheckpoint
 how = "{how}"
-step, publish = module.PackModule.step, points.publish_resume_point
+after_step, publish = module.PackModule.after_step, points.publish_resume_point
 published = []
 
-def step_then_stop(self, x, y):
-    out = step(self, x, y)
+def step_then_stop(self):
+    after_step(self)
     timed = next(c for c in self.trainer.callbacks if isinstance(c, TimedCheckpoint))
-    if self.trained + 1 == {at} and how == "ctrl-c":
+    if self.trained == {at} and how == "ctrl-c":
         os.kill(os.getpid(), signal.SIGINT)  # the pack stops after this call, with a checkpoint
     elif how == "kill":  # the time-based checkpoint comes due once step {at} is trained
-        timed._last = -math.inf if self.trained + 1 >= {at} else time.monotonic()
-    return out
+        timed._last = -math.inf if self.trained >= {at} else time.monotonic()
 
 def publish_then_die(tracker, path, step):
     publish(tracker, path, step)
@@ -240,7 +238,7 @@ def publish_then_die(tracker, path, step):
     if how == "kill" and len(published) == 2:  # both members' runs have it, the failed one's too
         os.kill(os.getpid(), signal.SIGKILL)
 
-module.PackModule.step = step_then_stop
+module.PackModule.after_step = step_then_stop
 points.publish_resume_point = publish_then_die
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -284,15 +282,15 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
     with the reason; the pack's other members train on and finish."""
     from seqlab.packing import module
 
-    step = module.PackModule.step
+    after_step = module.PackModule.after_step
 
-    def step_then_delete(self, x, y):
+    def step_then_delete(self):
+        after_step(self)
         if self.trained == 30:
             m = self.members[1]
             m.tracker.client.delete_run(m.tracker.run_id)  # what the UI's Delete does
-        return step(self, x, y)
 
-    monkeypatch.setattr(module.PackModule, "step", step_then_delete)
+    monkeypatch.setattr(module.PackModule, "after_step", step_then_delete)
     proc = run_cli("-m", "seed=0,1", "pack=2", *SMALL, "logger.system_metrics=true", "logger.system_metrics_interval_s=0.1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]

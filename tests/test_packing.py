@@ -312,8 +312,9 @@ def test_a_member_that_stopped_early_is_frozen_while_the_others_train():
     pack.members[1].last_weights = pack.model.member(1)
     before = [pack.model.member(k) for k in range(2)]
     orders, _, _ = next(iter(pack.items))
-    for b in range(3):
-        pack.step(*pack.data.batch(orders, b))
+    pack.on_train_start()  # the pack's loop: a run alone's, with the member dimension
+    n, losses = pack.loop.run_batches(((*pack.data.batch(orders, b), None) for b in range(3)), first_step=1)
+    assert n == 3 and pack.trained == 3 and losses.shape == (2,) and pack.step_log.steps == [1, 2, 3]
     after = [pack.model.member(k) for k in range(2)]
     assert all(torch.equal(before[1][key], after[1][key]) for key in before[1])
     assert not torch.equal(before[0]["fc.weight"], after[0]["fc.weight"])

@@ -60,6 +60,7 @@ class PackedCNNLSTM(nn.Module):
         shapes = [{k: tuple(v.shape) for k, v in s.items()} for s in states]
         if any(s != shapes[0] for s in shapes[1:]):
             raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
+        self.n_members = len(members)  # the training loop's member dimension (training.loop.FusedLoop)
         self.kernel_size = first.conv.kernel_size[0]
         self.dropout = [m.drop.p for m in members]  # model.dropout may differ between members
         self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum

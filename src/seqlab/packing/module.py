@@ -30,8 +30,9 @@ from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
 from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
 from seqlab.training.devices import synchronize
+from seqlab.tracking.steps import StepLog
 from seqlab.training.lightning_private import batches_done_in_epoch, count_optimizer_steps
-from seqlab.training.loop import gradient_buffers
+from seqlab.training.loop import FusedLoop, lightning_steps
 
 log = logging.getLogger("seqlab")
 
@@ -74,12 +75,13 @@ class PackModule(pl.LightningModule):
     def __init__(self, model: PackedCNNLSTM, optimizer: torch.optim.Optimizer, scheduler: Any, gradients: Any,
                  loss: str, loss_to_mse: Callable[[float], float], data: PackData, members: list[Member], *,
                  lr_scale: torch.Tensor, steps_per_call: int, flush_every_n_steps: int, flush_every_s: float,
-                 exact_dropout: bool, progress: Optional[TextIO] = None) -> None:
+                 exact_dropout: bool, cuda_graph: str = "auto", progress: Optional[TextIO] = None) -> None:
         super().__init__()
         self.automatic_optimization = False  # the item's steps are this module's own (as the fused loop's)
         self.model = model
         self.packed_optimizer, self.scheduler, self.gradients = optimizer, scheduler, gradients
         self.loss_fn, self.loss_to_mse = MEMBER_LOSSES[loss], loss_to_mse
+        self.cuda_graph = cuda_graph
         self.data, self.members = data, members
         self.items = PackItems(data, members, steps_per_call)
         self.lr_scale = lr_scale.tolist()  # member k's rate = the group's lr x lr_scale[k]
@@ -87,15 +89,11 @@ class PackModule(pl.LightningModule):
         self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.grads = gradient_buffers(self.params)
+        self.loop: Optional[FusedLoop] = None  # a run alone's loop, with the member dimension; built as training starts
         self.trained = 0  # optimizer steps trained: the step each member's run records
-        self.losses: list[torch.Tensor] = []  # each step's (K,) losses, until flushed
-        self.steps: list[int] = []
-        self.times: list[int] = []
+        self.step_log = StepLog()  # each step's (K,) losses, until flushed to the members' runs
         self.last_flush = time.monotonic()
         self.last_val: Optional[dict[str, list[float]]] = None
-        self.through_lightning = False
         self._epoch: dict[str, Any] = {}
 
     # -- Lightning's side ------------------------------------------------------------------------
@@ -113,60 +111,40 @@ class PackModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self.trained = self.trainer.global_step
-        self.grads = gradient_buffers(self.params)
-        # In full precision the step calls the raw optimizer and a plain backward, and counts its steps
-        # into Lightning's; under a precision plugin (bf16-mixed) it goes through Lightning's, as the
-        # fused loop does for a run alone (training.module.SeqRegressor.on_train_start).
-        self.through_lightning = str(self.trainer.precision) not in ("32-true", "32")
+        # The loop a run alone trains with (training.loop), over the packed network: (K,) losses, each
+        # member's dropout stream, and its frozen members put back after each step.
+        self.loop = FusedLoop(self.model, self.packed_optimizer, self.loss_fn, self.step_log, self.data.batch_size,
+                              gradients=self.gradients, cuda_graph=self.cuda_graph, dropout_streams=self.streams,
+                              after_step=self.after_step, **lightning_steps(self))
 
     def on_validation_model_zero_grad(self) -> None:
         pass  # Lightning would free the gradients before validation; the loop keeps them (zeroed in place)
 
     def on_train_epoch_start(self) -> None:
-        self._epoch = {"start": time.perf_counter(), "val_s": 0.0, "steps": 0, "preds": [], "targets": [], "closed": False}
+        self._epoch = {"start": time.perf_counter(), "val_s": 0.0, "steps": 0, "closed": False}
 
     def training_step(self, item: Item, batch_idx: int) -> None:
         orders, first, stop = item
         if not self._epoch:  # resumed inside an epoch: Lightning does not start it again
             self.on_train_epoch_start()
-        self.grads = gradient_buffers(self.params)  # the same tensors unless something freed them
         if self.trainer.max_steps > 0:
             stop = min(stop, first + self.trainer.max_steps - self.trained)
-        for b in range(first, stop):
-            x, y = self.data.batch(orders, b)
-            losses, pred = self.step(x, y)
-            self.trained += 1
-            self.losses.append(losses.detach())  # references: read back together at the flush
-            self.steps.append(self.trained)
-            self.times.append(int(time.time() * 1000))
-            self._epoch["preds"].append(pred.detach())
-            self._epoch["targets"].append(y)
-            if len(self.losses) >= self.flush_every_n_steps and time.monotonic() - self.last_flush >= self.flush_every_s:
-                self.flush()
-        n = max(stop - first, 0)
-        if not self.through_lightning:  # Lightning's optimizer wrapper counts its own steps
+        n, _ = self.loop.run_batches(((*self.data.batch(orders, b), None) for b in range(first, stop)), self.trained + 1)
+        if not self.loop.counts_steps:  # Lightning's optimizer wrapper counts its own steps
             count_optimizer_steps(self.optimizers(), n)  # Lightning's global_step, max_steps, validation interval
         self._epoch["steps"] += n
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step of every member, as MATLAB orders it: loss, backward, L2 and threshold, update."""
-        torch._foreach_zero_(self.grads)
-        pred = self.model(x, self.streams)
-        losses = self.loss_fn(pred, y)
-        # The sum's gradient for member k's parameters is member k's loss's alone.
-        if self.through_lightning:
-            self.manual_backward(losses.sum())
-        else:
-            losses.sum().backward()
-        if self.gradients is not None:
-            self.gradients()
-        (self.optimizers() if self.through_lightning else self.packed_optimizer).step()
+    def after_step(self) -> None:
+        """Each step's end (the loop calls it, outside any CUDA graph): the step counted; members that
+        stopped early or were pruned put back where they stopped."""
+        self.trained += 1
         for m in self.members:
             if m.last_weights is not None:  # stopped early or pruned: frozen where it stopped
                 self.model.load_member(m.k, m.last_weights)
-        return losses, pred
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if len(self.step_log) >= self.flush_every_n_steps and time.monotonic() - self.last_flush >= self.flush_every_s:
+            self.flush()
         # The epoch's training part ends with its last item, at max_steps, or when Lightning stops
         # (trainer.max_time): before the validation Lightning then runs.
         if (batch_idx + 1 >= self.trainer.num_training_batches or 0 < self.trainer.max_steps <= self.trained
@@ -206,17 +184,16 @@ class PackModule(pl.LightningModule):
         """Every waiting step's losses, read back in one go, to each training member's run; a member
         whose loss became NaN or Inf ends FAILED with the step (DivergenceCheck, member by member)."""
         self.last_flush = time.monotonic()
-        if not self.losses:
+        if not len(self.step_log):
             return
-        table = torch.stack(self.losses).t().tolist()  # (K, steps): the one synchronisation
-        steps, times = self.steps, self.times
-        self.losses, self.steps, self.times = [], [], []
-        group_lr = float(self.packed_optimizer.param_groups[0]["lr"])  # a scheduler changes it between epochs only
+        losses, steps, lrs, times = self.step_log.take()
+        table = torch.stack(losses).t().tolist()  # (K, steps): the one synchronisation
+        group_lrs = torch.stack(lrs).tolist() if isinstance(lrs[0], torch.Tensor) else [float(lr) for lr in lrs]
         for m, values in zip(self.members, table):
             if not m.active:
                 continue
             rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values]
-            lr = [group_lr * self.lr_scale[m.k]] * len(values)
+            lr = [group_lr * self.lr_scale[m.k] for group_lr in group_lrs]
             with m.own_failure("its step metrics", steps[0]):
                 m.tracker.log_series({"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times)
             bad = next(((s, v) for s, v in zip(steps, values) if not math.isfinite(v)), None)
@@ -236,8 +213,7 @@ class PackModule(pl.LightningModule):
         self.flush()
         steps, step = epoch["steps"], self.trained
         # A pack resumed from a checkpoint taken after an epoch's last step trains no step of it here.
-        trained = (torch.cat(epoch["preds"], 1), torch.cat(epoch["targets"], 1)) if epoch["preds"] else None
-        epoch["preds"], epoch["targets"] = [], []
+        trained = self.loop.take_epoch() if self.loop is not None else None
         epoch["rate"] = steps / seconds
         train = metrics_per_member(*trained) if trained is not None else {}
         for m in self.members:

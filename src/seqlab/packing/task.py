@@ -207,7 +207,9 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     first = members[0]
     tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
-    optimizer, scheduler, gradients, lr_scale = _packed_update(cfg, members, model)
+    # Each full step replayed as one CUDA graph on a GPU, as a run alone's (training.loop, perf.cuda_graph).
+    graphs = device.accelerator == "gpu" and str(cfg.perf.cuda_graph).lower() not in ("off", "false")
+    optimizer, scheduler, gradients, lr_scale = _packed_update(cfg, members, model, capturable=graphs)
     data = PackData.of(members, device.torch_device)
     has_val = data.val_rows is not None
     per_call, val_every = steps_per_call(cfg.perf.steps_per_call, data.n_batches,
@@ -216,7 +218,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     module = PackModule(model, optimizer, scheduler, gradients, first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs),
                         data, members, lr_scale=lr_scale, steps_per_call=per_call,
                         flush_every_n_steps=tracked.tracker.flush_every_n_steps, flush_every_s=tracked.tracker.flush_every_s,
-                        exact_dropout=device.accelerator == "cpu", progress=sys.stderr if cfg.perf.progress == "line" else None)
+                        exact_dropout=device.accelerator == "cpu", cuda_graph=str(cfg.perf.cuda_graph), progress=sys.stderr if cfg.perf.progress == "line" else None)
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
 
@@ -250,7 +252,7 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     return [_finish_or_fail(m, module, trainer, device, wall) for m in members]
 
 
-def _packed_update(cfg: DictConfig, members: list[Member], model):
+def _packed_update(cfg: DictConfig, members: list[Member], model, capturable: bool = False):
     """The pack's optimizer, schedule and gradient treatment over its packed tensors, and each
     member's rate as a multiple of the optimizer's (lr_scale). Each member's optimizer is built as its
     run alone builds it (conf/optimizer/ instantiated, over its own network); the members differ only
@@ -260,7 +262,8 @@ def _packed_update(cfg: DictConfig, members: list[Member], model):
     if len(set(lrs)) == 1:
         # One learning rate: the configured optimizer over the packed tensors is each member's own
         # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
-        optimizer = optimizer_factory(instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl)(params=model.parameters())
+        optimizer = optimizer_factory(instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl,
+                                      capturable=capturable)(params=model.parameters())
         lr_scale = torch.ones(len(members))
     else:
         optimizer = packed_optimizer(own, model.parameters())

@@ -41,10 +41,12 @@ def warm_up_cuda(step: Step, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]
 
 class GraphedStep:
     def __init__(
-        self, step: Step, batch_size: int, warmup_steps: int = 3, capture=capture_cuda, warm_up=warm_up_cuda
+        self, step: Step, batch_size: int, warmup_steps: int = 3, capture=capture_cuda, warm_up=warm_up_cuda,
+        batch_dim: int = 0,
     ) -> None:
         self.step = step  # the eager step on the raw optimizer: returns (loss, pred)
         self.batch_size = batch_size  # only full batches are graphed; a partial one runs eagerly
+        self.batch_dim = batch_dim  # 1 for a pack's (K, batch, ...) inputs
         self.warmup_steps = warmup_steps
         self.capture, self.warm_up = capture, warm_up  # replaceable, so the logic is testable on a CPU
         self.seen = 0
@@ -55,7 +57,7 @@ class GraphedStep:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """(loss, pred) of this step, taken in the graph; None when the caller must run it eagerly."""
-        if self.failed or len(x) != self.batch_size:
+        if self.failed or x.shape[self.batch_dim] != self.batch_size:
             return None
         if self.graph is None:
             self.seen += 1
@@ -64,7 +66,7 @@ class GraphedStep:
             try:
                 self.static = (x.clone(), y.clone(), None if lengths is None else lengths.clone())
                 self.graph, self.outputs = self.capture(self.step, self.static)
-                log.info("perf      training step captured as a CUDA graph (batch %d)", len(x))
+                log.info("perf      training step captured as a CUDA graph (batch %d)", self.batch_size)
             except Exception as error:  # any capture failure: eager is always correct
                 self.failed = True
                 log.warning("perf      CUDA graph capture failed (%s): training eagerly", one_line(error))

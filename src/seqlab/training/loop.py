@@ -17,12 +17,13 @@ loop of the same math (its `bare` row).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+from pytorch_lightning.strategies import SingleDeviceStrategy
 from torch import nn
 
-from seqlab.training.gradients import GradientTreatment
+from seqlab.training.cudagraph import GraphedStep
 from seqlab.training.profiling import phase
 
 log = logging.getLogger("seqlab")
@@ -38,19 +39,48 @@ def gradient_buffers(params: list[nn.Parameter]) -> list[torch.Tensor]:
             p.grad = torch.zeros_like(p)
     return [p.grad for p in params]
 
+Batch = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]  # inputs, targets, sequence lengths
+
+
+def item_batches(x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], batch_size: int,
+                 max_steps: Optional[int] = None) -> Iterator[Batch]:
+    """A run alone's item (K mini-batches in one tensor) as its batches, at most `max_steps` of them."""
+    stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * batch_size)
+    for start in range(0, stop, batch_size):
+        yield (x[start : start + batch_size], y[start : start + batch_size],
+               None if lengths is None else lengths[start : start + batch_size])
+
+
+def lightning_steps(module: Any) -> dict[str, Callable]:
+    """How the loop steps: in full precision on one device, Lightning's optimizer wrapper and
+    manual_backward add only hooks this project does not use, so the loop calls the raw optimizer
+    and a plain backward, and the module counts its steps ({}). A precision plugin that scales
+    the loss or casts (16/bf16-mixed), or a strategy of many devices, must see both: then the loop
+    goes through Lightning's, which count the steps themselves."""
+    trainer = module.trainer
+    plain = str(trainer.precision) in ("32-true", "32", "64-true") and isinstance(trainer.strategy, SingleDeviceStrategy)
+    return {} if plain else {"optimizer_step": module.optimizers().step, "backward": module.manual_backward}
+
+
 class FusedLoop:
-    """Runs the optimizer steps of one item. Built by the module when training starts (the
-    optimizer exists only then), from the perf settings bound in train.py:
+    """Runs the optimizer steps of one item, for one network or a pack of K (its `n_members`:
+    its model takes and returns the member dimension first, its loss gives each member's, and the
+    backward of their sum gives member k's parameters member k's gradient alone). Built by the
+    module when training starts (the optimizer exists only then), from the perf settings bound in
+    train.py, or by the pack's module:
 
     - `exact_shortcuts`: one-step inputs take `model.forward_one_step`, the same function in
       fewer operations (see its docstring). Its gradients are kept as zeroed tensors (never
       None), so parameters the shortcut leaves unused still get their zero gradient, L2 term
-      and optimizer update, as on the full path.
+      and optimizer update, as on the full path. (A pack's model takes its shortcut itself.)
     - `cuda_graph`: auto | on | off: replay each full step as one CUDA graph (seqlab.training.cudagraph).
-    - `clip_val`: trainer.gradient_clip_val (Lightning clips only in automatic optimisation).
+    - `clip_val`: trainer.gradient_clip_val (Lightning clips only in automatic optimisation); a
+      pack clips member by member in its gradient treatment.
     - `optimizer_step` / `backward`: the raw optimizer's step and a plain backward, unless the
-      precision plugin must see them (loss scaling): then Lightning's, which count the step
-      themselves (`counts_steps`)."""
+      precision plugin must see them (`lightning_steps`): then Lightning's, which count the step
+      themselves (`counts_steps`).
+    - `dropout_streams`: a pack's members' CPU dropout generators (each its run alone's stream).
+    - `after_step`: run after each step, outside any graph (a pack puts its frozen members back)."""
 
     def __init__(
         self,
@@ -59,12 +89,14 @@ class FusedLoop:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         step_log: Any,
         batch_size: int,
-        gradients: Optional[GradientTreatment] = None,
+        gradients: Optional[Any] = None,
         clip_val: Optional[float] = None,
         exact_shortcuts: bool = True,
         cuda_graph: str = "auto",
         optimizer_step: Optional[Callable[[], Any]] = None,
         backward: Optional[Callable[[torch.Tensor], None]] = None,
+        dropout_streams: Optional[list[torch.Generator]] = None,
+        after_step: Optional[Callable[[], None]] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -73,8 +105,10 @@ class FusedLoop:
         self.batch_size = batch_size
         self.gradients = gradients if gradients is not None and gradients.active else None
         self.clip_val = clip_val
+        self.members = getattr(model, "n_members", None)  # None: one network, no member dimension
+        self.dropout_streams, self.after_step = dropout_streams, after_step
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.shortcut = exact_shortcuts and getattr(model, "forward_one_step", None) is not None
+        self.shortcut = exact_shortcuts and not self.members and getattr(model, "forward_one_step", None) is not None
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or optimizer.step
         self.backward = backward or torch.Tensor.backward
@@ -90,10 +124,8 @@ class FusedLoop:
         device = self.params[0].device
         capturable = all(group.get("capturable", False) for group in self.optimizer.param_groups)
         if device.type == "cuda" and not self.counts_steps and capturable:
-            from seqlab.training.cudagraph import GraphedStep
-
             return GraphedStep(lambda x, y, lengths: self.step(x, y, lengths, self.shortcut and x.shape[1] == 1),
-                               self.batch_size)
+                               self.batch_size, batch_dim=1 if self.members else 0)
         if asked:
             log.warning(
                 "perf      perf.cuda_graph=on needs one CUDA device, full precision and a capturable "
@@ -103,38 +135,45 @@ class FusedLoop:
 
     def run(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], first_step: int,
             max_steps: Optional[int] = None) -> tuple[int, torch.Tensor]:
-        """The steps of one item (at most `max_steps` of them), numbered from `first_step`.
+        """The steps of a run alone's item (at most `max_steps` of them), numbered from `first_step`.
         Returns how many ran and the last step's loss (a device tensor)."""
+        return self.run_batches(item_batches(x, y, lengths, self.batch_size, max_steps), first_step)
+
+    def run_batches(self, batches: Iterable[Batch], first_step: int) -> tuple[int, torch.Tensor]:
+        """One optimizer step per batch, numbered from `first_step` (a pack's: each (K, batch, ...)).
+        Returns how many ran and the last step's loss (a device tensor: (K,) for a pack)."""
         self.grads = gradient_buffers(self.params)  # the same tensors unless Lightning freed them
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
         if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
             lr = lr.detach().clone()
-        bs = self.batch_size
-        stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * bs)
-        shortcut = self.shortcut and x.shape[1] == 1
-        loss, n = x.new_zeros(()), 0
-        for start in range(0, stop, bs):
-            xb, yb = x[start : start + bs], y[start : start + bs]
-            lb = None if lengths is None else lengths[start : start + bs]
+        loss, n = None, 0
+        for xb, yb, lb in batches:
+            shortcut = self.shortcut and xb.shape[1] == 1
             out = self.graphed(xb, yb, lb) if self.graphed is not None else None
             loss, pred = out if out is not None else self.step(xb, yb, lb, shortcut)
+            if self.after_step is not None:
+                self.after_step()
             # References only: the values are read back together when the log is flushed, and
             # the predictions folded into the epoch's metrics once, at the epoch's end.
             self.step_log.add(loss.detach(), first_step + n, lr)
             self.epoch_preds.append(pred.detach())
             self.epoch_targets.append(yb)
             n += 1
-        return n, loss.detach()
+        return n, (loss.detach() if loss is not None else torch.zeros((), device=self.params[0].device))
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor],
              shortcut: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
         torch._foreach_zero_(self.grads)
         with phase("forward"):
-            pred = self.model.forward_one_step(x[:, 0]) if shortcut else self.model(x, lengths)
+            if self.members:
+                pred = self.model(x, self.dropout_streams)  # (K, batch, outputs)
+            else:
+                pred = self.model.forward_one_step(x[:, 0]) if shortcut else self.model(x, lengths)
             loss = self.loss_fn(pred, y)
         with phase("backward"):
-            self.backward(loss)
+            # A pack's loss is each member's, (K,): the sum's gradient for member k is its own loss's.
+            self.backward(loss.sum() if self.members else loss)
         with phase("optimizer"):
             if self.gradients is not None:
                 self.gradients()
@@ -144,9 +183,11 @@ class FusedLoop:
         return loss, pred
 
     def take_epoch(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """The epoch's predictions and targets so far, in one tensor each (None if none)."""
+        """The epoch's predictions and targets so far, in one tensor each, along the samples (None if
+        none): (samples, outputs), or a pack's (K, samples, outputs)."""
         if not self.epoch_preds:
             return None
-        preds, targets = torch.cat(self.epoch_preds), torch.cat(self.epoch_targets)
+        dim = 1 if self.members else 0
+        preds, targets = torch.cat(self.epoch_preds, dim), torch.cat(self.epoch_targets, dim)
         self.epoch_preds, self.epoch_targets = [], []
         return preds, targets

@@ -16,7 +16,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, 
 
 from seqlab.training.gradients import GradientTreatment
 from seqlab.training.lightning_private import count_optimizer_steps
-from seqlab.training.loop import FusedLoop
+from seqlab.training.loop import FusedLoop, lightning_steps
 from seqlab.training.profiling import phase
 from seqlab.schema import ModuleConfig as _Defaults
 
@@ -115,24 +115,14 @@ class SeqRegressor(pl.LightningModule):
     def on_train_start(self) -> None:
         if self.loop_factory is None:
             return
-        from pytorch_lightning.strategies import SingleDeviceStrategy
-
         optimizer = self.optimizers()
-        # In full precision on one device, Lightning's optimizer wrapper and manual_backward add
-        # only hooks this project does not use: the loop calls the raw optimizer and a plain
-        # backward, and the module counts its steps. A precision plugin that scales the loss must
-        # see both: then the loop goes through Lightning.
-        plain = str(self.trainer.precision) in ("32-true", "64-true") and isinstance(
-            self.trainer.strategy, SingleDeviceStrategy
-        )
-        through_lightning = {} if plain else {"optimizer_step": optimizer.step, "backward": self.manual_backward}
         self.loop = self.loop_factory(
             model=self.model,
             optimizer=optimizer.optimizer,
             loss_fn=self.loss_fn,
             step_log=self.step_log,
             gradients=self.gradients,
-            **through_lightning,
+            **lightning_steps(self),
         )
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
