@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from seqlab.callbacks.timing import epoch_median
 from seqlab.training.devices import cpu_name, synchronize
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -244,9 +245,6 @@ def framework_loop(cfg) -> list[float]:
 _BARE_LOOPS = {"plain": plain_loop, "bare": bare_loop}
 
 
-def _epoch_median(rates: list[float]) -> float:
-    return statistics.median(rates[1:] if len(rates) > 1 else rates)
-
 
 def run(
     devices: list[str],
@@ -285,7 +283,7 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
                         rates = packed_loop(cfg, device, k)
                     else:
                         rates = _BARE_LOOPS[loop](cfg, device) if loop in _BARE_LOOPS else framework_loop(cfg)
-                    runs[(loop, k)].append(_epoch_median(rates))
+                    runs[(loop, k)].append(epoch_median(rates))
                     progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} repeat {repeat + 1}/{repeats}: "
                              f"{runs[(loop, k)][-1]:,.1f} it/s")
             medians = {v: statistics.median(values) for v, values in runs.items()}

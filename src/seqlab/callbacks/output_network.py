@@ -13,7 +13,6 @@ import logging
 from typing import Any, Optional
 
 import pytorch_lightning as pl
-from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab import SeqlabError
 from seqlab.callbacks.best import METRIC, BestValRmse
@@ -30,7 +29,7 @@ class OutputNetwork(BestValRmse):
 
     def __init__(self, tracker: Optional[Any] = None, keep: str = "last", patience: Optional[int] = None,
                  checkpoints: str = "none") -> None:
-        super().__init__(tracker)
+        super().__init__(tracker, patience)
         self.keep = keep
         self.patience = patience
         # logger.log_checkpoints: best keeps the best weights to log them at the end (seqlab.train);
@@ -38,7 +37,6 @@ class OutputNetwork(BestValRmse):
         self.checkpoints = checkpoints
         self.logged: list[tuple[str, int]] = []  # (model id, step) of each network logged during training
         self.weights: Optional[dict[str, Any]] = None
-        self.since_best = 0
         self.stopped: Optional[dict[str, int]] = None  # where patience ran out: step, epoch
 
     @property
@@ -59,27 +57,26 @@ class OutputNetwork(BestValRmse):
                 "(or give the data its own validation set)"
             )
 
+    @property
+    def since_best(self) -> int:
+        return self.record.since_best
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+        new = self.validated(trainer)
+        if new is None:
             return
-        if trainer.callback_metrics.get(METRIC) is None:
-            return
-        before = self.value
-        super().on_validation_end(trainer, pl_module)
-        if self.value is not None and (before is None or self.value < before):
-            self.since_best = 0
+        if new:
             if self.keep == "best" or self.checkpoints in ("best", "all"):
                 self.weights = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
             if self.checkpoints == "all" and self.tracker is not None and trainer.is_global_zero:
                 self._log_checkpoint(trainer, pl_module)
             return
-        self.since_best += 1  # no better (or NaN)
-        if self.patience is not None and self.since_best >= self.patience and not trainer.should_stop:
+        if self.record.out_of_patience and not trainer.should_stop:
             trainer.should_stop = True
             self.stopped = {"step": trainer.global_step, "epoch": trainer.current_epoch + 1}
             log.info("stopped   early at step %d (epoch %d): val_rmse has not improved on %s for %d validation(s) "
                      "(module.validation_patience=%d)", trainer.global_step, trainer.current_epoch + 1,
-                     f"{before:.4g}", self.since_best, self.patience)
+                     f"{self.value:.4g}", self.since_best, self.patience)
 
     def _log_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The network of this new best as a logged model now (its metrics are linked at the end,
@@ -90,12 +87,12 @@ class OutputNetwork(BestValRmse):
 
     def state_dict(self) -> dict[str, Any]:
         weights = None if self.weights is None else {k: v.cpu() for k, v in self.weights.items()}
-        return {**super().state_dict(), "weights": weights, "since_best": self.since_best}
+        return {**super().state_dict(), "weights": weights, "since_best": self.record.since_best}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.weights = state.get("weights")
-        self.since_best = state.get("since_best", 0)
+        self.record.since_best = state.get("since_best", 0)
 
     def restore(self, model: Any, global_step: int) -> Kept:
         """Put the network kept into `model` (the best validation's weights for keep='best'; the

@@ -3,6 +3,7 @@ left out. The numbers land in MLflow as epoch_time_s, it_per_s and samples_per_s
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable, Optional
 
@@ -83,14 +84,16 @@ class EpochTimer(pl.Callback):
         self.epochs = list(state.get("epochs", []))
 
     def median(self, key: str, skip_first: bool = True) -> Optional[float]:
-        """Median over epochs; the first epoch (warm-up, allocator growth) is left out when
-        there are others."""
-        rows = self.epochs[1:] if skip_first and len(self.epochs) > 1 else self.epochs
-        if not rows:
-            return None
-        values = sorted(r[key] for r in rows)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        """Median over epochs (`epoch_median`); skip_first=False keeps the first epoch in."""
+        values = [r[key] for r in self.epochs]
+        return epoch_median(values) if skip_first else (statistics.median(values) if values else None)
+
+
+def epoch_median(values: list[float]) -> Optional[float]:
+    """The median of per-epoch values, the first epoch (warm-up, allocator growth) left out when
+    there are others: a run alone's (EpochTimer), a pack member's and the benchmark's."""
+    values = values[1:] if len(values) > 1 else values
+    return statistics.median(values) if values else None
 
 
 class TimeToTarget(pl.Callback):
@@ -115,15 +118,24 @@ class TimeToTarget(pl.Callback):
         if self.target is None or self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         value = trainer.callback_metrics.get("val_rmse")
-        if value is not None and float(value) <= self.target:
-            self.reached = {
-                "time_to_target_s": self.timer.trained_s_at_val,
-                "steps_to_target": float(trainer.global_step),
-                "epochs_to_target": float(trainer.current_epoch + 1),
-            }
-            if self.tracker is not None:
+        if value is not None:
+            self.reached = reached(self.target, float(value), self.timer.trained_s_at_val, trainer.global_step,
+                                   trainer.current_epoch + 1)
+            if self.reached is not None and self.tracker is not None:
                 self.tracker.log_metrics(self.reached, trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.target is not None and self.tracker is not None:
-            self.tracker.set_tags({"target_rmse": self.target, "target_reached": str(self.reached is not None).lower()})
+            self.tracker.set_tags(target_tags(self.target, self.reached))
+
+
+def reached(target: Optional[float], val_rmse: float, trained_s: float, step: int, epoch: int) -> Optional[dict[str, float]]:
+    """Time, step and epoch to the target where this validation reached it (a run alone's, a pack member's)."""
+    if target is None or not val_rmse <= target:
+        return None
+    return {"time_to_target_s": trained_s, "steps_to_target": float(step), "epochs_to_target": float(epoch)}
+
+
+def target_tags(target: float, reached: Optional[dict[str, float]]) -> dict[str, Any]:
+    """A run's tags at its end, where it had a target."""
+    return {"target_rmse": target, "target_reached": str(reached is not None).lower()}

@@ -17,6 +17,8 @@ import torch
 from omegaconf import DictConfig
 
 from seqlab import one_line
+from seqlab.callbacks.best import BestSoFar
+from seqlab.callbacks.timing import epoch_median, reached
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink
 from seqlab.tracking.lifecycle import Opening
@@ -49,9 +51,8 @@ class Member:
     # What its callbacks keep when it trains alone (callbacks.timing, best, output_network):
     epochs: list[dict[str, float]] = field(default_factory=list)  # epoch_time_s, it_per_s, samples_per_s
     trained_s: float = 0.0
-    best: Optional[dict[str, float]] = None
+    record: BestSoFar = field(default_factory=BestSoFar)  # its best val_rmse and the validations since (patience)
     best_weights: Optional[dict[str, torch.Tensor]] = None
-    since_best: int = 0
     reached: Optional[dict[str, float]] = None
     stopped: Optional[dict[str, int]] = None  # stopped early by module.validation_patience
     pruned: Optional[str] = None  # why a search's pruner stopped it (its job result's reason)
@@ -64,6 +65,10 @@ class Member:
         return self.tracker.run_id if self.tracker is not None else self.resume_run_id
 
     @property
+    def best(self) -> Optional[dict[str, float]]:
+        return self.record.best
+
+    @property
     def run_open(self) -> bool:
         """Its run is open in this process (it has not ended it, nor ended it before)."""
         return self.tracker is not None and self.tracker.run_id is not None and (
@@ -72,15 +77,16 @@ class Member:
     def state(self) -> dict[str, Any]:
         """What a pack checkpoint keeps of this member besides its packed weights: its status too,
         so that a member that failed before the checkpoint stays FAILED after a resume."""
-        return {"status": self.status, "reason": self.reason, "epochs": self.epochs, "trained_s": self.trained_s, "best": self.best, "best_weights": self.best_weights,
-                "since_best": self.since_best, "reached": self.reached, "stopped": self.stopped,
+        return {"status": self.status, "reason": self.reason, "epochs": self.epochs, "trained_s": self.trained_s, "best": self.record.best, "best_weights": self.best_weights,
+                "since_best": self.record.since_best, "reached": self.reached, "stopped": self.stopped,
                 "pruned": self.pruned, "active": self.active, "final_step": self.final_step, "last_weights": self.last_weights,
                 "logged": self.logged, "order": self.order.get_state(),
                 "dropout_stream": self.dropout_stream.get_state() if self.dropout_stream is not None else None}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        for key in ("epochs", "trained_s", "best", "best_weights", "since_best", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
+        for key in ("epochs", "trained_s", "best_weights", "reached", "stopped", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
+        self.record.best, self.record.since_best = state["best"], state["since_best"]
         self.logged = state.get("logged", [])  # a checkpoint from before logged checkpoints has none
         if state.get("status") == "FAILED":  # KILLED or RUNNING then: it trains on as RUNNING now
             self.status, self.reason = "FAILED", state.get("reason")
@@ -116,28 +122,25 @@ class Member:
     def validated(self, val_rmse: float, step: int, epoch: int, weights: Any) -> None:
         """callbacks.best.BestValRmse, output_network.OutputNetwork and timing.TimeToTarget after a
         validation; `weights()` gives the member's state dict (taken only for a new best)."""
-        target = self.cfg.metrics.target_rmse
-        if target is not None and self.reached is None and val_rmse <= target:
-            self.reached = {"time_to_target_s": self.trained_s, "steps_to_target": float(step),
-                            "epochs_to_target": float(epoch)}
-            self.tracker.log_metrics(self.reached, step)
-        if math.isfinite(val_rmse) and (self.best is None or val_rmse < self.best["best_val_rmse"]):
-            self.best = {"best_val_rmse": val_rmse, "best_val_rmse_step": float(step), "best_val_rmse_epoch": float(epoch)}
-            self.tracker.log_metrics(self.best, step)
-            self.since_best = 0
+        if self.reached is None:
+            self.reached = reached(self.cfg.metrics.target_rmse, val_rmse, self.trained_s, step, epoch)
+            if self.reached is not None:
+                self.tracker.log_metrics(self.reached, step)
+        self.record.patience = self.cfg.module.validation_patience
+        if self.record.offer(val_rmse, step, epoch):
+            self.tracker.log_metrics(self.record.best, step)
             checkpoints = self.tracker.log_checkpoints
             if self.cfg.module.output_network == "best" or checkpoints in ("best", "all"):
                 self.best_weights = weights()
             if checkpoints == "all":
                 self._log_checkpoint(step)
             return
-        self.since_best += 1
-        patience = self.cfg.module.validation_patience
-        if patience is not None and self.since_best >= patience and self.active:
+        if self.record.out_of_patience and self.active:
             self.active, self.final_step = False, step
             self.stopped = {"step": step, "epoch": epoch}
             log.info("stopped   member %d early at step %d (epoch %d): val_rmse has not improved for %d validation(s) "
-                     "(module.validation_patience=%d); the pack goes on", self.k, step, epoch, self.since_best, patience)
+                     "(module.validation_patience=%d); the pack goes on", self.k, step, epoch, self.record.since_best,
+                     self.record.patience)
 
     def _log_checkpoint(self, step: int) -> None:
         """logger.log_checkpoints=all: this new best as a logged model now, as OutputNetwork logs a
@@ -168,12 +171,7 @@ class Member:
 
     def median(self, key: str) -> Optional[float]:
         """callbacks.timing.EpochTimer.median: over epochs, the first left out when there are others."""
-        rows = self.epochs[1:] if len(self.epochs) > 1 else self.epochs
-        if not rows:
-            return None
-        values = sorted(r[key] for r in rows)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        return epoch_median([r[key] for r in self.epochs])
 
     def kept(self, last: dict[str, torch.Tensor], step: int) -> tuple[dict[str, torch.Tensor], Kept]:
         """The network the run ends with and which it is (OutputNetwork.restore)."""

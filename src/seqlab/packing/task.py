@@ -29,6 +29,7 @@ from seqlab.packing.members import Member
 from seqlab.packing.model import PackedCNNLSTM
 from seqlab.packing.module import PackModule
 from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
+from seqlab.callbacks.timing import target_tags
 from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, prepare_resume
 from seqlab.resume.points import CHECKPOINT, publish_resume_point
@@ -332,7 +333,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     if m.median("it_per_s") is not None:  # the pack's networks trained per second (the comparison's model-steps/s)
         summary["pack_model_steps_per_s_median"] = len(module.members) * m.median("it_per_s")
     if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's tags, for a run alone
-        tracker.set_tags({"target_rmse": cfg.metrics.target_rmse, "target_reached": str(m.reached is not None).lower()})
+        tracker.set_tags(target_tags(cfg.metrics.target_rmse, m.reached))
     ending = Ending(m.network, m.datamodule.train.x, kept, summary, step, m.job.output_dir / "checkpoints" / "last.ckpt",
                     baseline, best=m.best, best_weights=m.best_weights, logged=m.logged,
                     time_to_target_s=m.reached["time_to_target_s"] if m.reached else None, pruned=m.pruned)
