@@ -77,3 +77,70 @@ def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(
     assert sum(t.state.name == "COMPLETE" for t in trials.values()) == 1  # with the live one: n_trials=2
     assert f"trial(s) {live.number} still train in other workers on this study" in proc.stdout
     assert "search: study" not in proc.stdout  # node8's worker finishes last and reports
+
+
+@pytest.mark.slow
+def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, store):
+    """Issue 34, point 1: the heartbeat comes from the process that trains the trial. The sweeper that
+    asked for it is gone (it beat once, then nothing: an SSH hang-up); its job trains on for longer
+    than the grace period, another worker's stale check leaves the trial alone, and every epoch's
+    report reaches it."""
+    import os
+
+    from seqlab.store.ghosts import identity
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(study_name="lost", storage=storage)
+    study.set_user_attr("seqlab_pruner", {"name": "none"})
+    study.set_user_attr("seqlab_heartbeat_s", 1)  # as the search sets it
+    trial = study.ask()
+    lr = trial.suggest_float("optimizer.lr", 1.0e-4, 1.0e-2, log=True)
+    trial.set_user_attr("seqlab_worker", {**identity(), "process_pid": "999999"})  # the sweeper: gone
+    storage.record_heartbeat(trial._trial_id)
+    env = {"SEQLAB_OPTUNA_STORAGE": str(storage.url), "SEQLAB_OPTUNA_STUDY": "lost", "SEQLAB_OPTUNA_TRIAL": str(trial.number)}
+    job = start_cli(tmp_path, f"optimizer.lr={lr}", "data.n_samples=2000", "trainer.max_epochs=400",
+                    "trainer.max_time=00:00:00:06", "logger.system_metrics=false", env={**os.environ, **env})
+    try:
+        deadline = time.monotonic() + 60
+        while not _trial(storage, trial).intermediate_values and time.monotonic() < deadline:
+            time.sleep(0.3)  # training has begun: the job reported its first epoch
+        time.sleep(3)  # longer than the grace period since the sweeper's last beat
+        optuna.storages.fail_stale_trials(study)  # another worker's check
+        assert _trial(storage, trial).state.name == "RUNNING"
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, (out + err)[-3000:]
+    reports = _trial(storage, trial).intermediate_values
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FINISHED"
+    epochs = int(next(line for line in out.splitlines() if line.startswith("done ")).split(": ")[1].split()[0])
+    assert sorted(reports) == list(range(1, epochs + 1)) and epochs > 20  # every epoch's report, well past the grace period
+    assert "ended by its study" not in out + err
+
+
+def _trial(storage, trial) -> optuna.trial.FrozenTrial:
+    return storage.get_trial(trial._trial_id)
+
+
+def test_a_retry_two_workers_enqueued_at_once_runs_once(tmp_path):
+    """Issue 34, point 1: two workers preparing at once both enqueue the retry of an interrupted trial;
+    whoever asks them, only the lowest-numbered runs, the other ends holding no slot."""
+    from seqlab.sweeps import workers
+    from seqlab.sweeps.study import INTERRUPTED, RETRY_OF
+
+    study = optuna.create_study(study_name="twice", storage=f"sqlite:///{tmp_path}/optuna.db")
+    first = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    first.set_user_attr(INTERRUPTED, True)
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    for _ in range(2):  # each worker saw it not retried yet, and enqueued it
+        study.enqueue_trial(first.params, user_attrs={RETRY_OF: first.number})
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    b_asked = [study.ask(space)]  # worker B asks first: it takes the lowest-numbered retry, and runs it
+    a_asked = [study.ask(space)]
+    assert workers.settle(study, b_asked, n_trials=3) == b_asked
+    assert workers.settle(study, a_asked, n_trials=3) == []  # the second retry of trial 0: dropped
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "FAIL"]
+    assert workers.free_slots(study, 3) == 2  # trial 0 is retried, its duplicate holds no slot: only b's

@@ -20,6 +20,7 @@ from seqlab import one_line
 from seqlab.callbacks.best import BestSoFar
 from seqlab.callbacks.timing import epoch_median, reached
 from seqlab.sweeps.job import Job
+from seqlab.sweeps.pruning import reported
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink
 from seqlab.tracking.lifecycle import Opening
 from seqlab.tracking.model_logging import Kept, log_new_best
@@ -157,8 +158,10 @@ class Member:
         FINISHED, tagged trial_state=PRUNED) while the pack goes on."""
         if self.trial is None or not self.active or not math.isfinite(val_rmse):
             return
-        self.trial.report(val_rmse, epoch)
-        if not self.trial.should_prune():
+        prune = reported(self.trial, val_rmse, epoch, self.trial_link.number)
+        if prune is None:
+            self.trial = None  # the study ended it meanwhile: the member trains on without reports
+        if not prune:
             return
         self.active, self.final_step = False, step
         self.trial.set_user_attr(PRUNED_AT, epoch)

@@ -39,6 +39,7 @@ from seqlab.store.ghosts import heartbeat
 from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir
 from seqlab.sweeps.trial import as_current, member_link, open_trial
+from seqlab.sweeps.workers import trainer_heartbeat
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.datasets import log_training_data
 from seqlab.tracking.describe import record_config
@@ -198,6 +199,10 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         log_training_data(m.tracker, m.cfg.data, m.datamodule, resumed=m.resume_run_id is not None,
                           data_changed=cfg.resume_data == "changed")  # the resumed sweep's command line says it
         m.datamodule.release()
+    # The members' trials live while this process trains them, whatever becomes of the sweeper (sweeps.workers).
+    trials = [m.trial for m in members if m.trial is not None]
+    if trials:
+        stack.callback(trainer_heartbeat(trials).stop)
     return checkpoint
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+import optuna
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
+from seqlab import one_line
 from seqlab.sweeps.trial import PRUNED_AT, TrialLink, current, open_trial
+from seqlab.sweeps.workers import trainer_heartbeat
 
 log = logging.getLogger("seqlab")
 
@@ -25,11 +28,21 @@ class TrialReporter(pl.Callback):
         self.tracker = tracker
         self.pruned: Optional[str] = None  # why the pruner stopped this trial, for the job's result
         self.trial = None
+        self.beats = None  # sweeps.workers.Heartbeats: this process's beat of its trial
         self.latest: Optional[float] = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank == 0:  # one process speaks for a DDP job
             self.trial = open_trial(self.link)
+            # The trial lives while this process trains it, whatever becomes of the sweeper (sweeps.workers).
+            self.beats = trainer_heartbeat([self.trial])
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.beats is not None:
+            self.beats.stop()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.on_fit_end(trainer, pl_module)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
@@ -43,8 +56,9 @@ class TrialReporter(pl.Callback):
         epoch = trainer.current_epoch + 1
         value, prune = self.latest, False
         if self.trial is not None and value is not None:
-            self.trial.report(value, epoch)
-            prune = self.trial.should_prune()
+            prune = reported(self.trial, value, epoch, self.link.number)
+            if prune is None:
+                self.trial = None
         self.latest = None
         if not trainer.strategy.broadcast(prune, src=0):  # every DDP process stops at the same epoch
             return
@@ -58,6 +72,19 @@ class TrialReporter(pl.Callback):
         self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials before it"
         log.info("pruned    trial %d at epoch %d of %d: val_rmse %.4g is worse than the trials before it at that epoch",
                  n, epoch, trainer.max_epochs, value)
+
+
+def reported(trial: Any, val_rmse: float, epoch: int, number: int) -> Optional[bool]:
+    """The epoch's val_rmse reported to the trial; whether its pruner gives up on it. None where
+    the study ended the trial meanwhile (its worker found stale): one line, and training goes on
+    without reports (a run alone's or a pack member's, never its pack)."""
+    try:
+        trial.report(val_rmse, epoch)
+        return trial.should_prune()
+    except optuna.exceptions.UpdateFinishedTrialError as error:
+        log.warning("trial     %d was ended by its study meanwhile (%s): its run trains on without reports", number,
+                    one_line(error))
+        return None
 
 
 def trial_callbacks(tracker: Any) -> list:

@@ -198,6 +198,8 @@ class Search:
                                     pruner=make_pruner(self.pruner_spec))
         study.set_user_attr("seqlab_pruner", self.pruner_spec)  # each job builds the pruner from these
         study.set_user_attr("seqlab_objective", self.objective)
+        if getattr(storage, "heartbeat_interval", None):  # the trials' trainers beat at the search's interval
+            study.set_user_attr(workers.HEARTBEAT, self.heartbeat[0])
         return study
 
     def _finished(self, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -214,8 +216,11 @@ class Search:
         for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
             # Left running by a worker on this machine that was killed outright (kill -9): nothing trains it now.
             if workers.worker_gone(t):
-                optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
-                study.tell(t.number, state=states.FAIL)
+                try:
+                    optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
+                    study.tell(t.number, state=states.FAIL)
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                    pass  # another worker preparing at the same moment ended it first
         trials = study.get_trials(deepcopy=False)
         retried = {t.user_attrs.get(RETRY_OF) for t in trials}
         for t in trials:
@@ -326,11 +331,7 @@ class Search:
         for t in trials:
             workers.taken(t)
         beats.watch(trials)
-        for t in workers.surplus(study, trials, self.n_trials):  # another worker took the last slot meanwhile
-            workers.give_back(study, t)
-            trials.remove(t)
-            print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
-                  "for a run with a higher n_trials)", flush=True)
+        trials = workers.settle(study, trials, self.n_trials)  # a duplicate retry, or past n_trials: not run here
         if not trials:
             return None
         self.in_flight = trials

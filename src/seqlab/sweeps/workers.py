@@ -11,8 +11,14 @@ SLURM array tasks, against one study database.
   ask for the last slot at the same moment both get a trial, and the one with the higher number
   gives it back (`surplus`): it waits in the study, unasked, with its values, for a later run that
   raises n_trials.
+- A trial's heartbeat comes from the process that trains it too (`trainer_heartbeat`: a job, or a
+  pack's process for its members), which also names itself the trial's worker: a sweeper lost to
+  an SSH hang-up leaves its jobs' trials alive while they train, and a trial is failed only when
+  its trainer is gone (no beat from it, or its process gone on this machine).
+- A retry runs once: two workers that enqueue the same retry at once (both preparing) each keep
+  only the lowest-numbered trial retrying a number (`duplicates`); the others end, holding no slot.
 - The report is written by the worker that finishes last: the others see trials still running
-  elsewhere and leave it to that one.
+  elsewhere and leave it to that one; if that one dies, the next command on the study writes it.
 
 Heartbeats need a database storage (SQLite, PostgreSQL, ...): Optuna 5's journal file storage has
 none, so there a worker killed outright leaves its trial RUNNING (see README, "Scaling out")."""
@@ -30,6 +36,8 @@ from seqlab.sweeps import optuna_private
 from seqlab.sweeps.study import INTERRUPTED, RETRY_OF, STARTING
 
 SURPLUS = "seqlab_surplus"  # a trial given back: it holds no slot until a worker asks it again
+DUPLICATE = "seqlab_duplicate"  # a second retry of one trial, enqueued by two workers at once: never run
+HEARTBEAT = "seqlab_heartbeat_s"  # the study's heartbeat interval, for the processes that train its trials
 WORKER = "seqlab_worker"  # the process that runs the trial (host, pid, ...: seqlab.store.ghosts.identity)
 
 
@@ -43,7 +51,7 @@ def holds_slot(trial: optuna.trial.FrozenTrial, again: set[int]) -> bool:
     was interrupted or whose worker died (its values run again in another trial), nor one given back."""
     states = optuna.trial.TrialState
     if trial.state == states.FAIL:
-        return not trial.user_attrs.get(INTERRUPTED) and trial.number not in again
+        return not trial.user_attrs.get(INTERRUPTED) and not trial.user_attrs.get(DUPLICATE) and trial.number not in again
     if trial.state == states.WAITING:
         return not trial.user_attrs.get(SURPLUS)
     return True
@@ -64,6 +72,38 @@ def surplus(study: optuna.Study, mine: list[optuna.trial.Trial], n_trials: int) 
     again = retried(trials)
     keep = {t.number for t in sorted((t for t in trials if holds_slot(t, again)), key=lambda t: t.number)[:n_trials]}
     return [t for t in mine if t.number not in keep]
+
+
+def duplicates(study: optuna.Study, mine: list[optuna.trial.Trial]) -> list[optuna.trial.Trial]:
+    """Which of the trials this worker has just asked for retry a number that a lower-numbered trial
+    retries already (two workers enqueued one retry at once): the lowest keeps it, whoever asks it."""
+    first: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        n = t.user_attrs.get(RETRY_OF)
+        if n is not None and not t.user_attrs.get(DUPLICATE):
+            first[n] = min(first.get(n, t.number), t.number)
+    return [t for t in mine if RETRY_OF in t.user_attrs and first.get(t.user_attrs[RETRY_OF], t.number) < t.number]
+
+
+def drop_duplicate(study: optuna.Study, trial: optuna.trial.Trial) -> None:
+    trial.set_user_attr(DUPLICATE, True)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def settle(study: optuna.Study, trials: list[optuna.trial.Trial], n_trials: int) -> list[optuna.trial.Trial]:
+    """Of the trials this worker has just asked for, those it runs: a duplicate retry is dropped, and
+    one past n_trials (another worker took the last slot meanwhile) given back."""
+    for t in duplicates(study, trials):
+        drop_duplicate(study, t)
+        trials.remove(t)
+        print(f"trial {t.number:<3} dropped: it retries trial {t.user_attrs[RETRY_OF]}, which another worker "
+              "retries already", flush=True)
+    for t in surplus(study, trials, n_trials):
+        give_back(study, t)
+        trials.remove(t)
+        print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
+              "for a run with a higher n_trials)", flush=True)
+    return trials
 
 
 def give_back(study: optuna.Study, trial: optuna.trial.Trial) -> None:
@@ -105,9 +145,9 @@ class Heartbeats:
     """Renews Optuna's heartbeat of the trials this worker runs, from a daemon thread (the launcher
     holds the main thread while jobs train). Nothing where the storage has no heartbeat."""
 
-    def __init__(self, storage: Any) -> None:
+    def __init__(self, storage: Any, every_s: Optional[float] = None) -> None:
         self.storage = storage
-        self.every_s: Optional[float] = getattr(storage, "heartbeat_interval", None)
+        self.every_s: Optional[float] = every_s or getattr(storage, "heartbeat_interval", None)
         self.trial_ids: list[int] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -138,3 +178,16 @@ class Heartbeats:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def trainer_heartbeat(trials: list[optuna.trial.Trial]) -> Heartbeats:
+    """The training process's heartbeat of the trials it trains (a job's, a pack's members'), at
+    the interval the search gave the study, from the moment they open until `stop()`; the trials
+    name this process their worker. Where the study keeps no heartbeat, nothing beats."""
+    for t in trials:
+        t.set_user_attr(WORKER, identity())
+    every_s = trials[0].study.user_attrs.get(HEARTBEAT) if trials else None
+    beats = Heartbeats(optuna_private.storage_of(trials[0].study) if trials else None, every_s=every_s)
+    if every_s:
+        beats.watch(trials)
+    return beats
