@@ -45,6 +45,8 @@ def test_two_workers_started_together_share_one_study_up_to_n_trials(tmp_path, s
 
 @pytest.mark.slow
 def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(run_cli, tmp_path):
+    """Issue 23, and issue 34's point 1: a report is written by whichever worker ends the study, and
+    where the last one died, by the next command on that study."""
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(study_name="shared", storage=storage)
     dead, live = study.ask(), study.ask()
@@ -77,6 +79,14 @@ def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(
     assert sum(t.state.name == "COMPLETE" for t in trials.values()) == 1  # with the live one: n_trials=2
     assert f"trial(s) {live.number} still train in other workers on this study" in proc.stdout
     assert "search: study" not in proc.stdout  # node8's worker finishes last and reports
+
+    # node8's worker dies before it reports: the next command on the study fails its trial (stale),
+    # runs its values again and, with nothing left elsewhere, writes the report.
+    time.sleep(2.5)
+    again = run_cli("-m", *preset, *TINY)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert f"trial {live.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again" in again.stdout
+    assert "search: study 'shared': 2 complete" in again.stdout
 
 
 @pytest.mark.slow

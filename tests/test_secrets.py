@@ -7,6 +7,8 @@ import io
 import logging
 from pathlib import Path
 
+import stat
+
 import pytest
 
 from conftest import TINY, runs_of
@@ -183,3 +185,41 @@ def test_folders_holding_a_resolved_config_are_this_users_only(compose_cfg, run_
     assert stat.S_IMODE(run.stat().st_mode) == 0o700 and (run / "config.yaml").is_file()
     assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700 and (tmp_path / "fresh" / "mlflow.db").is_file()
     assert stat.S_IMODE((tmp_path / "fresh" / "mlflow.db.lock").stat().st_mode) == 0o600
+    _another_user_reads(tmp_path, refused=[tmp_path / "fresh" / "mlflow.db", run / "config.yaml", sweep / "multirun.yaml"])
+
+
+def _another_user_reads(tmp_path, refused) -> None:
+    """Issue 34, point 2, as another account of the machine sees it (where this test may add one: root
+    with useradd): each path in `refused` is unreadable to it, while a file of tmp_path's own is read,
+    so that the refusals are this project's modes and not a folder the other user cannot reach."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("another OS user needs root and useradd here; the modes themselves are checked above")
+    if subprocess.run(["id", "seqlab-other"], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "seqlab-other"], check=True)
+    opened = []
+    for folder in [tmp_path, *tmp_path.parents]:  # pytest's own folders are root's only: let the other user through
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            opened.append((folder, mode))
+            folder.chmod(stat.S_IMODE(mode) | 0o001)
+    try:
+        control = tmp_path / "readable.txt"
+        control.write_text("anyone may read this\n")
+        control.chmod(0o644)
+        tmp_path.chmod(0o755)
+
+        def cat(path):
+            return subprocess.run(["runuser", "-u", "seqlab-other", "--", "cat", str(path)], capture_output=True, text=True)
+
+        assert cat(control).returncode == 0, cat(control).stderr
+        for path in refused:
+            assert path.is_file(), path
+            got = cat(path)
+            assert got.returncode != 0 and "Permission denied" in got.stderr, (path, got.stdout[:200])
+    finally:
+        for folder, mode in opened:
+            folder.chmod(stat.S_IMODE(mode))
