@@ -185,3 +185,23 @@ def test_a_helper_slower_than_training_never_holds_unbounded_memory(tmp_path, st
         assert tracker.sender.writer is None and "the step writer stopped" in caplog.text
         tracker.sync_metrics()
         assert [m.step for m in store.get_metric_history(tracker.run_id, "train_loss")] == list(range(1, 601))
+
+
+def test_a_store_at_an_unknown_schema_revision_is_written_through_mlflows_client(tmp_path, store, capfd):
+    """Issue 33: the plain-SQL path only on the MLflow schema revisions it was tested with (a fresh
+    store of the pinned MLflow is one); any other revision through MLflow's client, in one line."""
+    import sqlite3
+
+    from seqlab.tracking.step_writer import ClientRows, SqliteRows, open_rows
+
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    run = store.create_run(store.create_experiment("revisions"))
+    assert isinstance(open_rows(uri, run.info.run_id), SqliteRows)  # the pinned MLflow's revision is known
+    with sqlite3.connect(f"{tmp_path}/mlruns/mlflow.db") as con:
+        con.execute("UPDATE alembic_version SET version_num = 'f00dfeed0001'")  # as a newer MLflow would leave it
+    capfd.readouterr()
+    writer = open_rows(uri, run.info.run_id)
+    assert isinstance(writer, ClientRows)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == ["seqlab.tracking.step_writer: the store's MLflow schema is at revision f00dfeed0001, which this "
+                   "writer was not tested with: writing through MLflow's client"]

@@ -6,8 +6,8 @@ much CPU as the training step itself. Written from a thread of the training proc
 also holds the GIL that every PyTorch call of the loop needs back. So the rows go, pickled (a few
 microseconds a batch), through a pipe to a child process at a lower priority; training never
 waits for it. The child writes a SQLite store's two metric tables with plain SQL, as MLflow's
-store would (checked against their columns when it opens; any other store or schema goes
-through MLflow's client). At the end of the run the child finishes what it was given; whatever
+store would (checked against its schema revision and their columns when it opens; any other
+store or schema goes through MLflow's client, with one line). At the end of the run the child finishes what it was given; whatever
 it did not confirm (it died, or could not write) is written by the training process itself
 through MLflow's client, so nothing is lost (MLflow ignores a row it already holds).
 
@@ -131,24 +131,40 @@ class StepWriter:
 # The two tables MLflow's SQL store keeps metrics in (unchanged from MLflow 1.x to 3.17): a row
 # per value, and each key's latest value (what the runs table shows).
 METRICS_COLUMNS = {"key", "value", "timestamp", "run_uuid", "step", "is_nan"}
+# The MLflow schema revisions (alembic_version) whose metric tables this writer was tested with: the
+# pinned MLflow's (requirements.lock). MLflow changes its tables in minor releases (an index on
+# metrics in mlflow#20928, a runs.status constraint in #24890): a store at any other revision is
+# written through MLflow's own client (tests/test_step_writer.py fails on a new pin until it is checked).
+KNOWN_REVISIONS = {"dc11669786a5"}  # MLflow 3.17
 
 
 class SqliteRows:
     """Rows straight into a local SQLite store, as MLflow's SQL store writes them: 20-50 times
     less CPU than its ORM, whose per-row cost this whole module exists for. Used only where the
-    two tables have exactly the columns above (checked on open); anything else goes through
-    MLflow's client."""
+    store is at a schema revision it was tested with and its two tables have exactly the columns
+    above (both checked on open); anything else goes through MLflow's client."""
 
     def __init__(self, path: str, run_id: str) -> None:
         import sqlite3
 
         self.run_id = run_id
         self.con = sqlite3.connect(path, timeout=120)  # waits while MLflow itself writes
+        revision = self.revision()
+        if revision not in KNOWN_REVISIONS:
+            self.con.close()
+            raise LookupError(f"the store's MLflow schema is at revision {revision}, which this writer was not tested with")
         for table in ("metrics", "latest_metrics"):
             columns = {row[1] for row in self.con.execute(f"PRAGMA table_info({table})")}
             if columns != METRICS_COLUMNS:
                 self.con.close()
                 raise LookupError(f"{table} has columns {sorted(columns)}")
+
+    def revision(self) -> Optional[str]:
+        try:
+            (found,) = self.con.execute("SELECT version_num FROM alembic_version").fetchone() or (None,)
+        except Exception:  # noqa: BLE001 - sqlite3.OperationalError: no such table (not an MLflow store)
+            return None
+        return found
 
     def write(self, rows: list[Row]) -> None:
         values = [(k, *_sanitized(v), ts, self.run_id, step) for k, v, ts, step in rows]
