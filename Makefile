@@ -20,12 +20,13 @@ ARGS ?=
 # make serve: the model to serve (a run's, or a registered version) and where
 MODEL ?=
 SERVE_PORT ?= 5001
+DOCS_PORT ?= 8000
 # make sync: where the runs are (default: this project's store) and the server they go to (default: MLFLOW_TRACKING_URI)
 FROM ?=
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast ui server serve sync clean
+.PHONY: help install train test test-fast lint docs docs-serve ui server serve sync clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -48,6 +49,15 @@ test: $(STAMP) ## run the test suite
 
 test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about 1.5 min on 2 cores)
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
+
+lint: $(STAMP) ## ruff over src/, tests/ and scripts/ (pyproject.toml: [tool.ruff])
+	$(VENV)/bin/ruff check src tests scripts train.py predict.py
+
+docs: $(STAMP) ## build the documentation site (docs/ -> site/) with every link checked
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP) ## serve the documentation on http://127.0.0.1:8000 (another port: DOCS_PORT=8001)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1:5000 (another port: PORT=5001)
 	@mkdir -p mlruns/artifacts

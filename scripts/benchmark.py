@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pack and "packed" not in loops:
         loops += ("packed",)
     batch_sizes, packs = _integers(args.batch_sizes), _integers(args.pack or "8")
-    if [s for s in shapes if s not in benchmark.SHAPES] or [l for l in loops if l not in benchmark.LOOPS]:
+    if [s for s in shapes if s not in benchmark.SHAPES] or [name for name in loops if name not in benchmark.LOOPS]:
         print(f"error: --shapes must be among {','.join(benchmark.SHAPES)}, --loops among {','.join(benchmark.LOOPS)}",
               file=sys.stderr)
         return 2

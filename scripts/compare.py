@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from seqlab import SeqlabError
-    from seqlab.sweeps.compare import compare, runs_table, table
     from seqlab.store.ghosts import end_dead_runs
-    from seqlab.store.server_auth import client_credentials
     from seqlab.store.local import open_client
+    from seqlab.store.server_auth import client_credentials
+    from seqlab.sweeps.compare import compare, runs_table, table
     from seqlab.tracking import check_server
 
     uri = client_credentials(args.tracking_uri)  # a user:password in it is sent, not shown

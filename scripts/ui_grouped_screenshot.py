@@ -1,11 +1,11 @@
-"""The README's picture of the MLflow UI: a sweep's runs grouped by their `config` tag, each group
+"""The picture of the MLflow UI in docs/models.md: a sweep's runs grouped by their `config` tag, each group
 with the mean of its repeats' best_val_rmse and samples_per_s_median. Drives a headless Chromium
 through the UI as a user clicks it (Group by -> config; Columns -> the metrics): its menus need
 real clicks, which scripts/ui_screenshot.py (a page as it loads, over Chromium's DevTools pipe)
 does not make.
 
 Not part of the project's install: it needs Playwright (`pip install playwright` in a venv of its
-own) and a Chromium (`apt-get install chromium`). How the README's picture was made:
+own) and a Chromium (`apt-get install chromium`). How that picture was made:
 
     .venv/bin/python train.py -m seed=0,1,2 data.batch_size=32,64 trainer.max_epochs=4 data.n_samples=512 paths.root_dir=/tmp/shot
     .venv/bin/mlflow ui --backend-store-uri sqlite:////tmp/shot/mlruns/mlflow.db --port 5055 &

@@ -3,7 +3,7 @@ profile each time): `python scripts/ui_screenshot.py URL OUT.png [--width 1500 -
 
 Chromium is driven over its DevTools pipe (--remote-debugging-pipe: no extra package), so the
 page can be tidied before the picture: the MLflow Assistant side panel closed and nested runs
-expanded. Used for the README's picture of a sweep's runs table (docs/mlflow_runs.png)."""
+expanded. Used for docs/models.md's picture of a sweep's runs table (docs/images/mlflow-runs.png)."""
 
 from __future__ import annotations
 

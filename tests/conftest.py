@@ -19,9 +19,9 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
-from seqlab.hydra_version import VERSION_BASE  # noqa: E402
 
 import seqlab.schema  # noqa: E402,F401  registers the schema the configs build on
+from seqlab.hydra_version import VERSION_BASE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -36,7 +36,7 @@ TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 # while the other worker has nothing left (the suite's tail). A file not listed costs little and
 # goes after these.
 FILE_SECONDS = {
-    "test_pack_runs.py": 122, "test_search.py": 106, "test_scale.py": 92, "test_robust.py": 73,
+    "test_pack_runs.py": 122, "test_readme.py": 90, "test_search.py": 106, "test_scale.py": 92, "test_robust.py": 73,
     "test_cluster.py": 69, "test_repeats.py": 48, "test_preemption.py": 43, "test_perf.py": 41,
     "test_search_workers.py": 33, "test_study.py": 33, "test_rank_failure.py": 33, "test_checkpoints.py": 29,
     "test_hydra_next.py": 29, "test_run_to_use.py": 25, "test_config.py": 23, "test_step_writer.py": 23,

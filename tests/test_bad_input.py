@@ -7,10 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import TINY, cli_env, no_runs
 from inprocess import run_in_process
-
 
 
 def _write(tmp_path, name, content):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_run_to_use import _cli, _new_data, _pyfunc
 
 from seqlab.train import train
-from test_run_to_use import _cli, _new_data, _pyfunc
 
 # A learning rate high enough that validation gets worse after its best (deterministic on CPU):
 # val_rmse is lowest at step 16 of 24, so the best network is not the last one.

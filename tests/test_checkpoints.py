@@ -8,8 +8,8 @@ import shutil
 import signal
 
 import pytest
-
 from conftest import ROOT, cli_env, runs_of
+
 from seqlab import SeqlabError
 from seqlab.train import train
 

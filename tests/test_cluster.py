@@ -12,8 +12,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-
-from conftest import start_cli, runs_of
+from conftest import runs_of, start_cli
 
 # Jobs of one CPU each, so the two-core node runs two at once; small enough for any node.
 ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",

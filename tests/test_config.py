@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CONF_DIR, ROOT
 from hydra.errors import ConfigCompositionException
 
-from conftest import CONF_DIR, ROOT
 from seqlab.schema import ConfigError, validate
 
 OPTIONS = sorted(
@@ -166,7 +166,6 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
     from seqlab.callbacks import build
     from seqlab.callbacks.progress import ProgressLine
     from seqlab.callbacks.timing import EpochTimer, TimeToTarget
-
     from seqlab.tracking import MetricHistory
 
     class Tracker:
@@ -197,6 +196,7 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
 
     import hydra.core.utils
     from hydra import compose, initialize_config_dir
+
     from seqlab.hydra_version import VERSION_BASE
 
     class Frozen(datetime.datetime):

@@ -12,10 +12,10 @@ import sys
 import time
 
 import pytest
-
 import zygote
 from conftest import ROOT, cli_env, start_cli
 from inprocess import run_script
+
 from seqlab.store import ghosts
 
 HERE = socket.gethostname()
@@ -172,10 +172,10 @@ def test_kill_9_mid_run_then_compare_ends_it_killed_while_a_live_run_stays_runni
 
 def test_predict_opening_the_store_ends_its_dead_runs_too(tmp_path, store, caplog):
     """Any seqlab command that opens a store ends its dead runs: predict.py as train and compare do."""
-    from hydra import compose, initialize_config_dir
-    from seqlab.hydra_version import VERSION_BASE
-
     from conftest import CONF_DIR
+    from hydra import compose, initialize_config_dir
+
+    from seqlab.hydra_version import VERSION_BASE
     from seqlab.predict import main
 
     experiment = store.create_experiment("ghosts")
@@ -328,10 +328,10 @@ def test_a_process_whose_run_was_ended_elsewhere_stops_at_its_next_heartbeat_and
     # ended by a reaper elsewhere while its process lives; when it wakes, it stopped writing into an
     # ended run only when its run finished. Now its next heartbeat finds the run ended and stops it
     # as SIGTERM does: a checkpoint, the run resumable, every step once.
+    from conftest import runs_of
+
     from seqlab.tracking import StepLog
     from seqlab.train import train
-
-    from conftest import runs_of
 
     monkeypatch.setattr(ghosts, "HEARTBEAT_EVERY_S", 0.2)
     args = ["data.n_samples=512", "trainer.max_epochs=6", "logger.system_metrics=false"]

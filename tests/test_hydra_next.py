@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, TINY, cli_env
 
 NEXT = ROOT / ".venv" / "hydra-next"

@@ -13,7 +13,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, cli_env
 
 SRC = ROOT / "src"
@@ -169,6 +168,7 @@ def test_an_old_module_path_is_the_module_where_it_is_now():
         assert importlib.import_module(old) is importlib.import_module(new), old
         assert moved.now(new) == new  # a path as it is now stays as it is
     from seqlab.module import SeqRegressor
+
     from seqlab.training.module import SeqRegressor as Now
 
     assert SeqRegressor is Now and sys.modules["seqlab.training.module"].__spec__.name == "seqlab.training.module"

@@ -8,19 +8,19 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
-
 from conftest import ROOT, runs_of
+from hydra.utils import instantiate
 from independent import val_rmse_of_checkpoint
 from inprocess import run_script
 from matfiles import MatCell, write_v5, write_v73
+
 from seqlab import SeqlabError
-from seqlab.data import SeqDataModule, load_mat, load_npz, synthetic_daily_load
-from seqlab.training.gradients import GradientTreatment, clip_, l2_parameters
+from seqlab.data import load_mat, load_npz, synthetic_daily_load
 from seqlab.model import CNNLSTM
-from seqlab.training.module import population_bn_statistics_
 from seqlab.schema import validate
 from seqlab.train import train
+from seqlab.training.gradients import GradientTreatment, clip_, l2_parameters
+from seqlab.training.module import population_bn_statistics_
 
 # -- the preset ---------------------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import runs_of
 from pytorch_lightning.trainer.states import TrainerFn
 
-from conftest import runs_of
 from seqlab.callbacks.output_network import OutputNetwork
 from seqlab.train import train
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, runs_of
 from inprocess import run_script
 

@@ -11,7 +11,6 @@ import signal
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, artifact_paths, cli_env, runs_of
 
 # 512 samples, 410 for training in batches of 32: 13 steps an epoch; 8 epochs: 104 steps.

@@ -182,10 +182,10 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_dec
     decoupled for AdamW."""
     import functools
 
+    from conftest import CONF_DIR
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from conftest import CONF_DIR
     from seqlab.packing.optim import packed_optimizer
 
     partial = instantiate(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))

@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 import torch
-from hydra.utils import instantiate
-
 from conftest import ROOT, runs_of
+from hydra.utils import instantiate
 from inprocess import run_script
-from seqlab.training.module import half_mse
+
 from seqlab.train import train
+from seqlab.training.module import half_mse
 
 
 def _plain_losses(cfg, n_steps: int) -> list[float]:
@@ -196,7 +196,7 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
     def broken_capture(step, inputs):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    graphed = GraphedStep(lambda x, y, l: (x.sum(), x), batch_size=2, warmup_steps=0, capture=broken_capture)
+    graphed = GraphedStep(lambda x, y, lengths: (x.sum(), x), batch_size=2, warmup_steps=0, capture=broken_capture)
     with caplog.at_level("WARNING", logger="seqlab"):
         assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
         assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
@@ -215,7 +215,7 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
     graphs, replays = [], []
 
     def cpu_graph(self, cuda_graph):
-        graphs.append(GraphedStep(lambda x, y, l: self.step(x, y, l, self.shortcut), self.batch_size,
+        graphs.append(GraphedStep(lambda x, y, lengths: self.step(x, y, lengths, self.shortcut), self.batch_size,
                                   capture=lambda step, inputs: _eager_capture(step, inputs, replays),
                                   warm_up=lambda s, i: s(*i)))
         return graphs[-1]
@@ -380,10 +380,10 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     """FusedLoop built directly (no Lightning), against the benchmark's `bare` math written out:
     zeroed gradients, the one-step shortcut, fused Adam, (L2 and threshold), clipping. The same
     losses and the same weights after 12 steps in items of 4."""
-    from seqlab.training.gradients import GradientTreatment
-    from seqlab.training.loop import FusedLoop
     from seqlab.model import CNNLSTM
     from seqlab.tracking import StepLog
+    from seqlab.training.gradients import GradientTreatment
+    from seqlab.training.loop import FusedLoop
 
     torch.manual_seed(0)
     x, y = torch.randn(12 * 16, 1, 40), torch.randn(12 * 16, 1)
@@ -424,9 +424,9 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
 
 
 def test_the_fused_loop_stops_at_max_steps_inside_an_item():
-    from seqlab.training.loop import FusedLoop
     from seqlab.model import CNNLSTM
     from seqlab.tracking import StepLog
+    from seqlab.training.loop import FusedLoop
 
     model = CNNLSTM(8)
     log = StepLog()

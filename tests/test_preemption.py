@@ -8,7 +8,6 @@ import signal
 
 import psutil
 import pytest
-
 from conftest import start_cli
 from test_cluster import BOTH, BOTH_STEPS, _each_step_once, _job_logs, _runs, _stop_each_once_training
 

@@ -10,8 +10,8 @@ import time
 
 import psutil
 import pytest
-
 from conftest import runs_of, start_cli
+
 from seqlab import SeqlabError
 from seqlab.ddp.rank_watch import RankWatch, describe_exit
 

@@ -11,8 +11,8 @@ import signal
 import time
 
 import pytest
-
 from conftest import TINY, artifact_paths, runs_of, start_cli
+
 from seqlab.train import train
 
 

@@ -11,8 +11,8 @@ from typing import Optional
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, TINY, runs_of, start_cli
+
 from seqlab import SeqlabError
 from seqlab.train import train
 
@@ -292,7 +292,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
 
 
 def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_path):
-    """README: ckpt_path=FILE starts a new run from a checkpoint (resume=RUN_ID continues one).
+    """docs/troubleshooting.md: ckpt_path=FILE starts a new run from a checkpoint (resume=RUN_ID continues one).
     The new run starts where the checkpoint's training stopped: its first step is the 9th."""
     import shutil
 
@@ -540,9 +540,8 @@ def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_
 
     from mlflow.entities import Metric
 
-    from seqlab.resume.journal import deliver_journal, journal_paths
+    from seqlab.resume.journal import MetricJournal, deliver_journal, journal_paths
     from seqlab.tracking.senders import OutboxSender, RunRecord
-    from seqlab.resume.journal import MetricJournal
 
     run_id = store.create_run(store.get_experiment_by_name("Default").experiment_id).info.run_id
     answered = []
@@ -752,9 +751,9 @@ def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(
 
     from mlflow.entities import Metric
 
+    from seqlab import ending_status
     from seqlab.resume.journal import MetricJournal, journal_paths
     from seqlab.resume.safe_writes import WriteFailed
-    from seqlab import ending_status
 
     journal = MetricJournal(tmp_path, "r1")
 

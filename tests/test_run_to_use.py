@@ -10,10 +10,10 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from seqlab.hydra_version import VERSION_BASE
-
 from conftest import CONF_DIR, TINY, runs_of
+from hydra import compose, initialize_config_dir
+
+from seqlab.hydra_version import VERSION_BASE
 from seqlab.model import CNNLSTM
 from seqlab.train import train
 
@@ -255,9 +255,8 @@ def test_predict_cli_bad_input_is_one_line(trained, tmp_path, case):
 
 
 def test_predict_with_a_run_without_a_model_is_one_line(tmp_path, compose_cfg, store, caplog):
-    from seqlab.predict import main
-
     from seqlab import SeqlabError
+    from seqlab.predict import main
 
     with pytest.raises(SeqlabError):  # a run that fails before training: it has no model
         train(compose_cfg("data.n_samples=128", "module.output_network=best", "data.val_fraction=0"))

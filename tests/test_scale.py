@@ -13,15 +13,15 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from seqlab.hydra_version import VERSION_BASE
-
 from conftest import CONF_DIR, ROOT, TINY, artifact_paths, no_runs, runs_of
+from hydra import compose, initialize_config_dir
 from inprocess import run_script
+
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
-from seqlab.sweeps.job import cpu_count
+from seqlab.hydra_version import VERSION_BASE
 from seqlab.store.server import LocalServer, check_backend
+from seqlab.sweeps.job import cpu_count
 
 N_TRAIN = 205  # TINY: 256 samples, 20% held out for validation
 
@@ -116,7 +116,7 @@ def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_
 @pytest.mark.slow
 @pytest.mark.fresh_store
 def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_server(tmp_path, store):
-    """README (Scaling out): the parent process of a parallel sweep only waits for its workers; a
+    """docs/scaling.md: the parent process of a parallel sweep only waits for its workers; a
     SIGTERM (scancel, kill) ends it with 128 + the signal, its parent run KILLED with the command
     that continues the sweep, and its loopback server stopped. SIGHUP takes the same handler (below)."""
     signame = "SIGTERM"
@@ -358,7 +358,7 @@ def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_s
 
 
 def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
-    """README: under DDP, train_loss is averaged over the processes. The recorder's flush with a
+    """docs/scaling.md: under DDP, train_loss is averaged over the processes. The recorder's flush with a
     process group of two, the other process's losses known: the logged values are the means."""
     from types import SimpleNamespace
 
@@ -440,12 +440,12 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(postgre
     # password and left it on the command lines of seqlab.store.server and mlflow server (ps).
     # The server on PostgreSQL it starts is also where a run is logged: its metrics and artifacts land.
     import psutil
-
     from conftest import POSTGRES_PASSWORD
+
     from seqlab.store.server import free_port, wait_until_up
 
     port = free_port()
-    # As the README says to start it: the URL in make's environment (BACKEND_STORE_URI=... make server).
+    # As docs/scaling.md says to start it: the URL in make's environment (BACKEND_STORE_URI=... make server).
     make = subprocess.Popen(["make", "-s", "server", f"ARTIFACTS={tmp_path / 'art'}", f"PORT={port}"], cwd=ROOT,
                             env={**os.environ, "BACKEND_STORE_URI": postgres}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

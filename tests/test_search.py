@@ -9,11 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
 from conftest import artifact_paths, cli_env, runs_of, start_cli
 from inprocess import run_in_process
+from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 TINY = ["data.n_samples=256", "trainer.max_epochs=2", "logger.system_metrics=false"]
 

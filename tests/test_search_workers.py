@@ -9,7 +9,6 @@ import time
 
 import optuna
 import pytest
-
 from conftest import runs_of, start_cli
 from test_search import TINY, _preset
 

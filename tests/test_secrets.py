@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import io
 import logging
+import stat
 from pathlib import Path
 
-import stat
-
 import pytest
-
 from conftest import TINY, runs_of
+
 from seqlab import secrets
 from seqlab.store.server_auth import client_credentials
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import mlflow
 import pytest
 import requests
-
 from conftest import TINY, artifact_paths, no_runs, runs_of
 from inprocess import run_script
+
 from seqlab import SeqlabError
 from seqlab.store.server import free_port, wait_until_up
 from seqlab.store.server_auth import auth_environment

@@ -9,8 +9,8 @@ import pytest
 
 from seqlab.sweeps.compare import table, to_csv
 from seqlab.sweeps.runs import RunRow
-from seqlab.sweeps.verdict import crossover_detail, fastest_to_target, group_runs, verdict
 from seqlab.sweeps.stats import GREATER, LESS, TIED, UNTESTED, compare_means, summarize, tied_with_best, welch_p
+from seqlab.sweeps.verdict import crossover_detail, fastest_to_target, group_runs, verdict
 
 
 def test_mean_sd_and_the_student_t_interval():

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, runs_of, start_cli
+
 from seqlab.store.local import StoreError, half_created, lock_path, open_client, store_lock
 
 

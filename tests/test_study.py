@@ -3,12 +3,13 @@ crossover, plots, verdict, artifacts on the parent run) and the sweep preset thr
 
 from __future__ import annotations
 
-import pytest
 from pathlib import Path
-from matplotlib.image import imread
 
+import pytest
 from conftest import ROOT, artifact_paths, runs_of
 from inprocess import run_script
+from matplotlib.image import imread
+
 from seqlab.sweeps.compare import compare, table
 from seqlab.sweeps.runs import RunRow
 from seqlab.sweeps.verdict import crossover, fastest_to_target, verdict

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import mlflow
 import pytest
-
 from conftest import ROOT, TINY, artifact_paths, runs_of
 from inprocess import run_script
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hydra.errors import ConfigCompositionException
 import torch
+from conftest import TINY, artifact_paths, runs_of
+from hydra.errors import ConfigCompositionException
+from independent import baseline_rmse, val_rmse_of_checkpoint
 from matplotlib.image import imread
 
-from conftest import TINY, artifact_paths, runs_of
-from independent import baseline_rmse, val_rmse_of_checkpoint
 from seqlab import SeqlabError
 from seqlab.train import train
 
@@ -209,7 +209,7 @@ def test_trains_on_a_gpu(compose_cfg, store):
 
 
 def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, tmp_path):
-    """README, 'What each run records': the names a user looks for in the UI, with the values
+    """docs/models.md, 'What each run records': the names a user looks for in the UI, with the values
     that can be derived from others checked against them. The project root here is a git
     repository of its own, so git_commit has a known value."""
     import subprocess

@@ -78,9 +78,9 @@ def machine() -> dict[str, str]:
 
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
-    from seqlab.hydra_version import VERSION_BASE
 
     import seqlab.schema  # noqa: F401
+    from seqlab.hydra_version import VERSION_BASE
 
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=overrides)

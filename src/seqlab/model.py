@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqlab.schema import Init, ModelConfig as _Defaults, choice
+from seqlab.schema import Init, choice
+from seqlab.schema import ModelConfig as _Defaults
 
 
 class CNNLSTM(nn.Module):

@@ -205,10 +205,10 @@ def _record(cfg: DictConfig, client: Any, model: Any, result: Predictions, x: np
     evaluation data as a dataset input, the predictions and the plot."""
     from mlflow.entities import Metric, RunTag
 
-    from seqlab.tracking.datasets import base_name, dataset, log_inputs
     from seqlab.plots import predicted_vs_actual
-    from seqlab.tracking import ensure_experiment
     from seqlab.store.ui import run_link
+    from seqlab.tracking import ensure_experiment
+    from seqlab.tracking.datasets import base_name, dataset, log_inputs
 
     training = client.get_run(result.training_run_id) if result.training_run_id else None
     if training is not None:

@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig
 
 from seqlab import SeqlabError, resolvers
 
+
 def _choices(name: str, *values: str) -> type[StrEnum]:
     """A config key's choices as an Enum field, which OmegaConf checks at compose time. Members are
     named by their values (OmegaConf looks them up by name) and compare equal to plain strings."""

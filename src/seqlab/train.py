@@ -112,8 +112,8 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     from seqlab.resume.interrupt import check_checkpoint
     from seqlab.tracking.lifecycle import Ending, record_end
     from seqlab.tracking.model_logging import Kept
-    from seqlab.training.module import final_metrics
     from seqlab.training.devices import use_cores
+    from seqlab.training.module import final_metrics
     from seqlab.training.noise import quiet_libraries
 
     quiet_libraries(cfg.perf.loader)

@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
-from seqlab.training.devices import synchronize
 from seqlab.tracking import MlflowTracker
+from seqlab.training.devices import synchronize
 
 
 class EpochTimer(pl.Callback):

@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData
+from seqlab.schema import DataConfig as _Defaults
 from seqlab.training.lightning_private import batches_done_in_epoch
 from seqlab.training.profiling import phase
-from seqlab.schema import DataConfig as _Defaults
 
 EXAMPLE_SAMPLES = 8  # the first training samples kept as an input example (a logged model takes a few)
 

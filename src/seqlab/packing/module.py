@@ -29,8 +29,8 @@ from seqlab import SeqlabError
 from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
 from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
-from seqlab.training.devices import synchronize
 from seqlab.tracking.steps import StepLog
+from seqlab.training.devices import synchronize
 from seqlab.training.lightning_private import batches_done_in_epoch, count_optimizer_steps
 from seqlab.training.loop import FusedLoop, lightning_steps
 

@@ -23,13 +23,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from seqlab import SeqlabError, ending_status, one_line
+from seqlab.callbacks.timing import target_tags
 from seqlab.packing.continuing import planned_resume, previous_attempt
 from seqlab.packing.data import PackData, samples_key
 from seqlab.packing.members import Member
 from seqlab.packing.model import PackedCNNLSTM
 from seqlab.packing.module import PackModule
 from seqlab.packing.optim import PackedGradientTreatment, packed_optimizer
-from seqlab.callbacks.timing import target_tags
 from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, prepare_resume
 from seqlab.resume.points import CHECKPOINT, publish_resume_point
@@ -45,8 +45,8 @@ from seqlab.tracking.datasets import log_training_data
 from seqlab.tracking.describe import record_config
 from seqlab.tracking.lifecycle import Ending, describe_run, end_run, finished_result, open_run, record_end
 from seqlab.training import devices
-from seqlab.training.noise import quiet_libraries
 from seqlab.training.module import LOSS_TO_MSE, final_metrics
+from seqlab.training.noise import quiet_libraries
 from seqlab.training.perf import optimizer_factory, steps_per_call
 from seqlab.training.trainer import build_trainer
 

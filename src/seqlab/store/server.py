@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 from urllib.parse import urlparse
 
 from seqlab import SeqlabError
-from seqlab.store import server_auth
 from seqlab.secrets import mask_uris
+from seqlab.store import server_auth
 
 # What `make server` uses unless told otherwise: its own store beside the local one, so runs sent
 # to the server get artifact locations the server serves (mlflow-artifacts:/...), never paths on

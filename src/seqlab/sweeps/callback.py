@@ -32,7 +32,6 @@ from seqlab.sweeps.job import PlannedJob, SweepInfo, is_run_id, job_key
 from seqlab.sweeps.study import VERDICT_FILE
 from seqlab.sweeps.summary import collect, format_summary, summary_csv
 
-
 log = logging.getLogger("seqlab")
 
 def _process_tags() -> dict[str, str]:
@@ -67,7 +66,7 @@ def swept_keys(overrides: list[str]) -> list[str]:
 
 # Launchers that run jobs side by side on this machine: they get the loopback server. (The
 # basic launcher runs one job at a time; a cluster's jobs run on other hosts, which a loopback
-# server cannot serve: they need a tracking server they reach, see README "Scaling out".)
+# server cannot serve: they need a tracking server they reach, see docs/scaling.md.)
 SWEEP_USER = "seqlab-sweep"  # the user a parallel sweep's own server signs its jobs in as
 LOCAL_PARALLEL_LAUNCHERS = (
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",

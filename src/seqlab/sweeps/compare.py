@@ -16,7 +16,7 @@ import mlflow
 
 from seqlab.sweeps.job import fmt
 from seqlab.sweeps.runs import RunRow, find_runs, to_rows
-from seqlab.sweeps.verdict import METRICS, RANK_BY, Group, n_text, crossover_detail, group_runs, rank, verdict
+from seqlab.sweeps.verdict import METRICS, RANK_BY, Group, crossover_detail, group_runs, n_text, rank, verdict
 
 
 # -- table, CSV, Markdown --------------------------------------------------------------------------

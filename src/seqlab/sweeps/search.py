@@ -25,13 +25,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
 from seqlab.secrets import mask_text, mask_uris
-from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
 from seqlab.sweeps import optuna_private, workers
 from seqlab.sweeps.job import SweepInfo
+from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
 from seqlab.sweeps.search_runs import Tracking, job_result
 from seqlab.sweeps.space import flatten_space, parse_space, split_arguments
 from seqlab.sweeps.study import (
-    INTERRUPTED, RETRY_OF, STARTING, SearchError, make_pruner, make_sampler, override_value, overrides_for, storage_for,
+    INTERRUPTED,
+    RETRY_OF,
+    STARTING,
+    SearchError,
+    make_pruner,
+    make_sampler,
+    override_value,
+    overrides_for,
+    storage_for,
 )
 from seqlab.sweeps.trial import ENV_TRIAL, PRUNED_AT, study_environment
 

@@ -10,7 +10,17 @@ from typing import Optional
 
 from seqlab.sweeps.job import fmt
 from seqlab.sweeps.runs import RunRow
-from seqlab.sweeps.stats import ALPHA, GREATER, LESS, TEST_NAME, UNTESTED, Summary, compare_means, summarize, tied_with_best
+from seqlab.sweeps.stats import (
+    ALPHA,
+    GREATER,
+    LESS,
+    TEST_NAME,
+    UNTESTED,
+    Summary,
+    compare_means,
+    summarize,
+    tied_with_best,
+)
 
 # Params that say where things go or how a run was started, not what was trained.
 NOT_CONFIG = ("paths.", "logger.", "hydra.", "resume", "ckpt_path", "notes")

@@ -21,7 +21,7 @@ SLURM array tasks, against one study database.
   elsewhere and leave it to that one; if that one dies, the next command on the study writes it.
 
 Heartbeats need a database storage (SQLite, PostgreSQL, ...): Optuna 5's journal file storage has
-none, so there a worker killed outright leaves its trial RUNNING (see README, "Scaling out")."""
+none, so there a worker killed outright leaves its trial RUNNING (see docs/scaling.md)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from mlflow.entities import Metric, Param, RunTag
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, ending_status, one_line
-from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.resume.journal import MetricJournal
+from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.secrets import mask_flat, mask_text, mask_uris
 from seqlab.store.local import is_database
 from seqlab.store.server_auth import client_credentials

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
+from seqlab.schema import ModuleConfig as _Defaults
 from seqlab.training.gradients import GradientTreatment
 from seqlab.training.lightning_private import count_optimizer_steps
 from seqlab.training.loop import FusedLoop, lightning_steps
 from seqlab.training.profiling import phase
-from seqlab.schema import ModuleConfig as _Defaults
 
 log = logging.getLogger("seqlab")
 
