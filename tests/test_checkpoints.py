@@ -10,7 +10,6 @@ import signal
 import pytest
 from conftest import ROOT, cli_env, runs_of
 
-from seqlab import SeqlabError
 from seqlab.train import train
 
 # 410 training samples: 13 steps an epoch, in items of 5 steps (see test_robust's exact resume)
@@ -253,47 +252,6 @@ def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, stor
     with pytest.raises(WriteFailed, match=rf"^could not write {target}: Permission denied; free space there"):
         tracker.log_artifact(png)
     tracker.end("FAILED")
-
-
-def test_a_run_recorded_before_the_modules_moved_resumes(compose_cfg, store, tmp_path, monkeypatch):
-    """A run recorded before src/seqlab was sorted into packages holds `_target_` params with the
-    old module paths (seqlab.module.SeqRegressor, ...): resume= takes them as the classes they
-    are now and continues the run, every step stored once."""
-    from seqlab.resume import checkpoints
-    from seqlab.tracking import StepLog
-
-    old_paths = ["module._target_=seqlab.module.SeqRegressor", "callbacks.timer._target_=seqlab.timing.EpochTimer",
-                 "callbacks.best._target_=seqlab.output_network.OutputNetwork"]
-    now = [0.0]
-    monkeypatch.setattr(checkpoints, "_clock", lambda: now[0])
-    add = StepLog.add
-
-    def add_then_tick(self, loss, step, lr):
-        add(self, loss, step, lr)
-        if step == 20:
-            now[0] += 1000.0  # a time-based checkpoint at the next step boundary (step 25)
-
-    monkeypatch.setattr(StepLog, "add", add_then_tick)
-    train(compose_cfg(*EXACT, *old_paths))  # as the old version recorded it: its own module paths
-    (run,) = runs_of(store, "seqlab")
-    assert run.data.params["module._target_"] == "seqlab.module.SeqRegressor"
-    assert run.data.params["callbacks.best._target_"] == "seqlab.output_network.OutputNetwork"
-    # As if killed right after that checkpoint: KILLED, its resume point tagged.
-    store.set_terminated(run.info.run_id, "KILLED")
-    store.set_tag(run.info.run_id, "interrupted_at_step", "25")
-
-    monkeypatch.setattr(StepLog, "add", add)
-    result = train(compose_cfg(*EXACT, f"resume={run.info.run_id}"))  # today's paths
-    assert result.status == "FINISHED" and result.run_id == run.info.run_id
-    (resumed,) = runs_of(store, "seqlab")
-    assert resumed.info.status == "FINISHED"
-    steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
-    assert steps == list(range(1, 4 * 13 + 1))  # steps 26.. trained again are stored once
-
-    store.set_terminated(run.info.run_id, "KILLED")
-    store.set_tag(run.info.run_id, "interrupted_at_step", "25")
-    with pytest.raises(SeqlabError, match=r"this config differs from the run's: model.hidden_size=8 \(the run had 24\)"):
-        train(compose_cfg(*EXACT, "model.hidden_size=8", f"resume={run.info.run_id}"))  # a real difference still counts
 
 
 def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):

@@ -1,15 +1,12 @@
 """The house's floor plan (issue 21): packages named for what they hold, no import circle (imports
 inside functions count: a circle hidden in a function body is still one), small modules, and the
-paths a user already has (old `_target_`s, `python -m seqlab.server`) still working."""
+shipped configs naming each class where it is."""
 
 from __future__ import annotations
 
 import ast
-import io
-import runpy
 import subprocess
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -158,46 +155,10 @@ def test_the_light_modules_stay_light():
     assert out.stdout.strip() == "[]"
 
 
-# -- the paths a user already has ------------------------------------------------------------------
-def test_an_old_module_path_is_the_module_where_it_is_now():
-    import importlib
-
-    from seqlab import moved
-
-    for old, new in moved.MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-        assert moved.now(new) == new  # a path as it is now stays as it is
-    from seqlab.module import SeqRegressor
-
-    from seqlab.training.module import SeqRegressor as Now
-
-    assert SeqRegressor is Now and sys.modules["seqlab.training.module"].__spec__.name == "seqlab.training.module"
-    assert moved.now("seqlab.output_network.OutputNetwork") == "seqlab.callbacks.output_network.OutputNetwork"
-    assert moved.now("seqlab.sweeps.callback.MlflowSweepCallback") == "seqlab.sweeps.callback.MlflowSweepCallback"
-    assert moved.param_now("module._target_", "seqlab.module.SeqRegressor") == "seqlab.training.module.SeqRegressor"
-    assert moved.param_now("notes", "seqlab.module") == "seqlab.module"  # only a _target_ is a path
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("seqlab.no_such_module")
-
-
-def test_python_m_with_an_old_path_runs_the_module(monkeypatch):
-    """`python -m seqlab.server` (the README's and make server's until the move) runs
-    seqlab.store.server: runpy takes the code from the old path's loader."""
-    monkeypatch.setattr(sys, "argv", ["seqlab.server", "--help"])
-    monkeypatch.delitem(sys.modules, "seqlab.server", raising=False)  # as in a new Python: not imported yet
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit) as exited:
-        runpy.run_module("seqlab.server", run_name="__main__", alter_sys=True)
-    assert exited.value.code == 0
-    assert "--backend-store-uri" in out.getvalue()
-
-
 def test_every_target_in_conf_names_a_current_path():
     """The shipped configs name each class where it is now, and each resolves."""
     import yaml
     from hydra.utils import get_object
-
-    from seqlab import moved
 
     targets = set()
     for path in (ROOT / "conf").rglob("*.yaml"):
@@ -209,7 +170,6 @@ def test_every_target_in_conf_names_a_current_path():
         walk(yaml.safe_load(path.read_text()))
     ours = sorted(t for t in targets if t.startswith("seqlab."))
     assert "seqlab.training.module.SeqRegressor" in ours and "seqlab.sweeps.callback.MlflowSweepCallback" in ours
-    assert [t for t in ours if moved.now(t) != t] == []
     for target in ours:
         get_object(target)
 

@@ -4,11 +4,7 @@ Importing the package is cheap on purpose (no torch, Lightning or MLflow): the C
 path (`train.py --help`, `--cfg job`) goes through here.
 """
 
-from seqlab import moved
-
 __version__ = "0.1.0"
-
-moved.install()  # modules that moved into packages still import under their old paths (seqlab.moved)
 
 
 class SeqlabError(Exception):

@@ -17,7 +17,6 @@ import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from seqlab import SeqlabError
-from seqlab.moved import param_now
 from seqlab.resume.checkpoints import save_checkpoint
 from seqlab.resume.journal import deliver_journal
 from seqlab.resume.points import CHECKPOINT, STOPPED_AT, deliver_unsent, fetch_checkpoint
@@ -163,8 +162,7 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
     differ = [
         f"{key}={value} (the run had {run.data.params[key]})"
         for key, value in params.items()
-        # A run recorded before a module moved names its old path: the same class (seqlab.moved).
-        if not key.startswith(_MAY_DIFFER) and key in run.data.params and param_now(key, run.data.params[key]) != value[:6000]
+        if not key.startswith(_MAY_DIFFER) and key in run.data.params and run.data.params[key] != value[:6000]
     ]
     if differ:
         overrides = run.data.tags.get("hydra_overrides", "")

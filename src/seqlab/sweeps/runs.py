@@ -8,7 +8,6 @@ from typing import Optional
 
 import mlflow
 
-from seqlab.moved import param_now
 from seqlab.sweeps.job import job_key
 
 
@@ -124,7 +123,7 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 model_steps_per_s=m.get("pack_model_steps_per_s_median") if "pack_id" in t else m.get("it_per_s_median"),
                 pack_id=t.get("pack_id"),
                 val_history=history,
-                params={k: param_now(k, v) for k, v in p.items()},  # old module paths as now (seqlab.moved)
+                params=dict(p),
             )
         )
     return sorted(rows, key=lambda r: (r.device, r.perf, r.batch_size or 0, r.seed or 0, r.name))

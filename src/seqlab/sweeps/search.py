@@ -32,7 +32,6 @@ from seqlab.sweeps.search_runs import Tracking, job_result
 from seqlab.sweeps.space import flatten_space, parse_space, split_arguments
 from seqlab.sweeps.study import (
     INTERRUPTED,
-    RETRY_OF,
     STARTING,
     SearchError,
     make_pruner,
@@ -219,21 +218,7 @@ class Search:
     def _prepare(self, study: optuna.Study, space: Mapping[str, Any]) -> None:
         """Trial 0 is the config's own values; trials a stop interrupted, or whose worker died, run
         again with theirs. Other workers' live trials are left alone (seqlab.sweeps.workers)."""
-        states = optuna.trial.TrialState
-        optuna.storages.fail_stale_trials(study)  # no heartbeat for grace_period: FAIL, retried (workers.retry_stale)
-        for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
-            # Left running by a worker on this machine that was killed outright (kill -9): nothing trains it now.
-            if workers.worker_gone(t):
-                try:
-                    optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
-                    study.tell(t.number, state=states.FAIL)
-                except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-                    pass  # another worker preparing at the same moment ended it first
-        trials = study.get_trials(deepcopy=False)
-        retried = {t.user_attrs.get(RETRY_OF) for t in trials}
-        for t in trials:
-            if t.state == states.FAIL and t.user_attrs.get(INTERRUPTED) and t.number not in retried and set(t.params) == set(space):
-                study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)})
+        workers.retry_interrupted(study, set(space))
         start, outside = {}, []
         for key, distribution in space.items():
             value = self._starting_value(key)

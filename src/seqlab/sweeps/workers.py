@@ -136,6 +136,27 @@ def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     print(f"trial {trial.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again", flush=True)
 
 
+def retry_interrupted(study: optuna.Study, keys: set[str]) -> None:
+    """Before a worker asks for trials: those whose worker stopped beating (Optuna's fail_stale_trials,
+    then retry_stale), or died on this machine (kill -9: nothing trains them now), or that a stop
+    interrupted, are ended and their values enqueued again (a retry two workers enqueue at once runs
+    once: `settle`). Other workers' live trials are left alone."""
+    states = optuna.trial.TrialState
+    optuna.storages.fail_stale_trials(study)
+    for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        if worker_gone(t):
+            try:
+                optuna_private.set_trial_user_attr(study, t, INTERRUPTED, True)
+                study.tell(t.number, state=states.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                pass  # another worker preparing at the same moment ended it first
+    trials = study.get_trials(deepcopy=False)
+    again = retried(trials)
+    for t in trials:
+        if t.state == states.FAIL and t.user_attrs.get(INTERRUPTED) and t.number not in again and set(t.params) == keys:
+            study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)})
+
+
 def running_elsewhere(study: optuna.Study) -> list[int]:
     """The trials still running once this worker's own have ended: other workers'."""
     return [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
