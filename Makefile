@@ -47,7 +47,7 @@ train: $(STAMP) ## train the default experiment (override anything with ARGS='ke
 test: $(STAMP) ## run the test suite
 	$(PY) -m pytest $(ARGS)
 
-test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about 1.5 min on 2 cores)
+test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about a minute on 2 cores)
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
 
 lint: $(STAMP) ## ruff over src/, tests/ and scripts/ (pyproject.toml: [tool.ruff])

@@ -45,6 +45,7 @@ CONFIG_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_a_bad_config_value_is_one_line(run_cli, store, case):
     args, message = CONFIG_CASES[case]

@@ -25,6 +25,7 @@ def _linked(model) -> dict[str, tuple[int, float]]:
     return {m.key: (m.step, m.value) for m in model.metrics or []}
 
 
+@pytest.mark.slow
 def test_the_best_networks_checkpoint_is_a_logged_model_that_predict_takes(compose_cfg, store, tmp_path):
     result = train(compose_cfg(*OVERSHOOT))  # logger.log_checkpoints=best: the default
     run = store.get_run(result.run_id)
@@ -65,6 +66,7 @@ def test_all_logs_a_network_at_each_new_best_and_none_only_the_one_kept(compose_
     assert [m.name for m in _models(store, run)] == ["model"]
 
 
+@pytest.mark.slow
 def test_a_kept_best_network_is_the_best_checkpoint_itself(compose_cfg, store):
     result = train(compose_cfg(*OVERSHOOT, "module.output_network=best"))
     run = store.get_run(result.run_id)

@@ -58,6 +58,7 @@ def test_a_missing_gpu_fails_its_jobs_not_the_sweep(run_cli, store):
     assert not [r for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"]
 
 
+@pytest.mark.slow
 def test_a_sweep_cut_short_does_not_leave_its_parent_running(run_cli, store):
     proc = run_cli("-m", "data.batch_size=abc,def", *TINY)  # no job's config composes
     assert proc.returncode != 0

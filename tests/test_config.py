@@ -56,6 +56,7 @@ def test_scheduler_none_leaves_no_scheduler(compose_cfg):
     "override",
     ["data.batchsize=3", "data.batch_size=abc", "trainer.max_epochs=1.5", "model.hidden=3"],
 )
+@pytest.mark.slow
 def test_schema_rejects_unknown_keys_and_wrong_types(compose_cfg, override):
     with pytest.raises(ConfigCompositionException):
         compose_cfg(override)
@@ -122,6 +123,7 @@ def test_a_sweep_list_is_checked_value_by_value_before_anything_runs():
     assert proc.stderr.strip() == "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
 def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
     proc = subprocess.run(

@@ -192,6 +192,7 @@ def test_predict_opening_the_store_ends_its_dead_runs_too(tmp_path, store, caplo
     assert store.get_run(alive).info.status == "RUNNING"
 
 
+@pytest.mark.slow
 def test_a_dead_run_deleted_in_the_ui_is_left_alone_and_every_command_still_starts(store, compose_cfg, tmp_path):
     # Issue 24, point 1: a run left RUNNING by kill -9, then deleted in the MLflow UI (what a user
     # does with a crashed run). MLflow refuses to change a deleted run; the reaper must not try.

@@ -25,6 +25,7 @@ from seqlab.training.module import population_bn_statistics_
 # -- the preset ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_preset_sets_the_scripts_training_options_and_matlabs_implicit_defaults(compose_cfg):
     cfg = compose_cfg("experiment=matlab_seed")
     validate(cfg)
@@ -324,6 +325,7 @@ def test_mat2npz_converts_to_the_same_tensors(tmp_path):
 # -- end to end ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(compose_cfg, store, tmp_path):
     cfg = compose_cfg("experiment=matlab_seed", "data.n_samples=2000", "data.val_fraction=0.2", "trainer.max_epochs=4")
     result = train(cfg)
@@ -341,6 +343,7 @@ def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(comp
     assert result.val_rmse == run.data.metrics["final_val_rmse"]
 
 
+@pytest.mark.slow
 def test_matlab_seed_on_a_mat_file_through_the_cli(run_cli, store, tmp_path):
     path = tmp_path / "seed.mat"
     data = synthetic_daily_load(300, seed=1)

@@ -10,6 +10,7 @@ from inprocess import run_script
 SCRIPT = ROOT / "scripts" / "make_example_data.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix, seq_len", [("npz", 2), ("csv", 2)])
 def test_example_file_trains_through_the_cli(run_cli, store, tmp_path, suffix, seq_len):
     data = tmp_path / f"example.{suffix}"
@@ -114,6 +115,7 @@ def test_the_values_arrive_as_written_and_the_target_is_named(tmp_path):
      "not a number: 'Monday' in column 'weekday', which is not numeric: drop it, make it the index (data.source.index_col=...), or encode it as numbers"),
     (None, "data.source.target='price' is not a column (columns: m0000, m0001,"),
 ], ids=["text-column", "missing-target"])
+@pytest.mark.slow
 def test_a_table_that_does_not_fit_is_one_line(run_cli, tmp_path, change, message):
     frame = _daily_load(8)
     if change is not None:

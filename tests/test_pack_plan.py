@@ -84,6 +84,7 @@ def test_the_plan_file_round_trips(tmp_path):
         PackPlan.read(tmp_path / "elsewhere")
 
 
+@pytest.mark.slow
 def test_replicas_make_each_job_a_pack_of_its_config_with_distinct_seeds(compose_cfg):
     from seqlab.sweeps.packs import replicated
 

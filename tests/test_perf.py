@@ -49,6 +49,7 @@ def _plain_losses(cfg, n_steps: int) -> list[float]:
     ],
     ids=["fast", "fast-k4-max_steps", "naive"],
 )
+@pytest.mark.slow
 def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, store, perf, extra, steps):
     cfg = compose_cfg(f"perf={perf}", "data.n_samples=700", "trainer.max_epochs=3", "scheduler=none",
                       "perf.checkpoint_every_n_epochs=0", *extra)
@@ -61,6 +62,7 @@ def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, stor
     assert [m.value for m in recorded] == pytest.approx(expected, rel=2e-4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_matlab_settings_on_the_fast_path_match_a_plain_matlab_loop(compose_cfg, store):
     """L2, the per-tensor threshold and validation every N iterations through the fused loop,
     against a hand-written loop applying the same treatment."""
@@ -120,6 +122,7 @@ def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partia
 # -- no host synchronisation in the hot loop ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatch):
     """Every way a tensor's value reaches the host is counted while the fused loop runs;
     per-step metrics are read back only when flushed, outside the loop here."""
@@ -204,6 +207,7 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
     assert len(warnings) == 1 and "training eagerly" in warnings[0].getMessage()
 
 
+@pytest.mark.slow
 def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose_cfg, store, monkeypatch):
     """The module's graph path (static buffers, step counting for Lightning, recording) with
     replays standing in for CUDA: the same losses, the same step count as the eager path."""
@@ -232,6 +236,7 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
     assert [m.value for m in history(graphed)] == pytest.approx([m.value for m in history(eager)], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_cuda_graph_on_without_cuda_says_so_and_trains(compose_cfg, caplog):
     with caplog.at_level("WARNING", logger="seqlab"):
         result = train(compose_cfg("data.n_samples=300", "trainer.max_epochs=1", "perf.cuda_graph=on"))

@@ -32,6 +32,7 @@ def test_the_readme_is_a_front_door_and_its_links_resolve():
             assert (ROOT / target).exists(), target
 
 
+@pytest.mark.slow
 def test_the_documentation_site_builds_with_every_link_checked(tmp_path):
     mkdocs = shutil.which("mkdocs", path=os.path.dirname(sys.executable))
     if mkdocs is None:

@@ -23,6 +23,7 @@ def _npz(tmp_path, x, y, name="d.npz"):
     return path
 
 
+@pytest.mark.slow
 def test_nan_in_the_data_is_refused_or_dropped_with_a_count(compose_cfg, store, tmp_path, caplog):
     x = np.random.default_rng(0).normal(size=(80, 1, 6)).astype(np.float32)
     y = np.ones(80, dtype=np.float32)
@@ -116,6 +117,7 @@ def test_a_server_that_takes_the_connection_but_never_answers_is_given_up_on_wit
     assert tracker.client is None  # nothing went on to MLflow's own client
 
 
+@pytest.mark.slow
 def test_the_same_config_and_seed_give_the_same_metrics(compose_cfg, store):
     for name in ("first", "second"):
         train(compose_cfg(*TINY, "deterministic=true", f"logger.experiment_name={name}"))
@@ -291,6 +293,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     assert not marker.exists(), "the checkpoint's planted code ran"
 
 
+@pytest.mark.slow
 def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_path):
     """docs/troubleshooting.md: ckpt_path=FILE starts a new run from a checkpoint (resume=RUN_ID continues one).
     The new run starts where the checkpoint's training stopped: its first step is the 9th."""
@@ -483,6 +486,7 @@ def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, m
     assert steps == list(range(1, 4 * 13 + 1))
 
 
+@pytest.mark.slow
 def test_a_slow_server_is_waited_for_while_an_away_one_is_given_up():
     """Slow is not down: the end of a run waits as long as the server keeps taking writes (a server
     slower than training), and gives up only after outage_wait_s in which it took none."""

@@ -69,6 +69,7 @@ def test_the_pyfunc_model_predicts_what_the_checkpoint_does(trained):
     assert np.ptp(got) > 0  # different inputs, different predictions
 
 
+@pytest.mark.slow
 def test_registering_again_makes_version_2(trained, tmp_path):
     root, result, client = trained
     again = train(compose_in(root, "data.n_samples=128", "trainer.max_epochs=1", f"logger.register_as={REGISTERED}",
@@ -79,6 +80,7 @@ def test_registering_again_makes_version_2(trained, tmp_path):
     assert client.get_run(again.run_id).data.tags["registered_model"] == f"models:/{REGISTERED}/2"
 
 
+@pytest.mark.slow
 def test_an_unregistered_run_has_its_model_under_runs_and_links_to_the_model_training_view(compose_cfg, store, caplog):
     caplog.set_level("INFO", logger="seqlab")
     result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1"))
@@ -391,6 +393,7 @@ def test_two_jobs_logging_the_same_dataset_at_once_both_record_it():
         log_inputs(BrokenClient(), "run1", [(ds, "training")])
 
 
+@pytest.mark.slow
 def test_predict_finds_a_runs_model_among_more_than_a_page_of_models(trained, tmp_path):
     """Issue 34, point 4: MLflow answers a search of logged models a page (100) at a time, and one
     sweep=device_batch logs 630 in its experiment; predict.py run= said "has no model" for a run

@@ -17,6 +17,7 @@ def _series(first: int, n: int) -> tuple[dict[str, list[float]], list[int], list
     return {"train_loss": [0.5 / s for s in steps], "lr": [1e-3] * n}, steps, [1_000_000 + s for s in steps]
 
 
+@pytest.mark.slow
 def test_every_row_arrives_through_the_helper_process(tmp_path, store):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
     with tracker.run("r", {}):
@@ -62,6 +63,7 @@ def test_odd_values_and_the_latest_value_are_stored_as_mlflow_stores_them(tmp_pa
     assert run.data.metrics["val_rmse"] == 0.3
 
 
+@pytest.mark.slow
 def test_inline_writes_the_same_rows_without_a_helper(tmp_path, store):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline")
     with tracker.run("r", {}):
@@ -105,6 +107,7 @@ def test_the_latest_value_holds_across_separate_writes(tmp_path, store):
 
 
 # Issue 24, point 2: a helper that dies or stalls is found at once, and nothing waits on it forever.
+@pytest.mark.slow
 def test_a_helper_that_dies_loses_nothing_and_is_replaced_at_the_next_send(tmp_path, store, caplog):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
     with caplog.at_level(logging.WARNING, logger="seqlab"), tracker.run("r", {}):
@@ -124,6 +127,7 @@ def test_a_helper_that_dies_loses_nothing_and_is_replaced_at_the_next_send(tmp_p
     assert store.get_run(tracker.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_closing_a_stopped_helper_ends_within_its_deadline(tmp_path, store):
     import os
     import signal

@@ -104,6 +104,7 @@ def test_four_simultaneous_first_runs_on_a_new_store_all_finish(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
+@pytest.mark.slow
 def test_a_process_opens_a_local_store_once(tmp_path, monkeypatch):
     # A pack's members and an in-process sweep's jobs share one opened client: the lock, the
     # half-created check and MLflow's schema check (about 0.3 s) are paid once per process.
@@ -124,6 +125,7 @@ def test_a_process_opens_a_local_store_once(tmp_path, monkeypatch):
         local.open_client(other)  # another store is opened as before
 
 
+@pytest.mark.slow
 def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(tmp_path, compose_cfg, monkeypatch):
     # Issue 34, point 7: SQLite's locking over NFS (and CIFS, Lustre, GPFS) is unreliable; compute nodes
     # sharing a store there corrupt it. The mount table says which filesystem the store is on (here a

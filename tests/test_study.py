@@ -50,6 +50,7 @@ def test_verdict_table_and_failed_runs_shown():
     assert "0/1" in out and "FAILED" in out and len(out.splitlines()) == 1 + 6 + 1
 
 
+@pytest.mark.slow
 def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(compose_cfg, store):
     train(compose_cfg("data.n_samples=4096", "trainer.max_epochs=6", "metrics.target_rmse=0.25",
                       "logger.system_metrics_interval_s=0.5"))
@@ -68,6 +69,7 @@ def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(comp
     assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics)
 
 
+@pytest.mark.slow
 def test_a_target_never_reached_is_said(compose_cfg, store):
     train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1", "metrics.target_rmse=0.0001"))
     (run,) = runs_of(store, "seqlab")
@@ -128,6 +130,7 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     assert "n: finished repeats" in again.stdout
 
 
+@pytest.mark.slow
 def test_compare_shows_failed_runs_and_rejects_unknown_experiments(compose_cfg, store, tmp_path):
     import torch
 

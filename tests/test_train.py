@@ -13,6 +13,7 @@ from seqlab import SeqlabError
 from seqlab.train import train
 
 
+@pytest.mark.slow
 def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp_path):
     cfg = compose_cfg(*TINY, "data.batch_size=32", "logger.flush_every_n_steps=5")
     result = train(cfg)
@@ -76,6 +77,7 @@ def test_training_beats_predicting_the_mean(compose_cfg, store):
     assert result.val_rmse_baseline == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_schedule_and_optimizer_come_from_their_groups(compose_cfg, store):
     cfg = compose_cfg(*TINY, "optimizer=sgdm", "optimizer.lr=0.05", "scheduler.step_size=1", "scheduler.gamma=0.5")
     train(cfg)
@@ -86,6 +88,7 @@ def test_schedule_and_optimizer_come_from_their_groups(compose_cfg, store):
     assert run.info.run_name == "cpu-bs64"
 
 
+@pytest.mark.slow
 def test_daily_profile_trains(compose_cfg, store):
     cfg = compose_cfg("data=daily_profile", "data.n_samples=40", "trainer.max_epochs=1", "data.batch_size=16")
     result = train(cfg)
@@ -131,6 +134,7 @@ def test_a_file_that_does_not_load_ends_the_run_failed(compose_cfg, store, tmp_p
     assert run.info.status == "FAILED" and "no array named X" in run.data.tags["failure_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["half_mse", "mse"])
 def test_per_step_rmse_agrees_with_the_epochs_torchmetrics_rmse(compose_cfg, store, loss):
     """train_rmse per step comes from the loss value; train_rmse_epoch from torchmetrics over the
@@ -144,6 +148,7 @@ def test_per_step_rmse_agrees_with_the_epochs_torchmetrics_rmse(compose_cfg, sto
     assert from_steps == pytest.approx(run.data.metrics["train_rmse_epoch"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     """On a fake clock that only training and validation steps move: each training call takes
     1 s, each validation batch 100 s. The epochs' times hold exactly the training seconds."""
@@ -181,6 +186,7 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     assert history("it_per_s") == [2.0, 2.0]  # 4 steps in 2 s
 
 
+@pytest.mark.slow
 def test_tiny_data_edge_cases_train(compose_cfg, store):
     """A last batch of one sample (BatchNorm cannot train on it) is dropped; a validation set
     is never a single sample (R2 needs two)."""
@@ -192,6 +198,7 @@ def test_tiny_data_edge_cases_train(compose_cfg, store):
     assert "final_val_r2" in run.data.metrics
 
 
+@pytest.mark.slow
 def test_logger_run_name_names_the_run_everywhere(compose_cfg, store):
     result = train(compose_cfg(*TINY, "logger.run_name=my-baseline"))
     (run,) = runs_of(store, "seqlab")
@@ -208,6 +215,7 @@ def test_trains_on_a_gpu(compose_cfg, store):
     assert result.it_per_s > 0
 
 
+@pytest.mark.slow
 def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, tmp_path):
     """docs/models.md, 'What each run records': the names a user looks for in the UI, with the values
     that can be derived from others checked against them. The project root here is a git
@@ -246,6 +254,7 @@ def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, t
     assert tags["torch_threads"] == str(torch.get_num_threads())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
 def test_logger_system_metrics_switches_the_system_metrics(compose_cfg, store, on):
     train(compose_cfg(*TINY, f"logger.system_metrics={str(on).lower()}", "logger.system_metrics_interval_s=0.1",
