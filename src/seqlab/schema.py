@@ -26,15 +26,13 @@ Init = _choices("Init", "pytorch", "matlab")
 Loss = _choices("Loss", "half_mse", "mse")
 ThresholdMethod = _choices("ThresholdMethod", "l2norm", "global-l2norm", "absolute-value")
 BnStatistics = _choices("BnStatistics", "moving", "population")
-# MATLAB's OutputNetwork: 'last-iteration', 'best-validation-loss' (seqlab.callbacks.output_network)
 OutputNetworkChoice = _choices("OutputNetworkChoice", "last", "best")
 Loader = _choices("Loader", "tensor", "dataloader")
 OptimizerImpl = _choices("OptimizerImpl", "fused", "foreach", "default")
 Progress = _choices("Progress", "line", "bar")
 StepWriterKind = _choices("StepWriterKind", "process", "inline")
-# One process per device through Lightning: "ddp" (gloo on CPU, NCCL on GPUs). "auto" with
-# devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported: the
-# MLflow run is owned by the process that started the job.
+# "auto" with devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported:
+# the MLflow run is owned by the process that started the job.
 Strategy = _choices("Strategy", "auto", "ddp")
 ResumeData = _choices("ResumeData", "same", "changed")
 # Not Enums: YAML reads a bare 32 as a number and a bare off/on as a bool, which an Enum field refuses.
@@ -60,25 +58,25 @@ class DataConfig:
     name: str = MISSING
     source: Any = MISSING  # a _partial_ callable that returns (X, y) arrays
     path: Optional[str] = None
-    n_samples: Optional[int] = None
+    n_samples: Optional[int] = None  # null: use every sample; a number: the first n
     batch_size: int = 64
-    val_fraction: float = 0.2
+    val_fraction: float = 0.2  # the share of samples held out for validation (a file's own X_val/y_val: none)
     seed: int = 0
-    shuffle: bool = True
+    shuffle: bool = True  # reshuffle every epoch, as MATLAB's Shuffle='every-epoch'
     drop_last: bool = False
     x_key: Optional[str] = None  # the input / response variable in a file (npz, mat)
     y_key: Optional[str] = None
-    drop_nonfinite: bool = False  # NaN/Inf in a sample: false refuses the data, true drops the sample
+    drop_nonfinite: bool = False  # NaN/Inf in a sample: false refuses the data (one line), true drops those samples
 
 
 @dataclass
 class ModelConfig:
     _target_: str = "seqlab.model.CNNLSTM"
-    filters: int = 2
+    filters: int = 2  # the convolution's output channels
     kernel_size: int = 5
-    hidden_size: int = 24
+    hidden_size: int = 24  # the LSTM's units
     dropout: float = 0.1
-    init: Init = Init.pytorch
+    init: Init = Init.pytorch  # pytorch: PyTorch's; matlab: He-normal conv/LSTM, unit forget-gate bias, Glorot FC
 
 
 @dataclass
@@ -88,26 +86,28 @@ class ModuleConfig:
 
     _target_: str = "seqlab.training.module.SeqRegressor"
     _partial_: bool = True
+    # half_mse: 0.5 * mean over the batch of the sum over responses (MATLAB's regressionLayer); mse: torch's mse_loss
     loss: Loss = Loss.half_mse
+    # MATLAB's L2Regularization: coupled (gradient += l2 * w), weights and BatchNorm scale/offset, no biases
     l2_regularization: float = 0.0
-    gradient_threshold: Optional[float] = None
-    gradient_threshold_method: ThresholdMethod = ThresholdMethod.l2norm
-    bn_statistics: BnStatistics = BnStatistics.moving
-    output_network: OutputNetworkChoice = OutputNetworkChoice.last  # the network a run ends with
-    validation_patience: Optional[int] = None  # stop after this many validations without a new best; null: never
+    gradient_threshold: Optional[float] = None  # MATLAB's GradientThreshold; null: no clipping
+    gradient_threshold_method: ThresholdMethod = ThresholdMethod.l2norm  # l2norm (a tensor's) | global-l2norm | absolute-value
+    bn_statistics: BnStatistics = BnStatistics.moving  # moving: running averages; population: one pass after training
+    output_network: OutputNetworkChoice = OutputNetworkChoice.last  # MATLAB's OutputNetwork: last | best (val_rmse)
+    validation_patience: Optional[int] = None  # MATLAB's ValidationPatience: validations without a new best; null: Inf
 
 
 @dataclass
 class TrainerConfig:
     _target_: str = "pytorch_lightning.Trainer"
-    accelerator: Accelerator = Accelerator.auto
-    devices: Any = 1
-    strategy: Strategy = Strategy.auto
-    num_nodes: int = 1
+    accelerator: Accelerator = Accelerator.auto  # auto | cpu | gpu | mps
+    devices: Any = 1  # N > 1: one process per device, e.g. trainer.devices=2 trainer.strategy=ddp
+    strategy: Strategy = Strategy.auto  # auto | ddp (gloo on CPU, NCCL on GPUs); one MLflow run a job, by rank 0
+    num_nodes: int = 1  # machines in a multi-node DDP job (SLURM: one task per device)
     max_epochs: int = 30
-    max_steps: int = -1
-    max_time: Optional[str] = None  # a budget of wall time, "DD:HH:MM:SS"
-    precision: str = "32-true"
+    max_steps: int = -1  # -1: no step limit
+    max_time: Optional[str] = None  # a budget of wall time, "DD:HH:MM:SS" (sweep=device_batch uses one)
+    precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | 64-true
     gradient_clip_val: Optional[float] = None
     # null with val_check_interval=N: validate every N iterations across epochs (MATLAB's
     # ValidationFrequency); otherwise every this many epochs.
@@ -124,18 +124,25 @@ class LoggerConfig:
     tracking_uri: str = MISSING
     artifact_root: Optional[str] = None
     experiment_name: str = "seqlab"
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # null: named for what differs, e.g. cpu-bs64
+    # Per-step metrics are sent in batches of at least this many steps, at most this often (seconds):
+    # each send costs the training loop a little (the rest at the end; under DDP by steps only).
     flush_every_n_steps: int = 50
-    flush_every_s: float = 1.0  # and at most this often (seconds): each send costs the training loop a little
-    log_checkpoint: bool = True  # the run's last.ckpt file as an artifact (checkpoints/)
-    log_checkpoints: str = "best"  # networks as MLflow logged models besides `model`: best | all | none
-    synchronous: bool = False
-    system_metrics: bool = True  # CPU/memory (and GPU) utilisation sampled alongside the run
+    flush_every_s: float = 1.0
+    log_checkpoint: bool = True  # the run's last.ckpt file as an artifact (checkpoints/), for resume= from elsewhere
+    # Networks as MLflow logged models (the run's Models tab; predict.py model=models:/m-<id>) besides
+    # the network kept (`model`): best (the lowest val_rmse's, if it is not the one kept), all (also one
+    # at each new best, logged as training goes), none.
+    log_checkpoints: str = "best"
+    synchronous: bool = False  # false: MLflow writes in the background (flushed before the run ends)
+    system_metrics: bool = True  # system/cpu_utilization_percentage, memory; GPU utilisation, memory, power
     system_metrics_interval_s: float = 2.0
     outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
-    step_writer: StepWriterKind = StepWriterKind.process  # a local store's per-step metrics: tracking/step_writer.py
-    register_as: Optional[str] = None  # also register the logged model as a new version of this name
+    # A local store's per-step metrics: by a helper process (process: MLflow's per-row cost off the
+    # training process, tracking/step_writer.py) or MLflow's own thread (inline); not for a server.
+    step_writer: StepWriterKind = StepWriterKind.process
+    register_as: Optional[str] = None  # also register the logged model as a new version: models:/NAME/VERSION
 
 
 @dataclass
@@ -162,8 +169,9 @@ class PerfConfig:
 
 @dataclass
 class CheckpointConfig:
-    # A checkpoint every this many seconds of training, at a step boundary, that resume=RUN_ID
-    # continues from after a kill -9 (seqlab.resume.checkpoints); 0: off.
+    # A checkpoint every this many seconds of training, taken at a step boundary, so that a run ended
+    # by kill -9 (the OOM killer, a lost node) continues with resume=RUN_ID from at most this long ago
+    # (seqlab.resume.checkpoints, docs/troubleshooting.md); 0: off. perf.checkpoint_every_n_epochs still applies.
     interval_s: float = 600.0
 
 
