@@ -1,7 +1,7 @@
 """Train the CNN-LSTM: `python train.py [key=value ...]`, or a sweep with `python train.py -m ...`.
 
-Only Hydra and the config schema load here; torch, Lightning and MLflow load inside the task,
-so `--help` and `--cfg job` answer at once."""
+Only Hydra, the config schema and the light task (seqlab.task) load here; torch, Lightning and
+MLflow load once a job trains, so `--help` and `--cfg job` answer at once."""
 
 import os
 import sys
@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 import seqlab.schema  # noqa: F401  registers the typed config schema
 from seqlab.ddp.ranks import rank_overrides
 from seqlab.hydra_version import VERSION_BASE, trusted_targets
+from seqlab.task import main as task  # light: torch, Lightning and MLflow load only for a job that trains
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
 os.environ["SEQLAB_ENTRY"] = str(Path(__file__).resolve())  # how DDP's other processes start
@@ -20,8 +21,6 @@ os.environ["SEQLAB_ENTRY"] = str(Path(__file__).resolve())  # how DDP's other pr
 
 @hydra.main(config_path="conf", config_name="train", **VERSION_BASE)
 def main(cfg: DictConfig) -> object:
-    from seqlab.train import main as task
-
     return task(cfg)
 
 

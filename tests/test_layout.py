@@ -147,7 +147,7 @@ def test_the_light_modules_stay_light():
     MLflow nor Optuna: a new Python, as Hydra and a run start one."""
     code = ("import sys\n"
             "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
-            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.train, "
+            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.task, "
             "seqlab.sweeps.packs, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
             "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
@@ -214,3 +214,22 @@ def test_a_library_release_the_internals_were_not_tested_with_is_one_line(monkey
         check.cache_clear()
     monkeypatch.undo()
     check()  # the installed release passes
+
+
+def test_imports_sit_at_the_top_but_for_a_few_each_with_its_reason():
+    """Issue 37, point 2: a reader sees a module's dependencies at its top. An import of a seqlab module
+    inside a function is kept only where a light module must answer without torch, Lightning, MLflow
+    or Optuna (the command line's start-up, every multirun and job, a plugin Hydra imports), at most
+    15 of them, each saying why on its line."""
+    inside = []
+    for path in sorted(SRC.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for imp in ast.walk(node):
+                    if isinstance(imp, (ast.Import, ast.ImportFrom)):
+                        name = imp.module if isinstance(imp, ast.ImportFrom) else imp.names[0].name
+                        if name and name.split(".")[0] in ("seqlab", "hydra_plugins"):
+                            inside.append((f"{path.relative_to(SRC)}:{imp.lineno}", lines[imp.lineno - 1]))
+    assert len(inside) <= 15, [where for where, _ in inside]
+    assert [where for where, line in inside if "  # " not in line] == []

@@ -25,10 +25,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import mlflow
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 
+import seqlab.schema  # noqa: F401
 from seqlab.callbacks.timing import epoch_median
+from seqlab.hydra_version import VERSION_BASE
+from seqlab.packing.data import PackData
+from seqlab.packing.members import Member
+from seqlab.packing.model import PackedCNNLSTM
+from seqlab.packing.module import PackModule
+from seqlab.tracking import MlflowTracker
+from seqlab.train import train
+from seqlab.training import devices
 from seqlab.training.devices import cpu_name, synchronize
+from seqlab.training.module import LOSS_FUNCTIONS
+from seqlab.training.noise import quiet_libraries
+from seqlab.training.perf import optimizer_factory
+from seqlab.training.trainer import build_trainer
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -77,10 +93,7 @@ def machine() -> dict[str, str]:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
 
-    import seqlab.schema  # noqa: F401
-    from seqlab.hydra_version import VERSION_BASE
 
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=overrides)
@@ -105,9 +118,7 @@ def _overrides(shape: str, device: str, batch_size: int, smoke: bool, root: Path
 
 def _setup(cfg, device: str):
     """What both hand-written loops start from: the config's data and model on the device, its loss."""
-    from hydra.utils import instantiate
 
-    from seqlab.training.module import LOSS_FUNCTIONS
 
     torch.manual_seed(cfg.seed)
     dev = torch.device("cuda" if device == "gpu" else device)
@@ -120,7 +131,6 @@ def _setup(cfg, device: str):
 def plain_loop(cfg, device: str) -> list[float]:
     """The loop people write by hand: tensors on the device, a new permutation each epoch, the
     same model, loss and optimizer settings as the config, no tracking. Returns it/s per epoch."""
-    from hydra.utils import instantiate
 
     dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = instantiate(cfg.optimizer)(params=model.parameters())
@@ -147,9 +157,7 @@ def bare_loop(cfg, device: str) -> list[float]:
     zeroed tensors (as the default keeps them, so unused parameters still get their update), the
     data on the device, an on-device permutation each epoch into a reused buffer. Returns it/s
     per epoch."""
-    from hydra.utils import instantiate
 
-    from seqlab.training.perf import optimizer_factory
 
     dev, x, y, model, loss_fn = _setup(cfg, device)
     optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
@@ -195,16 +203,7 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
     tensors, each member's own order each epoch) driven by the Trainer every job gets
     (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k.
     Returns the pack's steps/s per epoch, as the module times them (model-steps/s: members x that)."""
-    from hydra.utils import instantiate
 
-    from seqlab.packing.data import PackData
-    from seqlab.packing.members import Member
-    from seqlab.packing.model import PackedCNNLSTM
-    from seqlab.packing.module import PackModule
-    from seqlab.training import devices
-    from seqlab.training.noise import quiet_libraries
-    from seqlab.training.perf import optimizer_factory
-    from seqlab.training.trainer import build_trainer
 
     quiet_libraries(cfg.perf.loader)
     dev, x, y, _, _ = _setup(cfg, device)
@@ -229,12 +228,10 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
 
 def framework_loop(cfg) -> list[float]:
     """seqlab's own training (train()), tracking into a throw-away MLflow store."""
-    from seqlab.train import train
 
     # Progress output is part of each loop's cost, but not of the benchmark's report.
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         train(cfg)
-    import mlflow
 
     client = mlflow.MlflowClient(cfg.logger.tracking_uri)
     experiment = client.get_experiment_by_name(cfg.logger.experiment_name)
@@ -318,7 +315,6 @@ def to_json(rows: list[Row], settings: dict) -> str:
 
 
 def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]) -> str:
-    from seqlab.tracking import MlflowTracker
 
     tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline")
     with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):

@@ -8,18 +8,32 @@ evaluation run linked to the training run (tag `training_run_id`, and nested und
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import mlflow
 import numpy as np
+import torch
+from hydra.utils import instantiate
+from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError, one_line
+from seqlab.data.sources import as_sequences
+from seqlab.plots import predicted_vs_actual
 from seqlab.schema import validate_predict
+from seqlab.store.ghosts import end_dead_runs
 from seqlab.store.models import run_models
+from seqlab.store.server_auth import client_credentials
+from seqlab.store.ui import run_link
+from seqlab.tracking import ensure_experiment
+from seqlab.tracking.connect import client_for
+from seqlab.tracking.datasets import base_name, dataset, log_inputs
 from seqlab.tracking.model_logging import ARTIFACT_PATH, run_scope
 
 log = logging.getLogger("seqlab")
@@ -46,7 +60,6 @@ def _redacted(uri: str) -> str:
 
 def _model_uri(cfg: DictConfig, client: Any) -> str:
     """The model's URI, after checking that a run=... exists and has a model."""
-    from mlflow.exceptions import MlflowException
 
     if cfg.model_uri is not None:
         return str(cfg.model_uri)
@@ -67,8 +80,6 @@ def _model_uri(cfg: DictConfig, client: Any) -> str:
 
 
 def _load(uri: str) -> Any:
-    import mlflow
-    from mlflow.exceptions import MlflowException
 
     try:
         return mlflow.pyfunc.load_model(uri)
@@ -79,9 +90,7 @@ def _load(uri: str) -> Any:
 def _data(cfg: DictConfig) -> tuple[np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]:
     """Inputs (samples, steps, features), targets (or None), lengths (or None), from the data
     group; an npz file without its y array is predicted on without targets."""
-    from hydra.utils import instantiate
 
-    from seqlab.data.sources import as_sequences
 
     d = cfg.data
     if d.name == "npz":
@@ -128,7 +137,6 @@ def _training_run(model: Any, client: Any) -> Optional[str]:
 def _predict(model: Any, x: np.ndarray, lengths: Optional[np.ndarray]) -> np.ndarray:
     if lengths is None:
         return np.concatenate([model.predict(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)])
-    import torch  # padded sequences: the network takes each one's last real step (pyfunc cannot pass lengths)
 
     net = model.get_raw_model()
     with torch.no_grad():
@@ -165,14 +173,10 @@ def _write(out: Path, predicted: np.ndarray, actual: Optional[np.ndarray]) -> tu
 
 def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
     validate_predict(cfg)
-    import os
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per download: noise here
 
 
-    from seqlab.store.ghosts import end_dead_runs
-    from seqlab.store.server_auth import client_credentials
-    from seqlab.tracking.connect import client_for
 
     out = Path(output_dir or cfg.paths.output_dir)
     store_uri = client_credentials(cfg.tracking_uri)  # a user:password in it is sent, not shown
@@ -203,12 +207,7 @@ def _record(cfg: DictConfig, client: Any, model: Any, result: Predictions, x: np
             predicted: np.ndarray, actual: np.ndarray, out: Path) -> None:
     """The evaluation as an MLflow run: metrics (also on the logged model, per dataset), the
     evaluation data as a dataset input, the predictions and the plot."""
-    from mlflow.entities import Metric, RunTag
 
-    from seqlab.plots import predicted_vs_actual
-    from seqlab.store.ui import run_link
-    from seqlab.tracking import ensure_experiment
-    from seqlab.tracking.datasets import base_name, dataset, log_inputs
 
     training = client.get_run(result.training_run_id) if result.training_run_id else None
     if training is not None:

@@ -1,5 +1,6 @@
-"""The training task: plain Python, callable without the CLI (`train(cfg)`), and the Hydra entry
-glue (`main`). Heavy imports happen inside the functions so `train.py --help` stays instant."""
+"""The training task: plain Python, callable without the CLI (`train(cfg)`): the config built into
+its parts, trained, recorded and reported, top to bottom. Heavy: the command line reaches it
+through the light seqlab.task, once `sweeps.job.ready` has found the job is to train."""
 
 from __future__ import annotations
 
@@ -11,41 +12,51 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
+import pytorch_lightning as pl
+import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
+from pytorch_lightning.callbacks import ModelCheckpoint
 
-from seqlab import SeqlabError, ending_status, one_line
-from seqlab.resume.requeue import Preempted
-from seqlab.schema import validate
-from seqlab.sweeps.job import Job, JobResult, check_single_run_resume, continue_job, fmt, resume_command
+from seqlab import SeqlabError, ending_status
+from seqlab import callbacks as callback_group
+from seqlab.ddp.rank_watch import RankWatch, rank_that_died
+from seqlab.ddp.ranks import multi_process, process_group_scope, start_ranks_as_this_job
+from seqlab.resume.checkpoints import TimedCheckpoint, save_checkpoint
+from seqlab.resume.interrupt import GracefulStop, check_checkpoint, start_point
+from seqlab.resume.points import CHECKPOINT, publish_resume_point
+from seqlab.resume.requeue import previous_attempt
+from seqlab.store.ghosts import heartbeat
+from seqlab.store.ui import run_link
+from seqlab.sweeps.job import Job, JobResult, fmt, ready, resume_command
+from seqlab.sweeps.pruning import trial_callbacks
+from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
+from seqlab.tracking.connect import open_tracker
+from seqlab.tracking.datasets import log_training_data
+from seqlab.tracking.describe import record_config
+from seqlab.tracking.lifecycle import Ending, describe_run, end_run, finished_result, open_run, record_end
+from seqlab.tracking.model_logging import Kept
+from seqlab.training import devices
+from seqlab.training.devices import use_cores
+from seqlab.training.loop import FusedLoop
+from seqlab.training.module import LOSS_TO_MSE, final_metrics
+from seqlab.training.noise import quiet_libraries
+from seqlab.training.perf import optimizer_factory, steps_per_call
+from seqlab.training.trainer import build_trainer
 
 log = logging.getLogger("seqlab")
+
 
 def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     """Train one configuration and record it in MLflow. Raises on failure, after the run has
     been ended FAILED (or KILLED) with the reason; returns the result otherwise."""
     job = job or Job(Path(cfg.paths.output_dir))
-    validate(cfg)  # before anything heavy is imported or any data is loaded
-    from seqlab.secrets import guard, private
+    done = ready(cfg, job)  # before any data is loaded
+    return done if done is not None else fit_job(cfg, job)
 
-    guard(cfg)  # from here on, its credentials show as *** on the console and in train.log
-    if job.output_dir.is_dir():
-        private(job.output_dir)
-    if cfg.resume:
-        if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
-            done = continue_job(cfg, job)
-            if done is not None:
-                return done
-        else:
-            check_single_run_resume(cfg.resume)
 
-    from seqlab.ddp.ranks import process_group_scope
-    from seqlab.resume.interrupt import start_point
-    from seqlab.store.ghosts import heartbeat
-    from seqlab.tracking.connect import open_tracker
-    from seqlab.tracking.describe import record_config
-    from seqlab.tracking.lifecycle import describe_run, end_run, finished_result, open_run
-    from seqlab.training import devices
-
+def fit_job(cfg: DictConfig, job: Job) -> JobResult:
+    """Train a job whose config `ready` (sweeps.job) has checked: its run opened, trained and ended."""
     try:
         device, device_error = devices.resolve(cfg.trainer.accelerator), None
     except SeqlabError as error:
@@ -53,8 +64,6 @@ def train(cfg: DictConfig, job: Optional[Job] = None) -> JobResult:
     sweep = job.sweep_info()
     tracker = open_tracker(cfg.logger, job, sweep)
     if job.multirun and not cfg.resume and job.rank == 0:  # started again by a cluster (a requeue): its run continues
-        from seqlab.resume.requeue import previous_attempt
-
         cfg.resume = previous_attempt(job.output_dir, sweep.sweep_id, tracker.connect(), JobResult.read_if_any)
         if cfg.resume:
             job.overrides.append(f"resume={cfg.resume}")
@@ -106,15 +115,7 @@ class Outcome:
 
 def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path], name: str) -> Outcome:
     """Build, train, evaluate the network kept, save it: the job's work inside its MLflow run."""
-    import pytorch_lightning as pl
 
-    from seqlab.resume.checkpoints import save_checkpoint
-    from seqlab.resume.interrupt import check_checkpoint
-    from seqlab.tracking.lifecycle import Ending, record_end
-    from seqlab.tracking.model_logging import Kept
-    from seqlab.training.devices import use_cores
-    from seqlab.training.module import final_metrics
-    from seqlab.training.noise import quiet_libraries
 
     quiet_libraries(cfg.perf.loader)
     use_cores(device, cfg.deterministic, job.cpu_share())
@@ -124,7 +125,6 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
     model = parts.module.model
     log.info("data      %s", parts.datamodule.describe())
     if job.rank == 0:  # the training and validation sets as the run's dataset inputs (the UI's Dataset column)
-        from seqlab.tracking.datasets import log_training_data
 
         log_training_data(tracker, cfg.data, parts.datamodule, resumed=bool(cfg.resume),
                           data_changed=cfg.resume_data == "changed")
@@ -166,22 +166,7 @@ def _fit(cfg: DictConfig, job: Job, tracker, device, start_from: Optional[Path],
 def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     """The data module, the LightningModule with its training loop, the callbacks and the Trainer,
     each from its config group."""
-    import torch
-    from hydra.utils import instantiate
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from seqlab import callbacks as callback_group
-    from seqlab.ddp.rank_watch import RankWatch
-    from seqlab.ddp.ranks import multi_process, start_ranks_as_this_job
-    from seqlab.resume.checkpoints import TimedCheckpoint
-    from seqlab.resume.interrupt import GracefulStop
-    from seqlab.resume.points import CHECKPOINT, publish_resume_point
-    from seqlab.sweeps.pruning import trial_callbacks
-    from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
-    from seqlab.training.loop import FusedLoop
-    from seqlab.training.module import LOSS_TO_MSE
-    from seqlab.training.perf import optimizer_factory, steps_per_call
-    from seqlab.training.trainer import build_trainer
 
     perf, ddp = cfg.perf, multi_process(cfg.trainer)
     datamodule = instantiate(cfg.data)
@@ -235,13 +220,11 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
 def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) -> None:
     """trainer.fit; on Ctrl-C or SIGTERM the graceful stop saved a checkpoint: it goes to the run,
     with the command that continues it."""
-    from seqlab.resume.points import publish_resume_point
 
     trainer, stop = parts.trainer, parts.stop
     try:
         trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=start_from)
     except BaseException as error:
-        from seqlab.ddp.rank_watch import rank_that_died
 
         died = rank_that_died(trainer, error)
         if died is not None:
@@ -259,7 +242,7 @@ def _fit_or_stop(parts: Parts, job: Job, tracker, start_from: Optional[Path]) ->
             raise KeyboardInterrupt from None  # Ctrl-C took Lightning's SIGTERM path to stop cleanly
         preempted = stop.preempted()
         if preempted is not None:
-            raise preempted from None  # the job is requeued once its run has ended (_main_job)
+            raise preempted from None  # the job is requeued once its run has ended (seqlab.task._main_job)
         raise
 
 
@@ -275,7 +258,6 @@ def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:
         f"(median over epochs) on {device.accelerator} ({device.name})",
         f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
     ]
-    from seqlab.store.ui import run_link  # opens the model-training view of the UI
 
     # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
     store = job.sweep_info().store_uri if tracker.is_server else tracker.tracking_uri
@@ -289,54 +271,3 @@ def _report(job: Job, tracker, result: JobResult, outcome: Outcome) -> None:
     lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
     for line in lines:
         log.info(line)
-
-
-def main(cfg: DictConfig) -> Optional[float]:
-    """Hydra's task function. A single run that fails exits non-zero with one line (a traceback
-    only for unexpected errors); in a multirun, a failed job is recorded and the sweep goes on:
-    the sweep callback prints the summary and sets the exit code."""
-    from seqlab.hydra_version import trusted_targets
-
-    with trusted_targets():  # a launcher's worker process comes here without the command line's
-        return _task(cfg)
-
-
-def _task(cfg: DictConfig) -> Optional[float]:
-    job = Job.from_hydra(cfg)
-    if cfg.get("replicas", 1) != 1 and not job.multirun:  # the sweeper makes the replicas of a multirun's jobs
-        log.error("error: replicas=%s trains a job's config as a pack, which a multirun makes: python train.py -m "
-                  "replicas=%s ...", cfg.replicas, cfg.replicas)
-        raise SystemExit(1)
-    if cfg.get("pack_job") is not None:  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
-        from seqlab.packing.task import run_pack
-
-        return run_pack(cfg, job, alone=_main_job)
-    return _main_job(cfg, job)
-
-
-def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
-    try:
-        result = train(cfg, job)
-    except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
-        status = ending_status(error)[0]  # as its run ended: KILLED also for a full disk (resumable)
-        result = job.result or JobResult(status, job.num, job.sweep_info().sweep_id, job.overrides)
-        result.status, result.reason = status, one_line(error)
-        job.write(result)
-        if isinstance(error, Preempted):
-            log.error("preempted: MLflow run %s ended KILLED; the job is requeued and continues it", result.run_id)
-            error.requeue()  # submitit requeues the job and ends this process
-        if isinstance(error, (KeyboardInterrupt, SystemExit)):
-            log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
-            # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
-            # with status 0, which would read as success.
-            sigterm = type(error).__name__ == "SIGTERMException" or (isinstance(error, SystemExit) and error.code == 143)
-            raise SystemExit(143 if sigterm else 130) from None
-        if isinstance(error, SeqlabError):
-            log.error("error: %s", result.reason)
-        else:
-            log.exception("job failed: %s", result.reason)
-        if not job.multirun:
-            raise SystemExit(1) from None
-        return None
-    job.write(result)
-    return result.val_rmse

@@ -45,6 +45,6 @@ class SeqlabOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: List[str]) -> Any:
-        from seqlab.sweeps.search import Search
+        from seqlab.sweeps.search import Search  # Optuna: only once a search runs (Hydra imports every plugin)
 
         return Search(self, arguments, **self.settings).run()

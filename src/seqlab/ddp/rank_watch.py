@@ -63,7 +63,7 @@ class RankWatch(pl.Callback):
         rank 0 stays stuck after a death, it ends `tracker`'s run itself."""
         from functools import partial
 
-        from seqlab.training.lightning_private import set_ddp_process_observer
+        from seqlab.training.lightning_private import set_ddp_process_observer  # Lightning: only under DDP
 
         watch = cls(output_dir, on_stuck=partial(end_stuck_job, tracker))
         set_ddp_process_observer(watch.start)

@@ -80,7 +80,7 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
     overrides, in the job's output folder."""
     from hydra.core.hydra_config import HydraConfig
 
-    from seqlab.training.lightning_private import set_ddp_process_command
+    from seqlab.training.lightning_private import set_ddp_process_command  # Lightning: only under DDP
 
     if not HydraConfig.initialized():
         raise SeqlabError(

@@ -1,9 +1,9 @@
 """A pack's job (issue 22): the members the sweeper put in pack N (`pack_job=N`, seqlab.sweeps.packs)
 trained as one packed step, each member a full MLflow run of the sweep, as it would be alone: its
 params, per-step and epoch metrics, best_val_rmse, checkpoint, model, datasets and status, plus
-the tags pack_id, pack_size and pack_member. Called by seqlab.train.main; where the pack cannot
+the tags pack_id, pack_size and pack_member. Called by seqlab.task.main; where the pack cannot
 train packed (its data has more than one step per sample), it raises Unpackable before any run
-opens, and train.main trains the members one by one."""
+opens, and seqlab.task trains the members one by one."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
 
 
 def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any]) -> None:
-    """The pack job's task (seqlab.train.main hands it over): its members trained together, each
+    """The pack job's task (seqlab.task.main hands it over): its members trained together, each
     its own run; or, where the pack cannot train packed, one by one as jobs of their own
-    (`alone`: train.main's job path). A failure ends every member's run and writes its result; the
+    (`alone`: seqlab.task's job path). A failure ends every member's run and writes its result; the
     sweep goes on and its summary reports it."""
     members = pack_members(cfg, job)
     try:

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from seqlab import one_line
+from seqlab.resume.journal import deliver_journal
+from seqlab.resume.points import STOPPED_AT
 from seqlab.secrets import mask_text
 
 log = logging.getLogger("seqlab")
@@ -235,7 +237,6 @@ def _running_runs(client: Any) -> Iterator[Any]:
 def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optional[str] = None,
                   timeout_s: float = HEARTBEAT_TIMEOUT_S, seen: Optional[BeatsSeen] = None) -> list[tuple[str, str]]:
     """End KILLED every RUNNING run of the store whose process is gone; return (run id, reason)."""
-    from seqlab.resume.points import STOPPED_AT
 
     seen = seen or BeatsSeen.of_store(client.tracking_uri)
     ended, running = [], set()
@@ -268,7 +269,6 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
 def _deliver_journal(client: Any, run: Any) -> None:
     """What the dead process sent to its server and the server never confirmed, from the journal in
     its job's folder (seqlab.resume.journal) where this machine has it: stored before the run ends."""
-    from seqlab.resume.journal import deliver_journal
 
     folder = run.data.params.get("paths.output_dir")
     if folder and Path(folder).is_dir():

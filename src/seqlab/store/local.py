@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from seqlab import SeqlabError, one_line
+from seqlab.secrets import mask_uris
 
 # Creating and migrating a new store takes a few seconds; many processes may queue behind it.
 LOCK_TIMEOUT_S = 300.0
@@ -161,7 +162,6 @@ def check_database(uri: str, timeout_s: float = 5.0) -> None:
     import socket
     from urllib.parse import urlparse
 
-    from seqlab.secrets import mask_uris
 
     parts = urlparse(uri)
     if not parts.hostname:  # a local socket: left to the driver

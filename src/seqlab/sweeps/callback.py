@@ -109,8 +109,8 @@ class MlflowSweepCallback(Callback):
         store = self.tracker.tracking_uri
         if self.serve_local_store == "never" or launcher not in LOCAL_PARALLEL_LAUNCHERS or not store.startswith("sqlite:"):
             return None
-        from seqlab.store import server_auth
-        from seqlab.store.server import LocalServer
+        from seqlab.store import server_auth  # a parallel sweep's server only: every multirun loads this module
+        from seqlab.store.server import LocalServer  # as server_auth
 
         self.tracker.connect()  # creates the store's tables and the experiment before any job runs
         # It signs its jobs in: a loopback port is open to every user of the machine, who could
@@ -190,7 +190,7 @@ class MlflowSweepCallback(Callback):
         """The sweep `value` names (latest, or a sweep id), checked against this command line, and
         the plan for its jobs: per job (its overrides, without resume=), its newest run's id,
         status, whether that run can continue from a checkpoint, and what the summary shows of it."""
-        from seqlab.resume.points import STOPPED_AT
+        from seqlab.resume.points import STOPPED_AT  # a resumed sweep only
 
         client = self.tracker.connect()
         experiment = self.tracker.experiment_name
@@ -277,7 +277,7 @@ class MlflowSweepCallback(Callback):
 
     def _compare(self, sweep_dir: Path) -> None:
         """The side-by-side comparison of the sweep's runs, stored on its parent run."""
-        from seqlab.sweeps.compare import compare
+        from seqlab.sweeps.compare import compare  # MLflow and matplotlib: at the sweep's end only
 
         try:
             report = compare(self.tracker.connect(), self.tracker.experiment_name, sweep_dir / "comparison", self.sweep_id)

@@ -14,6 +14,7 @@ from typing import Optional
 
 import mlflow
 
+from seqlab.plots import save_figure
 from seqlab.sweeps.job import fmt
 from seqlab.sweeps.runs import RunRow, find_runs, to_rows
 from seqlab.sweeps.verdict import METRICS, RANK_BY, Group, crossover_detail, group_runs, n_text, rank, verdict
@@ -114,7 +115,6 @@ def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> 
         "time_to_target_vs_batch.png": _time_to_target_figure(plt, groups, n, target),
         "val_rmse_curves.png": _curves_figure(plt, groups, target),
     }
-    from seqlab.plots import save_figure
 
     return [save_figure(fig, out_dir / name, dpi=100) for name, fig in figures.items()]
 

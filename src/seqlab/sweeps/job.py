@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 
 from seqlab import SeqlabError
 from seqlab.ddp.ranks import process_rank
-from seqlab.secrets import mask_text
+from seqlab.schema import validate
+from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.trial import current
 
 log = logging.getLogger("seqlab")
@@ -267,3 +268,19 @@ def resume_command(overrides: list[str], run_id: str) -> str:
         return "the search's own command again (python train.py -m hparams_search=...): it runs this trial's values anew"
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
     return " ".join(["python train.py", *kept, f"resume={run_id}"])
+
+
+def ready(cfg: DictConfig, job: Job) -> Optional[JobResult]:
+    """What a job does before anything heavy loads (light: a resumed sweep's finished job is skipped
+    without importing torch): the config checked, its credentials masked from here on in the console
+    and train.log, its folder the user's only, and a resume's plan read. Returns the result of a job
+    that plan says is done already (None: train it)."""
+    validate(cfg)
+    guard(cfg)
+    if job.output_dir.is_dir():
+        private(job.output_dir)
+    if cfg.resume:
+        if job.multirun:  # resume=latest|<sweep id>: the sweep's plan says what this job does
+            return continue_job(cfg, job)
+        check_single_run_resume(cfg.resume)
+    return None

@@ -24,10 +24,12 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
+from seqlab.schema import validate
 from seqlab.secrets import mask_text, mask_uris
 from seqlab.sweeps import optuna_private, workers
-from seqlab.sweeps.job import SweepInfo
+from seqlab.sweeps.job import SweepInfo, cpu_count
 from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
+from seqlab.sweeps.search_report import SearchRan, report
 from seqlab.sweeps.search_runs import Tracking, job_result
 from seqlab.sweeps.space import flatten_space, parse_space, split_arguments
 from seqlab.sweeps.study import (
@@ -139,7 +141,6 @@ class Search:
         """Every trial's config must compose and pass the schema's checks: each key is tried at
         both ends of its range and at every choice, the rest as the command gives them, as a job
         would compose it, so that a bad value is named before anything trains."""
-        from seqlab.schema import validate
 
         for key, d in space.items():
             if isinstance(d, optuna.distributions.CategoricalDistribution):
@@ -179,7 +180,6 @@ class Search:
         launcher = self.config.hydra.launcher
         target = launcher.get("_target_", "")
         if "joblib" in target:
-            from seqlab.sweeps.job import cpu_count
 
             n = int(launcher.get("n_jobs") or 1)
             return n if n > 0 else max(1, cpu_count() + 1 + n)
@@ -306,7 +306,6 @@ class Search:
             print(f"search    trial(s) {', '.join(map(str, elsewhere))} still train in other workers on this study: "
                   "the last of them to finish writes the report", flush=True)
             return returns
-        from seqlab.sweeps.search_report import SearchRan, report
 
         ran = SearchRan(self.objective, self.storage_url, self.arguments, self.sweep_dir,
                         time.monotonic() - self.started, self.compose)

@@ -96,7 +96,7 @@ def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None)
     # constraint). A SQLite file is created under its lock file, one process at a time; a database
     # server's tables by whoever gets there first, the others trying again once it is done.
     if url.startswith("sqlite:///"):
-        from seqlab.store.local import store_lock
+        from seqlab.store.local import store_lock  # a SQLite study only
 
         with store_lock(Path(url[len("sqlite:///"):])):
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats)

@@ -87,7 +87,10 @@ def open_trial(link: TrialLink):
     the sweeper stores its settings with the study)."""
     import optuna
 
-    from seqlab.sweeps.study import make_pruner, storage_for
+    from seqlab.sweeps.study import (  # Optuna: a trial's job only (every job imports this module)
+        make_pruner,
+        storage_for,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_for(link.storage)

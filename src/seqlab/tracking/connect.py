@@ -13,6 +13,10 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from seqlab import SeqlabError
+from seqlab.store.local import open_client, store_folder
+from seqlab.store.server import wait_until_up
+from seqlab.store.server_auth import check_credentials
+from seqlab.store.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
 
 
 def is_server(uri: str) -> bool:
@@ -35,7 +39,6 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # While a server is away, the outbox says so once; urllib3 would warn per retry.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    from seqlab.store.local import open_client, store_folder
 
     if uri.startswith("sqlite:///"):
         store_folder(Path(uri[len("sqlite:///") :]))
@@ -56,7 +59,6 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
         ) from None
     if response.status_code != 200:
         raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
-    from seqlab.store.server_auth import check_credentials
 
     check_credentials(uri)  # a server with sign-in: a wrong password is one line, before any run opens
 
@@ -71,7 +73,6 @@ def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: s
 
 
 def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
-    from seqlab.store.ui import EXPERIMENT_KIND_TAG, MODEL_TRAINING
 
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -103,7 +104,6 @@ def open_tracker(logger_cfg: Any, job: Any, sweep: Any) -> Any:
         logging.getLogger("seqlab").setLevel(logging.WARNING)  # rank 0 reports the job
     routed = sweep.routed(tracker.tracking_uri)
     if routed != tracker.tracking_uri:
-        from seqlab.store.server import wait_until_up
 
         # The sweep's own server may still be starting; what answers must be that server.
         wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log", pid=sweep.server_pid)

@@ -11,7 +11,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from seqlab import SeqlabError
 from seqlab.tracking.mlflow_private import dataset_input
+from seqlab.tracking.outbox import transient
 
 log = logging.getLogger("seqlab")
 
@@ -67,7 +69,6 @@ def log_training_data(tracker: Any, data_cfg: DictConfig, datamodule: Any, resum
                       data_changed: bool = False) -> None:
     """The training and validation sets of a run (after the split) as its dataset inputs. A
     `resumed` run's sets are first checked against those it recorded (check_resumed_data)."""
-    from seqlab.tracking.outbox import transient
 
     base = base_name(data_cfg)
     inputs = [(dataset(data_cfg, datamodule.train.x, datamodule.train.y, f"{base}-train"), "training")]
@@ -89,7 +90,6 @@ def check_resumed_data(tracker: Any, data_cfg: DictConfig, inputs: list[tuple[An
     that role. A data file that grew between the stop and the resume moves samples between the
     split's sets, and the final metrics would be silently optimistic: refused in one line, unless
     resume_data=changed (then the run is tagged resume_data=changed)."""
-    from seqlab import SeqlabError
 
     recorded: dict[str, list[Any]] = {}
     for given in tracker.client.get_run(tracker.run_id).inputs.dataset_inputs:

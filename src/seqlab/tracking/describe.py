@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from seqlab.resume.requeue import scheduler_tags
 from seqlab.secrets import mask_flat
 from seqlab.sweeps.job import Job, SweepInfo
+from seqlab.sweeps.trial import trial_tags
 from seqlab.sweeps.verdict import NOT_CONFIG
 from seqlab.tracking.run import flatten
 
@@ -86,7 +87,6 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, s
     if commit:
         tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
     if job.multirun:
-        from seqlab.sweeps.trial import trial_tags
 
         tags.update(sweep_id=sweep.sweep_id or job.sweep_dir.name, job_num=str(job.num))
         tags.update(trial_tags())  # a search's trial: its study, number and state

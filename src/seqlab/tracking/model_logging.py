@@ -16,6 +16,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from seqlab.tracking.outbox import transient
+
 log = logging.getLogger("seqlab")
 
 ARTIFACT_PATH = "model"
@@ -136,7 +138,6 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     import torch
     from mlflow.models import infer_signature
 
-    from seqlab.tracking.outbox import transient
 
     # A CPU copy in evaluation mode: what a user's predict() and the server run.
     cpu = copy.deepcopy(network).to("cpu").eval()
@@ -199,7 +200,6 @@ def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: O
     at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
     tagged checkpoint=best by the caller), and the metrics of each network logged during training
     (`logged`: model id and step, with all) linked to it."""
-    from seqlab.tracking.outbox import transient
 
     if tracker.log_checkpoints == "none":
         return

@@ -20,11 +20,13 @@ from seqlab import SeqlabError, ending_status, one_line
 from seqlab.resume.journal import MetricJournal
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.secrets import mask_flat, mask_text, mask_uris
+from seqlab.store.ghosts import PID, end_dead_runs
 from seqlab.store.local import is_database
 from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
 from seqlab.tracking.history import MetricHistory
 from seqlab.tracking.mlflow_private import system_metrics_monitor
+from seqlab.tracking.replayed_steps import logged_through, not_yet_logged
 from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
 
 log = logging.getLogger("seqlab")
@@ -111,7 +113,6 @@ class MlflowTracker:
 
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
-            from seqlab.store.ghosts import end_dead_runs
 
             try:
                 client = client_for(self.tracking_uri)  # a database server that does not answer: one line (store.local)
@@ -155,7 +156,6 @@ class MlflowTracker:
                 all_tags["mlflow.note.content"] = description
         all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
         if resume_run_id:
-            from seqlab.tracking.replayed_steps import logged_through
 
             self.replayed = logged_through(client, resume_run_id)  # steps trained again are stored once
             # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
@@ -197,7 +197,6 @@ class MlflowTracker:
         """The run's process tag emptied once the run has ended (after, so that a crash in
         between leaves a run the reaper can still judge): a client that reopens the run later
         is not judged by this process's death (seqlab.store.ghosts)."""
-        from seqlab.store.ghosts import PID
 
         try:
             self.client.set_tag(self.run_id, PID, "")
@@ -283,7 +282,6 @@ class MlflowTracker:
     def _send(self, metrics: list[Metric]) -> None:
         self.history.add(metrics)
         if self.replayed:
-            from seqlab.tracking.replayed_steps import not_yet_logged
 
             metrics = not_yet_logged(metrics, self.replayed)
         self.sender.metrics(metrics)

@@ -21,8 +21,10 @@ from mlflow.entities import Metric, Param, RunTag
 
 from seqlab import one_line
 from seqlab.resume.journal import MetricJournal
-from seqlab.secrets import mask_text
+from seqlab.resume.safe_writes import is_write_failure, write_failed
+from seqlab.secrets import mask_text, masked_copy
 from seqlab.tracking.outbox import Outbox, transient
+from seqlab.tracking.step_writer import StepWriter
 
 log = logging.getLogger("seqlab")
 
@@ -35,7 +37,6 @@ OUTBOX_SYNC_S = 2.0
 def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
     if not path.exists():
         return
-    from seqlab.secrets import masked_copy
 
     try:
         with masked_copy(path) as path:  # Hydra's files and train.log quote the command line
@@ -44,7 +45,6 @@ def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path:
             else:
                 client.log_artifact(run_id, str(path), artifact_path)
     except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
-        from seqlab.resume.safe_writes import is_write_failure, write_failed
 
         if not is_write_failure(error):
             raise
@@ -95,7 +95,6 @@ class DirectSender:
         self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
         self.writer = None
         if step_writer == "process":
-            from seqlab.tracking.step_writer import StepWriter
 
             self.writer = StepWriter(client.tracking_uri, run_id)
 

@@ -12,6 +12,8 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 
+from seqlab.training.devices import synchronize
+
 PHASES = ("data", "host_to_device", "forward", "backward", "optimizer", "logging")
 
 _active = False  # set while a profiler runs: the phase marks cost nothing otherwise
@@ -81,7 +83,6 @@ class ProfileSteps(pl.Callback):
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         global _active
-        from seqlab.training.devices import synchronize
 
         synchronize(pl_module.device)
         wall = time.perf_counter() - self.start
