@@ -10,6 +10,7 @@ import signal
 import pytest
 from conftest import ROOT, cli_env, runs_of
 
+import seqlab.train
 from seqlab.train import train
 
 # 410 training samples: 13 steps an epoch, in items of 5 steps (see test_robust's exact resume)
@@ -50,6 +51,7 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
 
     monkeypatch.setattr(StepLog, "add", add_then_tick)
     monkeypatch.setattr(points, "publish_resume_point", publish_and_look)
+    monkeypatch.setattr(seqlab.train, "publish_resume_point", publish_and_look)  # where the task looks it up
     train(compose_cfg(*EXACT))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FINISHED"
@@ -105,6 +107,8 @@ def one_second_per_read():  # read once per Lightning call: the checkpoints fall
     return ticks[0]
 
 points.publish_resume_point, checkpoints.save_checkpoint = publish_then_fault, save_or_die
+import seqlab.train  # the task binds it at its import (the zygote made it): patched where it is looked up too
+seqlab.train.publish_resume_point = publish_then_fault
 checkpoints._clock = one_second_per_read
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
