@@ -97,6 +97,7 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
     import os
 
     from seqlab.store.ghosts import identity
+    from seqlab.sweeps import workers
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(study_name="lost", storage=storage)
@@ -116,6 +117,7 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
         time.sleep(3)  # longer than the grace period since the sweeper's last beat
         optuna.storages.fail_stale_trials(study)  # another worker's check
         assert _trial(storage, trial).state.name == "RUNNING"
+        assert not workers.worker_gone(_trial(storage, trial))  # its sweeper is gone, its trainer is not
         out, err = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
@@ -153,3 +155,20 @@ def test_a_retry_two_workers_enqueued_at_once_runs_once(tmp_path):
     trials = study.get_trials(deepcopy=False)
     assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "FAIL"]
     assert workers.free_slots(study, 3) == 2  # trial 0 is retried, its duplicate holds no slot: only b's
+
+
+def test_a_trial_is_gone_only_when_its_search_process_and_its_trainer_both_are(tmp_path):
+    """A trainer that has ended (a SLURM job on this node, done) leaves its trial to the live search
+    process that will tell the study its result: another worker preparing meanwhile must not fail it."""
+    from seqlab.store.ghosts import identity
+    from seqlab.sweeps import workers
+
+    study = optuna.create_study(study_name="gone", storage=f"sqlite:///{tmp_path}/optuna.db")
+    alive, dead = identity(), {**identity(), "process_pid": "999999"}
+    cases = [(alive, None, False), (dead, None, True), (alive, dead, False), (dead, alive, False), (dead, dead, True)]
+    for worker, trainer, gone in cases:
+        trial = study.ask()
+        trial.set_user_attr(workers.WORKER, worker)
+        if trainer is not None:
+            trial.set_user_attr(workers.TRAINER, trainer)
+        assert workers.worker_gone(study.trials[trial.number]) is gone, (worker["process_pid"], trainer)

@@ -12,9 +12,9 @@ SLURM array tasks, against one study database.
   gives it back (`surplus`): it waits in the study, unasked, with its values, for a later run that
   raises n_trials.
 - A trial's heartbeat comes from the process that trains it too (`trainer_heartbeat`: a job, or a
-  pack's process for its members), which also names itself the trial's worker: a sweeper lost to
+  pack's process for its members), which also names itself the trial's trainer: a sweeper lost to
   an SSH hang-up leaves its jobs' trials alive while they train, and a trial is failed only when
-  its trainer is gone (no beat from it, or its process gone on this machine).
+  nothing runs it (no beat from it, or its search process and trainer both gone on this machine).
 - A retry runs once: two workers that enqueue the same retry at once (both preparing) each keep
   only the lowest-numbered trial retrying a number (`duplicates`); the others end, holding no slot.
 - The report is written by the worker that finishes last: the others see trials still running
@@ -38,7 +38,8 @@ from seqlab.sweeps.study import INTERRUPTED, RETRY_OF, STARTING
 SURPLUS = "seqlab_surplus"  # a trial given back: it holds no slot until a worker asks it again
 DUPLICATE = "seqlab_duplicate"  # a second retry of one trial, enqueued by two workers at once: never run
 HEARTBEAT = "seqlab_heartbeat_s"  # the study's heartbeat interval, for the processes that train its trials
-WORKER = "seqlab_worker"  # the process that runs the trial (host, pid, ...: seqlab.store.ghosts.identity)
+WORKER = "seqlab_worker"  # the search process that asked for the trial (host, pid, ...: seqlab.store.ghosts.identity)
+TRAINER = "seqlab_trainer"  # the process that trains it (a job, or a pack's process), once it has started
 
 
 def retried(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
@@ -121,12 +122,16 @@ def taken(trial: optuna.trial.Trial) -> None:
 
 
 def worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether the worker of a RUNNING trial is provably gone: a process of this machine that no
-    longer runs (or, from before workers said who they are, any worker: as searches did then)."""
+    """Whether nothing runs a RUNNING trial any more: its search process and, once one started, its
+    trainer both provably gone (processes of this machine that no longer run; another host's are
+    told by their heartbeat, fail_stale_trials). A trainer that has ended leaves its trial to the
+    live search process, which tells the study its result. A trial from before workers said who
+    they are counts as gone, as searches did then."""
     worker = trial.user_attrs.get(WORKER)
     if not isinstance(worker, dict):
         return True
-    return why_dead(worker, time.time()) is not None  # another host's worker: its heartbeat tells (fail_stale_trials)
+    processes = [worker, trial.user_attrs.get(TRAINER)]
+    return all(why_dead(p, time.time()) is not None for p in processes if isinstance(p, dict))
 
 
 def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -204,9 +209,9 @@ class Heartbeats:
 def trainer_heartbeat(trials: list[optuna.trial.Trial]) -> Heartbeats:
     """The training process's heartbeat of the trials it trains (a job's, a pack's members'), at
     the interval the search gave the study, from the moment they open until `stop()`; the trials
-    name this process their worker. Where the study keeps no heartbeat, nothing beats."""
+    name this process their trainer. Where the study keeps no heartbeat, nothing beats."""
     for t in trials:
-        t.set_user_attr(WORKER, identity())
+        t.set_user_attr(TRAINER, identity())
     every_s = trials[0].study.user_attrs.get(HEARTBEAT) if trials else None
     beats = Heartbeats(optuna_private.storage_of(trials[0].study) if trials else None, every_s=every_s)
     if every_s:
