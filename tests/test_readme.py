@@ -70,7 +70,10 @@ def test_the_five_minute_tour_runs_as_written(tmp_path, _empty_store):
     for line in tour():
         command = line
         if line.startswith("make "):  # what make runs, once it finds the project installed
-            recipe = subprocess.run(["make", "-n", *shlex.split(line)[1:]], cwd=project, capture_output=True, text=True)
+            # Under `make test` this make is a nested one: without make's own variables it prints only the recipe.
+            plain = {k: v for k, v in env.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+            recipe = subprocess.run(["make", "--no-print-directory", "-n", *shlex.split(line)[1:]], cwd=project,
+                                    capture_output=True, text=True, env=plain)
             # One line: the project is installed. More would (re)install it, from the copy: never here.
             assert recipe.returncode == 0 and recipe.stdout.strip().count("\n") == 0, (
                 "the project's install is older than its pyproject.toml, requirements.lock or Makefile: run make install "
