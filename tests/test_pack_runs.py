@@ -241,7 +241,10 @@ module.PackModule.after_step = step_then_stop
 points.publish_resume_point = publish_then_die
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-DIVERGING = ["-m", "optimizer=sgdm", "optimizer.lr=0.01,1000", "pack=2", *SMALL, "checkpoint.interval_s=1000"]
+# Member 2 (lr 1e-9) learns nothing: module.validation_patience=2 stops it at epoch 3 (step 39), and
+# its run ends FINISHED there, before the stop; the continued pack keeps it as it ended.
+DIVERGING = ["-m", "optimizer=sgdm", "optimizer.lr=0.01,1000,1e-9", "pack=3", "module.validation_patience=2", *SMALL,
+             "checkpoint.interval_s=1000"]
 
 
 @pytest.mark.slow
@@ -254,13 +257,16 @@ def test_a_diverged_member_stays_failed_through_a_stop_and_resume_while_the_othe
                          timeout=300, code=STOP_AFTER_DIVERGENCE.replace("{at}", str(at)).replace("{how}", how))
     assert stopped.returncode == (-signal.SIGKILL if how == "kill" else 130), (stopped.stdout + stopped.stderr)[-3000:]
     before = {r.data.params["optimizer.lr"]: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
-    assert set(before) == {"0.01", "1000"}
+    assert set(before) == {"0.01", "1000", "1e-09"}
     diverged_steps = len(_losses(store, before["1000"].info.run_id))
+    early = before["1e-09"]
+    assert early.info.status == "FINISHED" and early.outputs.model_outputs  # its run ended where it stopped
+    assert len(_losses(store, early.info.run_id)) == 39 and early.data.metrics["final_val_rmse"] > 0
 
     resumed = run_cli(*DIVERGING, "resume=latest")
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 1, out[-3000:]  # the sweep has a failed job
-    assert "2 jobs, 1 failed" in out
+    assert "3 jobs, 1 failed" in out and "continues its 3 members from step" in out
     after = {r.data.params["optimizer.lr"]: r for r in runs_of(store, "seqlab") if "pack_id" in r.data.tags}
     # The same two runs: nothing trained anew.
     assert {k: r.info.run_id for k, r in after.items()} == {k: r.info.run_id for k, r in before.items()}
@@ -273,6 +279,10 @@ def test_a_diverged_member_stays_failed_through_a_stop_and_resume_while_the_othe
     steps = sorted(m.step for m in store.get_metric_history(fine.info.run_id, "train_loss"))
     assert steps == list(range(1, 105))  # continued from step 40: every step once
     assert fine.outputs.model_outputs
+    # The member that stopped early kept its slot, frozen: its run as it ended, not reopened or trained again.
+    stayed = after["1e-09"]
+    assert stayed.info.status == "FINISHED" and stayed.info.end_time == early.info.end_time
+    assert len(_losses(store, stayed.info.run_id)) == 39
 
 
 @pytest.mark.slow

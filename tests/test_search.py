@@ -213,6 +213,9 @@ def test_a_packed_search_trains_its_trials_as_packs_and_prunes_a_member_while_th
         assert t.data.params["optimizer.lr"] == "1e-07" and int(t.data.tags["optuna_trial"]) >= 3
         assert t.data.metrics["pruned_at_epoch"] == 1 and t.data.tags["pruned_at_epoch"] == "1"
         assert epochs(t) == 1 and last_step(t) < last_step(went_on[0])  # its updates stopped at the pruned epoch
+        # Issue 32, point 2: its run ended at its stop, as a pruned trial's alone does, while the pack trained on.
+        last_loss = max(m.timestamp for m in store.get_metric_history(went_on[0].info.run_id, "train_loss"))
+        assert t.info.end_time < last_loss and t.outputs.model_outputs
         assert f"pruned    trial {t.data.tags['optuna_trial']} (member {t.data.tags['pack_member']}) at epoch 1 of 3" in out
     for t in went_on:
         assert t.data.tags["trial_state"] == "COMPLETE" and epochs(t) == 3

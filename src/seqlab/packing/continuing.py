@@ -24,13 +24,16 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
     """(members to train, results of members done before, the run ids the pack continues or None),
     from the resumed sweep's plan, member by member as continue_job decides for a job alone. A
     member that FAILED in the pack before its checkpoint goes on with it, in its slot, FAILED."""
-    results, to_train = [], []
+    results, to_train, finished = [], [], []
     for m in members:
         m.cfg.resume = cfg.resume
         m.job.overrides.append(f"resume={cfg.resume}")
         entry = planned(m.cfg, m.job)
         done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
         if done is not None:
+            if done.status == "FINISHED" and done.run_id:  # it may have ended inside the pack (it stopped early)
+                m.resume_run_id, m.ended_before, m.status, m.name = done.run_id, True, "FINISHED", done.run_name or ""
+                finished.append(m)
             results.append(done)
             continue
         m.resume_run_id, m.cfg.resume = m.cfg.resume, None
@@ -38,11 +41,14 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
             m.ended_before, m.status, m.name = True, "FAILED", entry.run_name or ""
         to_train.append(m)
     continuing = [m.resume_run_id for m in to_train]
-    if not to_train or None in continuing or len(to_train) != len(members):
+    if not to_train or None in continuing or len(to_train) + len(finished) != len(members):
         for m in to_train:  # the pack cannot continue as a whole: these train anew
             m.resume_run_id, m.ended_before, m.status = None, False, "RUNNING"
         return to_train, results, None
-    return to_train, results, continuing
+    # The pack continues from its checkpoint: a member that stopped early and FINISHED in it keeps its
+    # slot, frozen, its run as it ended (its result is the one the plan gave).
+    slots = [m for m in members if m in finished or m in to_train]
+    return slots, [r for r in results if r not in [m.job.result for m in finished]], [m.resume_run_id for m in slots]
 
 
 def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
@@ -55,12 +61,17 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
         return None  # the job's first start
     sweep = job.sweep_info()
     client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
-    run_ids = [run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any) for m in members]
+    # A member that FINISHED in the last attempt (it stopped early) keeps its run as it ended.
+    run_ids = [b.run_id if b.status == "FINISHED" else run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any)
+               for m, b in zip(members, before)]
+    if all(b.status == "FINISHED" for b in before):
+        return None  # every member ended: nothing to continue
     if None in run_ids:
         log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
         return None
     for m, b, run_id in zip(members, before, run_ids):
         m.resume_run_id = run_id
-        if b.status == "FAILED":
-            m.ended_before, m.status, m.name = True, "FAILED", b.run_name or ""
+        if b.status in ("FAILED", "FINISHED"):  # it ended in the pack (diverged, stopped early): its slot stays as it ended
+            m.ended_before, m.status, m.name = True, b.status, b.run_name or ""
+            m.job.result = b
     return run_ids

@@ -75,7 +75,8 @@ class PackModule(pl.LightningModule):
     def __init__(self, model: PackedCNNLSTM, optimizer: torch.optim.Optimizer, scheduler: Any, gradients: Any,
                  loss: str, loss_to_mse: Callable[[float], float], data: PackData, members: list[Member], *,
                  lr_scale: torch.Tensor, steps_per_call: int, flush_every_n_steps: int, flush_every_s: float,
-                 exact_dropout: bool, cuda_graph: str = "auto", progress: Optional[TextIO] = None) -> None:
+                 exact_dropout: bool, cuda_graph: str = "auto", progress: Optional[TextIO] = None,
+                 end_member: Optional[Callable[[Member], Any]] = None) -> None:
         super().__init__()
         self.automatic_optimization = False  # the item's steps are this module's own (as the fused loop's)
         self.model = model
@@ -87,6 +88,7 @@ class PackModule(pl.LightningModule):
         self.lr_scale = lr_scale.tolist()  # member k's rate = the group's lr x lr_scale[k]
         self.flush_every_n_steps, self.flush_every_s = flush_every_n_steps, flush_every_s
         self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
+        self.end_member = end_member  # a member's run ended where it stopped (packing.task: its job alone's end)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
         self.loop: Optional[FusedLoop] = None  # a run alone's loop, with the member dimension; built as training starts
@@ -229,7 +231,10 @@ class PackModule(pl.LightningModule):
 
     def _validated(self, val: dict[str, list[float]], step: int, epoch: int) -> None:
         """Each training member after a validation: its metrics, best, patience, time to target, a
-        search's pruning (Member.validated, reported)."""
+        search's pruning (Member.validated, reported). A member that stops here (patience, its
+        pruner) ends its run now, as its run alone would (`end_member`), while the pack trains on."""
+        # Every step so far reaches the runs first: a member's run that ends here holds each of its steps.
+        self.flush()
         for m in self.members:
             if not m.active:
                 continue
@@ -240,6 +245,8 @@ class PackModule(pl.LightningModule):
                 m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
                 if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)
+                    if self.end_member is not None:
+                        self.end_member(m)
 
     def _progress_line(self) -> None:
         training = [m.k for m in self.members if m.active]
@@ -270,8 +277,10 @@ class PackModule(pl.LightningModule):
             raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
         for m, state in zip(self.members, pack["members"]):
             m.load_state(state)
-            if m.ended_before and m.active:  # its run FAILED after this checkpoint: it stays FAILED, frozen
-                m.active, m.reason = False, m.reason or "failed in an earlier start of its pack"
+            if m.ended_before and m.active:  # its run ended after this checkpoint: it stays as it ended, frozen
+                m.active = False
+                if m.status == "FAILED":
+                    m.reason = m.reason or "failed in an earlier start of its pack"
         if pack["epoch_start_orders"] is not None:
             self.items.resume_at = (pack["epoch_start_orders"], pack["items_done"])
         torch.set_rng_state(pack["torch_rng"])

@@ -224,7 +224,10 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
     module = PackModule(model, optimizer, scheduler, gradients, first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs),
                         data, members, lr_scale=lr_scale, steps_per_call=per_call,
                         flush_every_n_steps=tracked.tracker.flush_every_n_steps, flush_every_s=tracked.tracker.flush_every_s,
-                        exact_dropout=device.accelerator == "cpu", cuda_graph=str(cfg.perf.cuda_graph), progress=sys.stderr if cfg.perf.progress == "line" else None)
+                        exact_dropout=device.accelerator == "cpu", cuda_graph=str(cfg.perf.cuda_graph),
+                        progress=sys.stderr if cfg.perf.progress == "line" else None,
+                        # A member that stops early (patience, its pruner) ends its run there, as its run alone ends.
+                        end_member=lambda m: _finish_or_fail(m, module, trainer, device, time.perf_counter() - start))
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
 
@@ -306,6 +309,8 @@ def _finish_or_fail(m: Member, module: PackModule, trainer, device, wall: float)
     """The member's run ended as its job alone ends it; where its own run refuses (deleted in the UI,
     an upload its store refuses), that member ends FAILED and the pack's other members still end theirs.
     Its own training and validation sets are split again for its end, and dropped after it."""
+    if m.job.result is not None and m.job.result.status != "RUNNING":
+        return m.job.result  # its run ended where it stopped, or before this start of the pack
     if m.status != "FAILED":
         m.datamodule.setup("fit")
     try:
@@ -365,9 +370,10 @@ def _ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
     tracker = m.tracker
     result = result or JobResult(m.status, m.job.num, m.job.sweep_info().sweep_id, m.job.overrides,
                                  m.run_id, m.name, batch_size=m.cfg.data.batch_size, reason=m.reason)
-    if m.ended_before:  # its run ended FAILED in an earlier start of the pack: only its result is written
-        m.job.write(result)
-        return result
+    if m.ended_before:  # its run ended in an earlier start of the pack: a FAILED one's result is written here
+        if m.status != "FINISHED":  # a FINISHED one's was written as it ended (or by the resumed sweep's plan)
+            m.job.write(result)
+        return m.job.result
     try:
         end_run(tracker, m.status, m.reason, m.job.output_dir.parent)  # the pack job's files: its members share them
     finally:
