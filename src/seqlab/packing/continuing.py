@@ -30,10 +30,10 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
         m.job.overrides.append(f"resume={cfg.resume}")
         entry = planned(m.cfg, m.job)
         done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
+        if done is not None and done.status == "FINISHED" and done.run_id:
+            finished.append(m)  # it may have ended inside the pack (it stopped early): it may keep its slot (below)
+            continue
         if done is not None:
-            if done.status == "FINISHED" and done.run_id:  # it may have ended inside the pack (it stopped early)
-                m.resume_run_id, m.ended_before, m.status, m.name = done.run_id, True, "FINISHED", done.run_name or ""
-                finished.append(m)
             results.append(done)
             continue
         m.resume_run_id, m.cfg.resume = m.cfg.resume, None
@@ -44,11 +44,13 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
     if not to_train or None in continuing or len(to_train) + len(finished) != len(members):
         for m in to_train:  # the pack cannot continue as a whole: these train anew
             m.resume_run_id, m.ended_before, m.status = None, False, "RUNNING"
-        return to_train, results, None
+        return to_train, results + [m.job.result for m in finished], None
     # The pack continues from its checkpoint: a member that stopped early and FINISHED in it keeps its
-    # slot, frozen, its run as it ended (its result is the one the plan gave).
+    # slot, frozen, its run as it ended (its result is the one the plan gave: m.job.result).
+    for m in finished:
+        m.resume_run_id, m.ended_before, m.status, m.name = m.job.result.run_id, True, "FINISHED", m.job.result.run_name or ""
     slots = [m for m in members if m in finished or m in to_train]
-    return slots, [r for r in results if r not in [m.job.result for m in finished]], [m.resume_run_id for m in slots]
+    return slots, results, [m.resume_run_id for m in slots]
 
 
 def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
@@ -59,13 +61,13 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
     before = [JobResult.read_if_any(m.job.output_dir) for m in members]
     if any(b is None for b in before):
         return None  # the job's first start
+    if all(b.status == "FINISHED" for b in before):
+        return None  # every member ended: nothing to continue
     sweep = job.sweep_info()
     client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
     # A member that FINISHED in the last attempt (it stopped early) keeps its run as it ended.
     run_ids = [b.run_id if b.status == "FINISHED" else run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any)
                for m, b in zip(members, before)]
-    if all(b.status == "FINISHED" for b in before):
-        return None  # every member ended: nothing to continue
     if None in run_ids:
         log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
         return None
@@ -73,5 +75,6 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
         m.resume_run_id = run_id
         if b.status in ("FAILED", "FINISHED"):  # it ended in the pack (diverged, stopped early): its slot stays as it ended
             m.ended_before, m.status, m.name = True, b.status, b.run_name or ""
-            m.job.result = b
+            if b.status == "FINISHED":
+                m.job.result = b  # its result stays the one its end wrote (packing.task._ended)
     return run_ids

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
 
 import pytorch_lightning as pl
 import torch
@@ -182,7 +182,7 @@ class PackModule(pl.LightningModule):
         self.last_val, self._epoch = None, {}
 
     # -- what each member's run gets ---------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, also: Sequence[Member] = ()) -> None:
         """Every waiting step's losses, read back in one go, to each training member's run; a member
         whose loss became NaN or Inf ends FAILED with the step (DivergenceCheck, member by member)."""
         self.last_flush = time.monotonic()
@@ -192,7 +192,7 @@ class PackModule(pl.LightningModule):
         table = torch.stack(losses).t().tolist()  # (K, steps): the one synchronisation
         group_lrs = torch.stack(lrs).tolist() if isinstance(lrs[0], torch.Tensor) else [float(lr) for lr in lrs]
         for m, values in zip(self.members, table):
-            if not m.active:
+            if not m.active and m not in also:  # `also`: members stopped at the last step flushed, ending now
                 continue
             rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values]
             lr = [group_lr * self.lr_scale[m.k] for group_lr in group_lrs]
@@ -233,8 +233,7 @@ class PackModule(pl.LightningModule):
         """Each training member after a validation: its metrics, best, patience, time to target, a
         search's pruning (Member.validated, reported). A member that stops here (patience, its
         pruner) ends its run now, as its run alone would (`end_member`), while the pack trains on."""
-        # Every step so far reaches the runs first: a member's run that ends here holds each of its steps.
-        self.flush()
+        stopped = []
         for m in self.members:
             if not m.active:
                 continue
@@ -245,8 +244,12 @@ class PackModule(pl.LightningModule):
                 m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
                 if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)
-                    if self.end_member is not None:
-                        self.end_member(m)
+                    stopped.append(m)
+        if stopped and self.end_member is not None:
+            # Every step so far reaches their runs first (each is one of theirs: they stopped at this one).
+            self.flush(also=stopped)
+            for m in stopped:
+                self.end_member(m)
 
     def _progress_line(self) -> None:
         training = [m.k for m in self.members if m.active]
