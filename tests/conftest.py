@@ -104,20 +104,20 @@ def _own_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+def compose_in(root, *overrides: str):
+    """train.yaml composed with `overrides`, every path under `root`, its job's folder root/out."""
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        return compose("train", overrides=[f"paths.root_dir={root}", f"paths.output_dir={root}/out", *overrides])
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """compose_cfg('data.batch_size=32', ...) -> the composed config, stored under tmp_path."""
 
     def _compose(*overrides: str):
-        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-            return compose(
-                "train",
-                overrides=[
-                    f"paths.root_dir={tmp_path}",
-                    f"paths.output_dir={tmp_path}/out",
-                    *overrides,
-                ],
-            )
+        # The ONNX copy of the network costs a run about half a second: tests of it (test_onnx.py),
+        # and every command-line run, make it; a config composed here, unless a test asks.
+        return compose_in(tmp_path, "logger.log_onnx=false", *overrides)
 
     return _compose
 

@@ -10,7 +10,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from conftest import CONF_DIR, TINY, runs_of
+from conftest import CONF_DIR, TINY, compose_in, runs_of
 from hydra import compose, initialize_config_dir
 
 from seqlab.hydra_version import VERSION_BASE
@@ -18,11 +18,6 @@ from seqlab.model import CNNLSTM
 from seqlab.train import train
 
 REGISTERED = "seqlab-load"
-
-
-def compose_in(root, *overrides):
-    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        return compose("train", overrides=[f"paths.root_dir={root}", f"paths.output_dir={root}/out", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +40,9 @@ def test_the_pyfunc_model_predicts_what_the_checkpoint_does(trained):
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     # Logged under the run's `model` path, in the run's own experiment (the Models tab)
-    (logged,) = client.search_logged_models([run.info.experiment_id])
-    assert logged.name == "model" and logged.source_run_id == result.run_id
+    # (and its ONNX copy, model-onnx: tests/test_onnx.py)
+    logged = {m.name: m for m in client.search_logged_models([run.info.experiment_id])}
+    assert set(logged) == {"model", "model-onnx"} and logged["model"].source_run_id == result.run_id
 
     mlflow.set_tracking_uri(f"sqlite:///{root}/mlruns/mlflow.db")
     try:

@@ -46,7 +46,10 @@ def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_
         if run.data.tags.get("sweep_role") != "parent":
             assert copy.data.tags["mlflow.parentRunId"] == parent.info.run_id  # the parent's copy, not the source's
             # the run's network, a logged model of the copy that loads and predicts
-            (model,) = server.search_logged_models([copy.info.experiment_id], filter_string=f"source_run_id = '{copy.info.run_id}'")
+            models = {m.name: m for m in server.search_logged_models(
+                [copy.info.experiment_id], filter_string=f"source_run_id = '{copy.info.run_id}'")}
+            assert set(models) == {"model", "model-onnx"}  # its ONNX copy too
+            model = models["model"]
             files = mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, tracking_uri=mlflow_server.uri,
                                                         dst_path=str(tmp_path / "model" / name))
             network = mlflow.pytorch.load_model(files)

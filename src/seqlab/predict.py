@@ -135,8 +135,13 @@ def _training_run(model: Any, client: Any) -> Optional[str]:
 
 
 def _predict(model: Any, x: np.ndarray, lengths: Optional[np.ndarray]) -> np.ndarray:
+    onnx = "onnx" in model.metadata.flavors  # the run's model-onnx: its predictions come as {output name: array}
     if lengths is None:
-        return np.concatenate([model.predict(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)])
+        chunks = [model.predict(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)]
+        return np.concatenate([next(iter(c.values())) if onnx else c for c in chunks])
+    if onnx:
+        raise SeqlabError("data: sequences of different lengths: the ONNX model takes sequences of one length; "
+                          "predict them with the run's PyTorch model (run=<run id>)")
 
     net = model.get_raw_model()
     with torch.no_grad():

@@ -143,6 +143,7 @@ class LoggerConfig:
     # training process, tracking/step_writer.py) or MLflow's own thread (inline); not for a server.
     step_writer: StepWriterKind = StepWriterKind.process
     register_as: Optional[str] = None  # also register the logged model as a new version: models:/NAME/VERSION
+    log_onnx: bool = True  # the network kept also as ONNX (`model-onnx`: MATLAB's importNetworkFromONNX, onnxruntime)
 
 
 @dataclass

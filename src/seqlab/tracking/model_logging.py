@@ -16,6 +16,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from seqlab import one_line
+from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
 from seqlab.tracking.outbox import transient
 
 log = logging.getLogger("seqlab")
@@ -28,6 +30,7 @@ SERIALIZATION = "pickle"
 N_EXAMPLE = 2  # samples in the input example (kept small: it is stored as JSON)
 BEST = "checkpoint-best"  # the lowest val_rmse's network, where it is not the one kept
 CHECKPOINT = "checkpoint"  # logger.log_checkpoints=all: the network at each new best val_rmse
+ONNX = "model-onnx"  # logger.log_onnx: the network kept, as ONNX (tracking/onnx_model.py)
 
 
 @dataclass
@@ -241,7 +244,46 @@ def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: Kept,
     it is the best validation's network; then, per logger.log_checkpoints, `checkpoint-best` and
     the links of those logged during training. A run alone and a pack's member alike."""
     is_best = tracker.log_checkpoints != "none" and _kept_is_best(found, kept)
-    done = log_network(tracker, network, example_x, kept.step, tracker.register_as,
-                       tags={**kept.tags(), **({"checkpoint": "best"} if is_best else {})})
+    tags = {**kept.tags(), **({"checkpoint": "best"} if is_best else {})}
+    done = log_network(tracker, network, example_x, kept.step, tracker.register_as, tags=tags)
+    if done is not None and tracker.log_onnx:  # a copy of `model`: not itself the run's checkpoint=best
+        log_onnx(tracker, network, example_x, kept.step, {**kept.tags(), "onnx_of": done.model_id})
     _log_checkpoints(tracker, found, weights, logged, network, example_x, kept)
     return done
+
+
+def log_onnx(tracker: Any, network: Any, inputs: np.ndarray, step: int, tags: dict[str, str]) -> Optional[str]:
+    """logger.log_onnx: the network kept, also as the ONNX model `model-onnx` at `step` (MLflow's
+    onnx flavor: mlflow.pyfunc and `mlflow models serve` predict with onnxruntime), checked first
+    against the network on the training inputs (tracking.onnx_model.export). Its URI; None, with one
+    line, where the network cannot be exported or its export predicts otherwise: the run keeps its
+    PyTorch model and ends as it trained."""
+    import mlflow
+    import onnx
+    import onnxruntime
+    from mlflow.models import infer_signature
+
+    try:
+        exported = export(network, inputs)
+        if not exported.max_difference <= TOLERANCE:
+            raise ValueError(f"onnxruntime's predictions differ from the network's by up to "
+                             f"{exported.max_difference:.3g} (at most {TOLERANCE:g})")
+        example = np.ascontiguousarray(inputs[:N_EXAMPLE], dtype=np.float32)
+        with run_scope(tracker.tracking_uri, tracker.experiment_id):
+            model_id = _logged_model(tracker, ONNX, {**tags, "onnx_opset": str(OPSET), "onnx_operators":
+                                                     " ".join(exported.operators)})
+            mlflow.onnx.log_model(exported.model, name=ONNX, model_id=model_id, input_example=example,
+                                  signature=infer_signature(example, exported.example_output),
+                                  # onnxruntime's CPU provider alone: MLflow's default lists CUDA first and
+                                  # warns at every load without it; a network this small predicts on the CPU.
+                                  onnx_execution_providers=["CPUExecutionProvider"],
+                                  save_as_external_data=False, pip_requirements=[
+                                      f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}",
+                                      f"mlflow=={mlflow.__version__}", "numpy"])
+            link_metrics(tracker, model_id, step)
+    except Exception as error:  # noqa: BLE001 - the run keeps its PyTorch model: ONNX is a copy of it
+        log.warning("model     not logged as ONNX: %s (logger.log_onnx=false leaves it out)", one_line(error))
+        return None
+    log.info("model     also as ONNX (opset %d, %s bytes, largest difference %.2g): runs:/%s/%s", OPSET,
+             f"{exported.size_bytes:,}", exported.max_difference, tracker.run_id, ONNX)
+    return f"runs:/{tracker.run_id}/{ONNX}"

@@ -73,6 +73,7 @@ class MlflowTracker:
         fallback_uri: Optional[str] = _Defaults.fallback_uri,
         step_writer: str = _Defaults.step_writer,
         register_as: Optional[str] = _Defaults.register_as,
+        log_onnx: bool = _Defaults.log_onnx,
         rank: int = 0,
     ) -> None:
         # A password in the address goes to MLflow's credential variables: it is sent, never shown.
@@ -91,6 +92,7 @@ class MlflowTracker:
         self.fallback_uri = fallback_uri
         self.step_writer = step_writer
         self.register_as = register_as  # the logged model also becomes a version of this registered model
+        self.log_onnx = log_onnx  # the network kept also as ONNX (tracking.model_logging.log_onnx)
         self.rank = rank
         self.monitor = None
         self.ended = False  # this process ended its run (a heartbeat then knows an end is its own)
