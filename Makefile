@@ -21,12 +21,14 @@ ARGS ?=
 MODEL ?=
 SERVE_PORT ?= 5001
 DOCS_PORT ?= 8000
+# make dashboard: the study storage (default: OPTUNA_STORAGE, else mlruns/optuna.db); PORT= as for make ui (default 8080)
+STORAGE ?=
 # make sync: where the runs are (default: this project's store) and the server they go to (default: MLFLOW_TRACKING_URI)
 FROM ?=
 TO ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint docs docs-serve ui server serve sync clean
+.PHONY: help install train test test-fast lint docs docs-serve ui dashboard server serve sync clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -64,6 +66,13 @@ ui: $(STAMP) ## open the MLflow UI over this project's store on http://127.0.0.1
 	@echo "open http://127.0.0.1:$(PORT)/#/experiments?workflowType=machine_learning (MLflow's model-training view; its home page opens on GenAI)"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlruns/artifacts --host 127.0.0.1 --port $(PORT)
+
+dashboard: $(STAMP) ## open optuna-dashboard over a search's study on http://127.0.0.1:8080 (STORAGE=url; PORT=8081)
+	$(PY) -m seqlab.sweeps.dashboard --host 127.0.0.1 --port $(if $(filter command line environment,$(origin PORT)),$(PORT),8080)
+
+# The storage goes in the environment: a PostgreSQL URL on a command line (make's echo, ps) would
+# show its password to everyone on the machine.
+dashboard: export SEQLAB_DASHBOARD_STORAGE = $(STORAGE)
 
 server: $(STAMP) ## start an MLflow tracking server on http://127.0.0.1:5000 (HOST=0.0.0.0 to share it, with sign-in; PORT=...) that stores runs and serves artifacts
 	$(PY) -m seqlab.store.server --host $(HOST) --port $(PORT) \

@@ -6,6 +6,7 @@ at 5% tells them apart ("tied within noise" otherwise).
     python scripts/compare.py --experiment device-batch --sweep latest
     python scripts/compare.py --experiment device-batch --sweep latest --rank-by best_val_rmse
     python scripts/compare.py --experiment seqlab --filter "params.data.batch_size = '64'"
+    python scripts/compare.py --diff RUN_A RUN_B      # two runs: only the params and tags that differ, then the metrics
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="order of the table: by configuration, or best first by a metric's mean "
                              "(val_rmse: the final value; best_val_rmse: the lowest a run reached; "
                              "model_steps_per_s: networks trained per second, a pack's members counted whole)")
+    parser.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="two run ids: only the params and tags that differ, then every metric side by side")
     args = parser.parse_args(argv)
 
     from seqlab import SeqlabError
@@ -51,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     end_dead_runs(client)  # runs whose process died without closing them
+    if args.diff:
+        from seqlab.sweeps.run_diff import diff_runs, format_diff
+
+        try:
+            print(format_diff(diff_runs(client, *args.diff)))
+        except SeqlabError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        return 0
     try:
         report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log,
                          args.rank_by)

@@ -1,5 +1,8 @@
 """A screenshot of a page of the MLflow UI in headless Chromium, as a fresh browser sees it (a new
-profile each time): `python scripts/ui_screenshot.py URL OUT.png [--width 1500 --height 620]`.
+profile each time): `python scripts/ui_screenshot.py URL OUT.png [--width 1500 --height 620]`;
+`--text UNTIL` prints the page's text instead, once it shows UNTIL (or after --wait seconds): how
+tests/test_dashboard.py reads optuna-dashboard's page. Chromium's pipe takes this process's file
+descriptors 3 and 4, so it runs as a process of its own.
 
 Chromium is driven over its DevTools pipe (--remote-debugging-pipe: no extra package), so the
 page can be tidied before the picture: the MLflow Assistant side panel closed and nested runs
@@ -83,6 +86,17 @@ class Pipe:
         self.proc.wait(timeout=30)
 
 
+def _text_once(pipe: Pipe, session: str, until: str, wait: float) -> str:
+    deadline, text = time.monotonic() + wait, ""
+    while time.monotonic() < deadline:
+        answer = pipe.call("Runtime.evaluate", session, expression="document.body.innerText", returnByValue=True)
+        text = answer["result"].get("value") or ""
+        if until in text:
+            break
+        time.sleep(0.5)
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -91,6 +105,7 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=620)
     parser.add_argument("--debug", action="store_true", help="print the page's buttons")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds for the page to load its runs")
+    parser.add_argument("--text", metavar="UNTIL", help="print the page's text once it shows UNTIL (OUT is ignored)")
     args = parser.parse_args()
     chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chrome is None:
@@ -103,6 +118,9 @@ def main() -> int:
         session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         pipe.call("Emulation.setDeviceMetricsOverride", session, width=args.width, height=args.height,
                   deviceScaleFactor=1, mobile=False)
+        if args.text is not None:
+            print(_text_once(pipe, session, args.text, args.wait))
+            return 0
         time.sleep(args.wait)
         if args.debug:
             listing = "[...document.querySelectorAll('button,[role=checkbox],label')].map(b => b.tagName + '|' + (b.getAttribute('aria-label')||'') + '|' + (b.textContent||'').slice(0,30) + '|' + (b.className||'').toString().slice(0,40)).join('\\n')"

@@ -4,6 +4,8 @@ is loaded. Light imports only: this runs on the CLI's start-up path."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -35,6 +37,7 @@ StepWriterKind = _choices("StepWriterKind", "process", "inline")
 # the MLflow run is owned by the process that started the job.
 Strategy = _choices("Strategy", "auto", "ddp")
 ResumeData = _choices("ResumeData", "same", "changed")
+RerunCode = _choices("RerunCode", "recorded", "current")
 # Not Enums: YAML reads a bare 32 as a number and a bare off/on as a bool, which an Enum field refuses.
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
 CUDA_GRAPH = ("auto", "on", "off")
@@ -211,6 +214,8 @@ class TrainConfig:
     resume: Optional[str] = None
     resume_data: ResumeData = ResumeData.same  # a resumed run's data changed since its stop: refused unless `changed`
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
+    rerun: Optional[str] = None  # an MLflow run id: train it again from its recorded overrides (seqlab.rerun)
+    rerun_code: RerunCode = RerunCode.recorded  # recorded: only with the run's code (commit and diff); current: as it is
     pack: Any = "off"  # a multirun's jobs as packs of at most N members (seqlab.packing); pack_job: set by its sweeper
     pack_job: Optional[int] = None
     replicas: int = 1  # a multirun's job as N networks of its config in one pack (seeds seed*N .. seed*N+N-1)
@@ -225,14 +230,10 @@ register()
 
 
 def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> Optional[str]:
-    """The first `key=value` on the command line whose key the schema does not have, as one line
-    with the nearest keys; None if all are known. Hydra would refuse it too, in a multi-line message
-    without suggestions. Keys under untyped nodes (optimizer.*, data.source.*, trainer.extra.*),
-    `+`/`~` overrides and hydra.* are left to Hydra, and so is every key when the command line
-    names another config or config folder; `groups` are the config groups in conf/."""
-    import dataclasses
-    import difflib
-
+    """The first `key=value` on the command line whose key the schema does not have, as one line with
+    the nearest keys (Hydra's refusal has none); None if all are known. Keys under untyped nodes
+    (optimizer.*, data.source.*, trainer.extra.*), `+`/`~` overrides and hydra.* are left to Hydra, and so
+    is every key when the command line names another config or folder; `groups`: conf/'s groups."""
     other_sources = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "hydra.searchpath")
     if any(arg.split("=", 1)[0] in other_sources or arg.startswith("+hydra.searchpath") for arg in overrides):
         return None  # configs from elsewhere may add groups and keys: Hydra checks them
@@ -264,7 +265,6 @@ def bad_choice(overrides: list[str]) -> Optional[str]:
     """The first `key=value` on the command line whose key has choices (an Enum field) and whose
     value is not one of them, as one line naming the choices; None if all are fine. Hydra would
     refuse it too, in a message of several lines. Sweep lists (a,b) are checked value by value."""
-    import dataclasses
 
     for override in overrides:
         key, _, value = override.partition("=")

@@ -41,6 +41,10 @@ def _task(cfg: DictConfig) -> Optional[float]:
 
 def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
     try:
+        if cfg.get("rerun"):
+            from seqlab.rerun import rerun_config  # MLflow and git: only a rerun reads its run first
+
+            cfg, job = rerun_config(cfg, job)
         result = ready(cfg, job)  # light: a job a resumed sweep's plan says is done is skipped without torch
         if result is None:
             from seqlab.train import fit_job  # heavy (torch, Lightning, MLflow): only for a job that trains

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +17,7 @@ from seqlab.secrets import mask_flat
 from seqlab.sweeps.job import Job, SweepInfo
 from seqlab.sweeps.trial import trial_tags
 from seqlab.sweeps.verdict import NOT_CONFIG
+from seqlab.tracking.provenance import code_state, record_provenance
 from seqlab.tracking.run import flatten
 
 # Overrides already shown by the first part of a run name, or that say where, not what.
@@ -52,16 +52,6 @@ def config_tag(accelerator: str, cfg: DictConfig, overrides: list[str], swept: O
     return f"{run_name(accelerator, cfg, kept, swept)} #{digest}"
 
 
-def git_commit(root: Path) -> Optional[str]:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, str]:
     import mlflow
     import pytorch_lightning
@@ -83,9 +73,9 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, s
         tags.update(accelerator=device.accelerator, device_name=device.name)
     tags["config"] = config_tag(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.swept_keys)
     tags.update(scheduler_tags())  # a SLURM job's id and start: a requeued job finds its run by them
-    commit = git_commit(Path(cfg.paths.root_dir))
-    if commit:
-        tags["git_commit"] = tags["mlflow.source.git.commit"] = commit
+    tags.update(code_state(Path(cfg.paths.root_dir)).tags())  # git_commit, git_dirty, code_digest (provenance.py)
+    if cfg.get("rerun"):  # made again from that run's record (seqlab.rerun)
+        tags.update(rerun_of=str(cfg.rerun), rerun_code=str(cfg.rerun_code))
     if job.multirun:
 
         tags.update(sweep_id=sweep.sweep_id or job.sweep_dir.name, job_num=str(job.num))
@@ -107,6 +97,7 @@ def record_config(cfg: DictConfig, job: Job, tracker, params: dict, continued: b
     and the resolved config as config.yaml."""
     if not continued:
         tracker.log_params(params)
+        record_provenance(tracker, Path(cfg.paths.root_dir), job.output_dir)  # code/ and env/: how it was made
     path = job.output_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))

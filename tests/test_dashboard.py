@@ -1,0 +1,83 @@
+"""`make dashboard`: optuna-dashboard over a search's study storage (issue 36, point 3), the study
+and its trials' values read in a real headless Chromium; the storage reaches it in the
+environment, never on a command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import ROOT
+from inprocess import run_script
+
+from seqlab.store.server import free_port
+from seqlab.sweeps.dashboard import STORAGE_VARIABLE, storage_url
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_the_storage_is_make_s_then_the_search_s_then_this_project_s(tmp_path):
+    assert storage_url({STORAGE_VARIABLE: "sqlite:///a.db", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path) == "sqlite:///a.db"
+    assert storage_url({STORAGE_VARIABLE: "", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path) == "sqlite:///b.db"
+    assert storage_url({}, tmp_path) == f"sqlite:///{tmp_path}/mlruns/optuna.db"
+    missing = run_script("seqlab.sweeps.dashboard", ["--root", str(tmp_path)], env={STORAGE_VARIABLE: ""})
+    assert missing.returncode == 1 and missing.stderr.startswith(f"error: no study storage at sqlite:///{tmp_path}/mlruns/optuna.db")
+
+
+def _page_text(url: str, wait_for: str, timeout: float = 60.0) -> str:
+    """The page's text once it shows `wait_for`, in a fresh headless Chromium: scripts/ui_screenshot.py
+    --text, a process of its own (Chromium's pipe takes file descriptors 3 and 4, which a test
+    worker's own channel may hold)."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ui_screenshot.py"), url, "-", "--text", wait_for,
+                           "--wait", str(timeout)], capture_output=True, text=True, timeout=timeout + 60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)")
+def test_make_dashboard_shows_the_study_and_its_trials_values_in_a_browser(tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/mlruns/optuna.db"
+    (tmp_path / "mlruns").mkdir(exist_ok=True)
+    study = optuna.create_study(study_name="seqlab-dashboard-test", storage=url)
+    for x in (0.5, 1.0, 1.5):
+        study.enqueue_trial({"x": x})
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 2.0) ** 2, n_trials=3)
+
+    port = free_port()
+    env = {**os.environ, STORAGE_VARIABLE: url}
+    proc = subprocess.Popen([sys.executable, "-m", "seqlab.sweeps.dashboard", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"{base}/api/studies", timeout=2) as answer:
+                    studies = json.load(answer)["study_summaries"]
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.5)
+        else:
+            pytest.fail("optuna-dashboard did not answer in 60 s")
+        assert [s["study_name"] for s in studies] == ["seqlab-dashboard-test"]
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert b"optuna.db" not in f.read()  # the storage came in the environment
+
+        listed = _page_text(f"{base}/dashboard", "seqlab-dashboard-test")
+        assert "seqlab-dashboard-test" in listed and "MINIMIZE" in listed.upper()
+        trials = _page_text(f"{base}/dashboard/studies/{studies[0]['study_id']}/trials", "3 Trials")
+        assert "3 Trials" in trials and all(f"Trial {n}" in trials for n in range(3))
+        # The best trial, shown first: its value and its parameter.
+        assert "0.25" in trials and "x 0.5" in trials
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
