@@ -17,6 +17,7 @@ import mlflow
 from seqlab.plots import save_figure
 from seqlab.sweeps.job import fmt
 from seqlab.sweeps.runs import RunRow, find_runs, to_rows
+from seqlab.sweeps.summary import aligned
 from seqlab.sweeps.verdict import METRICS, RANK_BY, Group, crossover_detail, group_runs, n_text, rank, verdict
 
 
@@ -43,9 +44,7 @@ def table(rows: list[RunRow], rank_by: str = "config") -> str:
     groups = rank(group_runs(rows), rank_by)
     columns = _columns(groups)
     cells = [columns] + [_cells(g, "config" in columns) for g in groups]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
-    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(columns))).rstrip() for c in cells]
-    return "\n".join(lines + [NOTE])
+    return "\n".join(aligned(cells) + [NOTE])
 
 
 def runs_table(rows: list[RunRow]) -> str:
@@ -57,8 +56,7 @@ def runs_table(rows: list[RunRow]) -> str:
             "not reached" if r.target_reached is False else "-")
         cells.append([r.name, fmt(r.seed, "d"), r.status, fmt(r.it_per_s, ",.1f"), fmt(r.samples_per_s, ",.0f"), ttt,
                       fmt(r.val_rmse, ".4g"), fmt(r.best_val_rmse, ".4g")])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(columns))).rstrip() for c in cells)
+    return "\n".join(aligned(cells))
 
 
 def markdown(rows: list[RunRow], rank_by: str = "config") -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from seqlab import SeqlabError
+from seqlab.sweeps.summary import aligned
 
 # The tags that say how a run was made (tracking/describe.py, tracking/provenance.py).
 MADE_OF = ("git_commit", "git_dirty", "code_digest", "hydra_overrides", "accelerator", "device_name", "host",
@@ -54,9 +55,9 @@ def _cell(value: Any) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
+    head, *lines = aligned([header, *rows])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    return "\n".join([head, "  ".join("-" * w for w in widths), *lines])
 
 
 def format_diff(diff: RunDiff) -> str:

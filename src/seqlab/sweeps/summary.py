@@ -12,6 +12,13 @@ from typing import Optional
 from seqlab.sweeps.job import JOB_FILE, JobResult, PlannedJob, fmt, job_key
 
 
+def aligned(cells: list[list[str]]) -> list[str]:
+    """Rows of cells as lines of a plain-text table: each column as wide as its widest cell, two
+    spaces between columns (the summary, scripts/compare.py's tables and --diff)."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+
+
 def collect(sweep_dir: Path, sweep_id: str | None = None) -> list[JobResult]:
     """Every job of the sweep that got as far as writing its result file, in job order (files
     of another sweep that used the same folder are left out)."""
@@ -97,9 +104,7 @@ def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob
     if not rows:
         return "no job results found"
     columns = list(rows[0])
-    widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(row[c].ljust(widths[c]) for c in columns) for row in rows]
+    lines = aligned([columns] + [[row[c] for c in columns] for row in rows])
     lines += [f"job {job_label(r)}: {r.reason}" for r in results if r.reason]
     if any(r.member is not None for r in results):
         # Never one column of packed and unpacked speeds without saying so (seqlab.packing).

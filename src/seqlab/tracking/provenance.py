@@ -11,7 +11,7 @@ run's tags and artifacts:
 The environment is read once per process (a pack's members and a sweep's in-process jobs share it);
 both are written as files in the job's folder; the tracker uploads them masked, as every text artifact it sends
 (secrets.py), so a password a diff holds reaches the run as ***. `rerun=<run id>` compares the
-current code's digest with the run's (seqlab.sweeps.rerun)."""
+current code's digest with the run's (seqlab.rerun)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
+
+from seqlab.training.devices import cpu_name
 
 GIT_TIMEOUT_S = 10
 
@@ -73,8 +77,6 @@ def code_state(root: Path) -> CodeState:
 @functools.lru_cache(maxsize=1)
 def environment() -> tuple[str, dict[str, Any]]:
     """(requirements.txt as pip freeze lists it, system.json's content): read once per process."""
-    import torch
-
     seen: dict[str, str] = {}
     # Each installed distribution by its dist-info folder's name (name-version.dist-info): parsing
     # every METADATA file (importlib.metadata) took 0.76 s for 142 distributions here.
@@ -94,7 +96,7 @@ def environment() -> tuple[str, dict[str, Any]]:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cpu": _cpu_model(),
+        "cpu": cpu_name(),
         "cpu_count": len(_affinity()),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
     }
@@ -103,16 +105,6 @@ def environment() -> tuple[str, dict[str, Any]]:
 
 def _affinity() -> set[int]:
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def record_provenance(tracker: Any, root: Path, job_dir: Path) -> CodeState:
