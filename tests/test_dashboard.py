@@ -40,38 +40,46 @@ def _page_text(url: str, wait_for: str, timeout: float = 60.0) -> str:
     return done.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)")
-def test_make_dashboard_shows_the_study_and_its_trials_values_in_a_browser(tmp_path):
+def _dashboard(url: str):
+    """`python -m seqlab.sweeps.dashboard` (what make dashboard runs) over `url`, handed over as make
+    hands it, in the environment; (its process, its address, the studies its API lists)."""
+    port = free_port()
+    env = {**os.environ, STORAGE_VARIABLE: url}
+    proc = subprocess.Popen([sys.executable, "-m", "seqlab.sweeps.dashboard", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            with urllib.request.urlopen(f"{base}/api/studies", timeout=2) as answer:
+                return proc, base, json.load(answer)["study_summaries"]
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(proc.stdout.read())
+            time.sleep(0.5)
+    proc.terminate()
+    pytest.fail("optuna-dashboard did not answer in 60 s")
+
+
+def _three_trials(url: str) -> None:
     import optuna
 
-    url = f"sqlite:///{tmp_path}/mlruns/optuna.db"
-    (tmp_path / "mlruns").mkdir(exist_ok=True)
     study = optuna.create_study(study_name="seqlab-dashboard-test", storage=url)
     for x in (0.5, 1.0, 1.5):
         study.enqueue_trial({"x": x})
     study.optimize(lambda trial: trial.suggest_float("x", 0.0, 2.0) ** 2, n_trials=3)
 
-    port = free_port()
-    env = {**os.environ, STORAGE_VARIABLE: url}
-    proc = subprocess.Popen([sys.executable, "-m", "seqlab.sweeps.dashboard", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)")
+def test_make_dashboard_shows_the_study_and_its_trials_values_in_a_browser(tmp_path):
+    url = f"sqlite:///{tmp_path}/mlruns/optuna.db"
+    (tmp_path / "mlruns").mkdir(exist_ok=True)
+    _three_trials(url)
+    proc, base, studies = _dashboard(url)
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                with urllib.request.urlopen(f"{base}/api/studies", timeout=2) as answer:
-                    studies = json.load(answer)["study_summaries"]
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read()
-                time.sleep(0.5)
-        else:
-            pytest.fail("optuna-dashboard did not answer in 60 s")
         assert [s["study_name"] for s in studies] == ["seqlab-dashboard-test"]
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
             assert b"optuna.db" not in f.read()  # the storage came in the environment
-
         listed = _page_text(f"{base}/dashboard", "seqlab-dashboard-test")
         assert "seqlab-dashboard-test" in listed and "MINIMIZE" in listed.upper()
         trials = _page_text(f"{base}/dashboard/studies/{studies[0]['study_id']}/trials", "3 Trials")
@@ -81,3 +89,21 @@ def test_make_dashboard_shows_the_study_and_its_trials_values_in_a_browser(tmp_p
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_postgresql_study_that_wants_a_password_never_shows_it(postgres):
+    from conftest import POSTGRES_PASSWORD
+
+    url = postgres.replace("postgresql://", "postgresql+psycopg://").replace("/mlflow", "/optuna")
+    _three_trials(url)
+    proc, _, studies = _dashboard(url)
+    try:
+        assert [s["study_name"] for s in studies] == ["seqlab-dashboard-test"]
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert POSTGRES_PASSWORD.encode() not in f.read()
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert POSTGRES_PASSWORD not in out and "over postgresql+psycopg://seqlab:***@127.0.0.1:" in out
+
