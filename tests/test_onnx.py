@@ -81,3 +81,16 @@ def test_an_export_that_predicts_otherwise_is_not_logged_and_the_run_still_finis
 def test_log_onnx_false_logs_the_pytorch_model_only(compose_cfg, store):
     result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1"))  # compose_cfg: logger.log_onnx=false
     assert set(_models(store, result.run_id)) == {"model"}
+
+
+def test_padded_sequences_with_the_onnx_model_are_one_line_naming_the_pytorch_model():
+    from types import SimpleNamespace
+
+    from seqlab import SeqlabError
+    from seqlab.predict import _predict
+
+    onnx_model = SimpleNamespace(metadata=SimpleNamespace(flavors={"onnx": {}, "python_function": {}}))
+    x = np.zeros((3, 4, 2), np.float32)
+    with pytest.raises(SeqlabError, match=r"^data: sequences of different lengths: the ONNX model takes sequences of "
+                                          r"one length; predict them with the run's PyTorch model \(run=<run id>\)$"):
+        _predict(onnx_model, x, np.array([4, 2, 3]))
