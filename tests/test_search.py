@@ -55,6 +55,7 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
     assert "Traceback" not in out
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+    assert study.metric_names == ["best_val_rmse"]  # what optuna-dashboard names its axis (make dashboard)
     for trial in study.trials:
         assert trial.distributions["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
         assert trial.distributions["data.batch_size"] == CategoricalDistribution([32, 64])

@@ -205,6 +205,9 @@ class Search:
                                     pruner=make_pruner(self.pruner_spec))
         study.set_user_attr("seqlab_pruner", self.pruner_spec)  # each job builds the pruner from these
         study.set_user_attr("seqlab_objective", self.objective)
+        with warnings.catch_warnings():  # "experimental" since Optuna 3.2, unchanged since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([self.objective])  # optuna-dashboard's axis: best_val_rmse, not "Objective 0"
         if getattr(storage, "heartbeat_interval", None):  # the trials' trainers beat at the search's interval
             study.set_user_attr(workers.HEARTBEAT, self.heartbeat[0])
         return study
