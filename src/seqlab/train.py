@@ -75,7 +75,7 @@ def fit_job(cfg: DictConfig, job: Job) -> JobResult:
     error = None
     try:
         with heartbeat(tracker):
-            record_config(cfg, job, tracker, opening.params, continued=bool(cfg.resume))
+            record_config(cfg, job, tracker, opening.params, continued=bool(cfg.resume), code=opening.code)
             if device_error is not None:
                 raise device_error
             with process_group_scope(cfg.trainer):

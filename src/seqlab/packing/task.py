@@ -194,7 +194,8 @@ def _open_runs(cfg: DictConfig, job: Job, members: list[Member], stack: ExitStac
         open_run(m.tracker, m.cfg, m.job, sweep, m.opening, m.resume_run_id)
         stack.enter_context(heartbeat(m.tracker))
         m.trial = open_trial(m.trial_link) if m.trial_link else None
-        record_config(m.cfg, m.job, m.tracker, m.opening.params, continued=m.resume_run_id is not None)
+        record_config(m.cfg, m.job, m.tracker, m.opening.params, continued=m.resume_run_id is not None,
+                      code=m.opening.code)
         m.datamodule.setup("fit")  # its sets, for their digests, one member at a time
         log_training_data(m.tracker, m.cfg.data, m.datamodule, resumed=m.resume_run_id is not None,
                           data_changed=cfg.resume_data == "changed")  # the resumed sweep's command line says it

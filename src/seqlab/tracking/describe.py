@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,7 +16,7 @@ from seqlab.secrets import mask_flat
 from seqlab.sweeps.job import Job, SweepInfo
 from seqlab.sweeps.trial import trial_tags
 from seqlab.sweeps.verdict import NOT_CONFIG
-from seqlab.tracking.provenance import code_state, record_provenance
+from seqlab.tracking.provenance import CodeState, record_provenance
 from seqlab.tracking.run import flatten
 
 # Overrides already shown by the first part of a run name, or that say where, not what.
@@ -52,7 +51,7 @@ def config_tag(accelerator: str, cfg: DictConfig, overrides: list[str], swept: O
     return f"{run_name(accelerator, cfg, kept, swept)} #{digest}"
 
 
-def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, str]:
+def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState) -> dict[str, str]:
     import mlflow
     import pytorch_lightning
     import torch
@@ -73,7 +72,7 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo) -> dict[str, s
         tags.update(accelerator=device.accelerator, device_name=device.name)
     tags["config"] = config_tag(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.swept_keys)
     tags.update(scheduler_tags())  # a SLURM job's id and start: a requeued job finds its run by them
-    tags.update(code_state(Path(cfg.paths.root_dir)).tags())  # git_commit, git_dirty, code_digest (provenance.py)
+    tags.update(code.tags())  # git_commit, git_dirty, code_digest (provenance.py)
     if cfg.get("rerun"):  # made again from that run's record (seqlab.rerun)
         tags.update(rerun_of=str(cfg.rerun), rerun_code=str(cfg.rerun_code))
     if job.multirun:
@@ -92,12 +91,12 @@ def run_params(cfg: DictConfig) -> dict[str, str]:
                       if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
 
 
-def record_config(cfg: DictConfig, job: Job, tracker, params: dict, continued: bool) -> None:
+def record_config(cfg: DictConfig, job: Job, tracker, params: dict, continued: bool, code: CodeState) -> None:
     """The params (a new run's: a `continued` run has them, and MLflow keeps a param's first value)
     and the resolved config as config.yaml."""
     if not continued:
         tracker.log_params(params)
-        record_provenance(tracker, Path(cfg.paths.root_dir), job.output_dir)  # code/ and env/: how it was made
+        record_provenance(tracker, code, job.output_dir)  # code/ and env/: how it was made
     path = job.output_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))

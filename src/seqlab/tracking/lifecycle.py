@@ -23,6 +23,7 @@ from seqlab.store.ghosts import identity
 from seqlab.sweeps.job import Job, JobResult, SweepInfo
 from seqlab.tracking.describe import run_name, run_params, run_tags
 from seqlab.tracking.model_logging import Kept, log_networks
+from seqlab.tracking.provenance import CodeState, code_state
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Opening:
     name: str
     tags: dict[str, str]
     params: dict[str, str]
+    code: CodeState  # the project's code as git saw it at the start: its tags and its code/ artifacts agree
 
 
 def describe_run(cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: SweepInfo, **more_tags: str) -> Opening:
@@ -39,7 +41,8 @@ def describe_run(cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: Sw
     process that owns it: a run it leaves RUNNING is found and ended) and its params."""
     accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
-    return Opening(name, {**run_tags(cfg, job, device, sweep), **identity(), **more_tags}, run_params(cfg))
+    code = code_state(Path(cfg.paths.root_dir))  # read once: the run's tags and its code/ artifacts
+    return Opening(name, {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags}, run_params(cfg), code)
 
 
 def open_run(tracker: Any, cfg: DictConfig, job: Job, sweep: SweepInfo, opening: Opening,

@@ -107,9 +107,8 @@ def _affinity() -> set[int]:
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
-def record_provenance(tracker: Any, root: Path, job_dir: Path) -> CodeState:
+def record_provenance(tracker: Any, code: CodeState, job_dir: Path) -> None:
     """The run's code and environment as artifacts (code/, env/), from files in the job's folder."""
-    code = code_state(root)
     requirements, system = environment()
     code_dir, env_dir = job_dir / "code", job_dir / "env"
     code_dir.mkdir(parents=True, exist_ok=True)
@@ -120,4 +119,3 @@ def record_provenance(tracker: Any, root: Path, job_dir: Path) -> CodeState:
     (env_dir / "system.json").write_text(json.dumps(system, indent=1) + "\n")
     tracker.log_artifact(code_dir, "code")
     tracker.log_artifact(env_dir, "env")
-    return code
