@@ -10,7 +10,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-import seqlab.schema  # noqa: F401  registers the typed config schemas
+import seqlab.schema
+import seqlab.validation
 from seqlab.hydra_version import VERSION_BASE, trusted_targets
 
 os.environ.setdefault("SEQLAB_ROOT", str(Path(__file__).resolve().parent))
@@ -29,7 +30,7 @@ def cli() -> None:
     # Hydra would take model= as a choice in it.
     sys.argv = [f"model_uri={a[len('model='):]}" if a.startswith("model=") else a for a in sys.argv]
     # A misspelled key gets one line with the nearest keys, as in train.py.
-    problem = seqlab.schema.unknown_key(sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig)
+    problem = seqlab.validation.unknown_key(sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)

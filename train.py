@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 import seqlab.schema  # noqa: F401  registers the typed config schema
+import seqlab.validation
 from seqlab.ddp.ranks import rank_overrides
 from seqlab.hydra_version import VERSION_BASE, trusted_targets
 from seqlab.task import main as task  # light: torch, Lightning and MLflow load only for a job that trains
@@ -30,7 +31,7 @@ def cli() -> None:
     # choices one line with the choices (Hydra's own messages take several lines).
     sys.argv += rank_overrides()  # a DDP rank: the job's overrides came in the environment, not on its command line
     groups = {p.name for p in (Path(__file__).resolve().parent / "conf").iterdir() if p.is_dir()}
-    problem = seqlab.schema.unknown_key(sys.argv[1:], groups) or seqlab.schema.bad_choice(sys.argv[1:])
+    problem = seqlab.validation.unknown_key(sys.argv[1:], groups) or seqlab.validation.bad_choice(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)

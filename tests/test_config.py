@@ -9,7 +9,8 @@ import pytest
 from conftest import CONF_DIR, ROOT, compose_in
 from hydra.errors import ConfigCompositionException
 
-from seqlab.schema import ConfigError, validate
+from seqlab.schema import ConfigError
+from seqlab.validation import validate
 
 OPTIONS = sorted(
     f"{path.parent.name}={path.stem}"
@@ -105,8 +106,8 @@ def test_validate_names_the_key_and_the_fix(compose_cfg, override, message):
 )
 def test_choices_are_enum_fields_checked_at_compose_time(compose_cfg, override, message):
     """The schema's Enum fields: OmegaConf refuses another value while composing; the CLI says so
-    first in one line naming the choices (schema.bad_choice, from the same Enum)."""
-    from seqlab.schema import bad_choice
+    first in one line naming the choices (validation.bad_choice, from the same Enum)."""
+    from seqlab.validation import bad_choice
 
     problem = bad_choice([override])
     assert problem is not None and message in problem and "\n" not in problem
@@ -148,7 +149,7 @@ def test_cli_bad_value_is_one_line_and_exit_1(run_process):
 
 
 def test_key_check_leaves_configs_from_elsewhere_to_hydra():
-    from seqlab.schema import unknown_key
+    from seqlab.validation import unknown_key
 
     groups = {"data", "model"}
     assert unknown_key(["site=cluster"], groups).startswith("site is not a config key")
@@ -219,11 +220,22 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
     assert run_a.startswith(f"{tmp_path}/logs/runs/2026-12-01_10-00-00-") and len(run_a.rsplit("-", 1)[1]) == 6
 
 
+def schema_defaults(kind) -> dict:
+    """A schema dataclass's defaults by key (keys without one left out)."""
+    import dataclasses
+
+    from omegaconf import MISSING
+
+    return {f.name: f.default for f in dataclasses.fields(kind)
+            if f.default is not dataclasses.MISSING and f.default is not MISSING}
+
+
 def test_each_key_has_its_default_in_one_place(tmp_path):
     """Issue 37, point 4: a group option's YAML sets only what differs from the schema's default (the
     one place a default lives: src/seqlab/schema.py, which constructors read too); a _target_ names
-    what the option builds. Every option still composes and keeps the schema's values. (perf's options
-    are presets over several groups, # @package _global_, and are not held to this yet.)"""
+    what the option builds. Every option still composes and keeps the schema's values. perf's options
+    are presets over several groups (# @package _global_): each group they set is held to its own
+    schema defaults."""
     import dataclasses
     import enum
     import typing
@@ -241,10 +253,20 @@ def test_each_key_has_its_default_in_one_place(tmp_path):
         folder = ROOT / "conf" / field.name
         if not dataclasses.is_dataclass(kind) or not folder.is_dir():
             continue
-        defaults = {f.name: f.default for f in dataclasses.fields(kind)
-                    if f.default is not dataclasses.MISSING and f.default is not MISSING}
-        # perf's options are presets of several groups (# @package _global_), as experiment/ and debug/ are
-        options = [o for o in sorted(folder.glob("*.yaml")) if "@package _global_" not in o.read_text()]
+        defaults = schema_defaults(kind)
+        # perf's options are presets of several groups (# @package _global_): each group they set
+        # is compared with that group's defaults
+        presets = [o for o in sorted(folder.glob("*.yaml")) if "@package _global_" in o.read_text()]
+        for preset in presets:
+            for group, body in (yaml.safe_load(preset.read_text()) or {}).items():
+                group_kind = hints[group]
+                group_kind = typing.get_args(group_kind)[0] if typing.get_origin(group_kind) is typing.Union else group_kind
+                for key, value in body.items():
+                    default = schema_defaults(group_kind).get(key, MISSING)
+                    default = default.value if isinstance(default, enum.Enum) else default
+                    if default is not MISSING and value == default:
+                        repeated.append(f"conf/{field.name}/{preset.name}: {group}.{key}: {value!r}")
+        options = [o for o in sorted(folder.glob("*.yaml")) if o not in presets]
         bodies = {option: yaml.safe_load(option.read_text()) or {} for option in options}
         set_by_some = set().union(*bodies.values())  # an option may take another's (a defaults list)
         for option, body in bodies.items():

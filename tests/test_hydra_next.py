@@ -23,7 +23,7 @@ with warnings.catch_warnings(record=True) as caught:
     from hydra import compose, initialize_config_dir
     import seqlab.schema
     from seqlab.hydra_version import VERSION_BASE
-    from seqlab.schema import validate
+    from seqlab.validation import validate
     from pathlib import Path
     conf = Path("conf").resolve()
     options = [f"{p.parent.name}={p.stem}" for p in conf.glob("*/*.yaml")

@@ -17,10 +17,10 @@ from matfiles import MatCell, write_v5, write_v73
 from seqlab import SeqlabError
 from seqlab.data import load_mat, load_npz, synthetic_daily_load
 from seqlab.model import CNNLSTM
-from seqlab.schema import validate
 from seqlab.train import train
 from seqlab.training.gradients import GradientTreatment, clip_, l2_parameters
 from seqlab.training.module import population_bn_statistics_
+from seqlab.validation import validate
 
 # -- the preset ---------------------------------------------------------------------------------
 

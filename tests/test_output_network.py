@@ -117,7 +117,8 @@ def test_best_without_validation_data_is_one_line_before_training(compose_cfg, s
 def test_matlab_seed_maps_trainnetwork_defaults_and_bad_values_are_one_line(compose_cfg):
     from hydra.errors import ConfigCompositionException
 
-    from seqlab.schema import ConfigError, bad_choice, validate
+    from seqlab.schema import ConfigError
+    from seqlab.validation import bad_choice, validate
 
     m = compose_cfg("experiment=matlab_seed").module
     assert (m.output_network, m.validation_patience) == ("last", None)  # 'last-iteration', Inf

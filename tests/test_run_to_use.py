@@ -352,7 +352,8 @@ def test_links_leave_out_credentials():
 
 
 def test_a_registered_name_with_a_slash_is_one_line(compose_cfg):
-    from seqlab.schema import ConfigError, validate
+    from seqlab.schema import ConfigError
+    from seqlab.validation import validate
 
     with pytest.raises(ConfigError, match=r"^logger.register_as must be a model name without '/'.*got 'a/b'$"):
         validate(compose_cfg("logger.register_as=a/b"))

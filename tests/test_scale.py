@@ -20,7 +20,8 @@ from inprocess import run_script
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
 from seqlab.hydra_version import VERSION_BASE
-from seqlab.store.server import LocalServer, check_backend
+from seqlab.store.server import LocalServer
+from seqlab.store.server_command import check_backend
 from seqlab.sweeps.job import cpu_count
 
 N_TRAIN = 205  # TINY: 256 samples, 20% held out for validation
@@ -236,7 +237,7 @@ def test_a_loopback_server_starts_uvicorn_as_mlflow_server_would():
     import mlflow.server
     from mlflow.server import constants
 
-    from seqlab.store.server import ARTIFACTS_ENV, BACKEND_ENV, uvicorn_command, uvicorn_env
+    from seqlab.store.server_command import ARTIFACTS_ENV, BACKEND_ENV, uvicorn_command, uvicorn_env
 
     env = uvicorn_env({BACKEND_ENV: "sqlite:///s.db", ARTIFACTS_ENV: "/a"})
     assert env[constants.BACKEND_STORE_URI_ENV_VAR] == env[constants.REGISTRY_STORE_URI_ENV_VAR] == "sqlite:///s.db"

@@ -26,7 +26,6 @@ from omegaconf import DictConfig
 from seqlab import SeqlabError, one_line
 from seqlab.data.sources import as_sequences
 from seqlab.plots import predicted_vs_actual
-from seqlab.schema import validate_predict
 from seqlab.store.ghosts import end_dead_runs
 from seqlab.store.models import run_models
 from seqlab.store.server_auth import client_credentials
@@ -35,6 +34,7 @@ from seqlab.tracking import ensure_experiment
 from seqlab.tracking.connect import client_for
 from seqlab.tracking.datasets import base_name, dataset, log_inputs
 from seqlab.tracking.model_logging import ARTIFACT_PATH, run_scope
+from seqlab.validation import validate_predict
 
 log = logging.getLogger("seqlab")
 

@@ -34,7 +34,6 @@ from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, prepare_resume
 from seqlab.resume.points import CHECKPOINT, publish_resume_point
 from seqlab.resume.requeue import Preempted
-from seqlab.schema import validate
 from seqlab.store.ghosts import heartbeat
 from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir
@@ -49,6 +48,7 @@ from seqlab.training.module import LOSS_TO_MSE, final_metrics
 from seqlab.training.noise import quiet_libraries
 from seqlab.training.perf import optimizer_factory, steps_per_call
 from seqlab.training.trainer import build_trainer
+from seqlab.validation import validate
 
 log = logging.getLogger("seqlab")
 

@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from seqlab import SeqlabError
 from seqlab.ddp.ranks import process_rank
-from seqlab.schema import validate
 from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.trial import current
+from seqlab.validation import validate
 
 log = logging.getLogger("seqlab")
 

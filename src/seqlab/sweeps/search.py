@@ -24,7 +24,6 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, one_line
-from seqlab.schema import validate
 from seqlab.secrets import mask_text, mask_uris
 from seqlab.sweeps import optuna_private, workers
 from seqlab.sweeps.job import SweepInfo, cpu_count
@@ -43,6 +42,7 @@ from seqlab.sweeps.study import (
     storage_for,
 )
 from seqlab.sweeps.trial import ENV_TRIAL, PRUNED_AT, study_environment
+from seqlab.validation import validate
 
 OBJECTIVES = ("best_val_rmse", "final_val_rmse")
 SAMPLERS = ("tpe", "random")
