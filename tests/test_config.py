@@ -221,13 +221,20 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
 
 
 def schema_defaults(kind) -> dict:
-    """A schema dataclass's defaults by key (keys without one left out)."""
+    """A schema dataclass's defaults by key, an Enum's as its value (keys without one left out)."""
     import dataclasses
+    import enum
 
     from omegaconf import MISSING
 
-    return {f.name: f.default for f in dataclasses.fields(kind)
-            if f.default is not dataclasses.MISSING and f.default is not MISSING}
+    return {f.name: f.default.value if isinstance(f.default, enum.Enum) else f.default
+            for f in dataclasses.fields(kind) if f.default is not dataclasses.MISSING and f.default is not MISSING}
+
+
+def repeats(where: str, body: dict, defaults: dict) -> list[str]:
+    """The keys of a YAML body that set their schema default again, as `where: key: value`."""
+    return [f"{where}: {key}: {value!r}" for key, value in body.items()
+            if key not in ("_target_", "_partial_") and key in defaults and value == defaults[key]]
 
 
 def test_each_key_has_its_default_in_one_place(tmp_path):
@@ -237,19 +244,21 @@ def test_each_key_has_its_default_in_one_place(tmp_path):
     are presets over several groups (# @package _global_): each group they set is held to its own
     schema defaults."""
     import dataclasses
-    import enum
     import typing
 
     import yaml
-    from omegaconf import MISSING
 
     from seqlab.schema import TrainConfig
 
     hints = typing.get_type_hints(TrainConfig)
+
+    def group_schema(name: str):
+        kind = hints[name]
+        return typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+
     repeated, composed = [], 0
     for field in dataclasses.fields(TrainConfig):
-        kind = hints[field.name]
-        kind = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+        kind = group_schema(field.name)
         folder = ROOT / "conf" / field.name
         if not dataclasses.is_dataclass(kind) or not folder.is_dir():
             continue
@@ -259,27 +268,16 @@ def test_each_key_has_its_default_in_one_place(tmp_path):
         presets = [o for o in sorted(folder.glob("*.yaml")) if "@package _global_" in o.read_text()]
         for preset in presets:
             for group, body in (yaml.safe_load(preset.read_text()) or {}).items():
-                group_kind = hints[group]
-                group_kind = typing.get_args(group_kind)[0] if typing.get_origin(group_kind) is typing.Union else group_kind
-                for key, value in body.items():
-                    default = schema_defaults(group_kind).get(key, MISSING)
-                    default = default.value if isinstance(default, enum.Enum) else default
-                    if default is not MISSING and value == default:
-                        repeated.append(f"conf/{field.name}/{preset.name}: {group}.{key}: {value!r}")
+                repeated += repeats(f"conf/{field.name}/{preset.name}: {group}", body, schema_defaults(group_schema(group)))
         options = [o for o in sorted(folder.glob("*.yaml")) if o not in presets]
         bodies = {option: yaml.safe_load(option.read_text()) or {} for option in options}
         set_by_some = set().union(*bodies.values())  # an option may take another's (a defaults list)
         for option, body in bodies.items():
-            for key, value in body.items():
-                default = defaults.get(key, MISSING)
-                default = default.value if isinstance(default, enum.Enum) else default
-                if key not in ("_target_", "_partial_") and default is not MISSING and value == default:
-                    repeated.append(f"conf/{field.name}/{option.name}: {key}: {value!r}")
+            repeated += repeats(f"conf/{field.name}/{option.name}", body, defaults)
             cfg = compose_in(tmp_path, f"{field.name}={option.stem}")  # compose_cfg sets logger.log_onnx
             for key, default in defaults.items():
                 if key not in set_by_some and not key.startswith("_"):
-                    value = cfg[field.name][key]
-                    assert value == (default.value if isinstance(default, enum.Enum) else default), (option, key)
+                    assert cfg[field.name][key] == default, (option, key)
             composed += 1
     assert repeated == []
     assert composed >= 10
