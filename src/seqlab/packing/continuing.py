@@ -76,5 +76,5 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
         if b.status in ("FAILED", "FINISHED"):  # it ended in the pack (diverged, stopped early): its slot stays as it ended
             m.ended_before, m.status, m.name = True, b.status, b.run_name or ""
             if b.status == "FINISHED":
-                m.job.result = b  # its result stays the one its end wrote (packing.task._ended)
+                m.job.result = b  # its result stays the one its end wrote (packing.member_runs.ended)
     return run_ids

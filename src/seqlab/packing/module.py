@@ -88,7 +88,7 @@ class PackModule(pl.LightningModule):
         self.lr_scale = lr_scale.tolist()  # member k's rate = the group's lr x lr_scale[k]
         self.flush_every_n_steps, self.flush_every_s = flush_every_n_steps, flush_every_s
         self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
-        self.end_member = end_member  # a member's run ended where it stopped (packing.task: its job alone's end)
+        self.end_member = end_member  # a member's run ended where it stopped (packing.member_runs.finish_or_fail: its job alone's end)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
         self.loop: Optional[FusedLoop] = None  # a run alone's loop, with the member dimension; built as training starts

@@ -1,8 +1,9 @@
 """Hyperparameter search with Optuna, run by the seqlab_optuna Hydra sweeper (`hparams_search=optuna`).
 
-The sweeper process owns the study: it checks the search space, asks the study for trials, launches
-them through Hydra's launcher (one job per trial, batches of n_jobs side by side), reads each
-trial's objective from its MLflow run and tells the study. Each job reports its epochs to its trial
+The sweeper process owns the study: it checks its settings and the search space (against the
+config it samples: seqlab.sweeps.search_space), asks the study for trials, launches them through
+Hydra's launcher (one job per trial, batches of n_jobs side by side), reads each trial's objective
+from its MLflow run and tells the study (seqlab.sweeps.search_outcomes). Each job reports its epochs to its trial
 and asks the pruner itself (seqlab.sweeps.trial). The study lives in a database (paths.optuna_storage), so
 the same command run again continues it; at the end the sweep's parent run gets the best config,
 a ready override line, Optuna's plots and the verdict."""
@@ -11,12 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import signal
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -28,36 +27,24 @@ from seqlab.secrets import mask_text, mask_uris
 from seqlab.sweeps import optuna_private, workers
 from seqlab.sweeps.job import SweepInfo, cpu_count
 from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
+from seqlab.sweeps.search_outcomes import tell, tell_interrupted
 from seqlab.sweeps.search_report import SearchRan, report
-from seqlab.sweeps.search_runs import Tracking, job_result
+from seqlab.sweeps.search_runs import Tracking
+from seqlab.sweeps.search_space import check_against_config, starting_point
 from seqlab.sweeps.space import flatten_space, parse_space, split_arguments
 from seqlab.sweeps.study import (
-    INTERRUPTED,
     STARTING,
     SearchError,
     make_pruner,
     make_sampler,
-    override_value,
     overrides_for,
     storage_for,
 )
-from seqlab.sweeps.trial import ENV_TRIAL, PRUNED_AT, study_environment
-from seqlab.validation import validate
+from seqlab.sweeps.trial import ENV_TRIAL, study_environment
 
 OBJECTIVES = ("best_val_rmse", "final_val_rmse")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "hyperband", "none")
-_MISSING = object()  # OmegaConf.select's answer for a key the config does not have
-
-
-@dataclass
-class Outcome:
-    number: int
-    state: str  # COMPLETE | PRUNED | FAIL
-    value: Optional[float]
-    run_id: Optional[str]
-    run_name: Optional[str]
-    note: str = ""
 
 
 class Search:
@@ -113,52 +100,8 @@ class Search:
             raise SearchError("hydra.sweeper.storage is null: give the study a database URL (the preset's is "
                               "paths.optuna_storage, an SQLite file next to the MLflow store)")
         space = parse_space(self.params, self.swept_here)
-        groups = set(self.config.hydra.runtime.choices.keys())
-        for key, distribution in space.items():
-            if key.startswith("hydra.") or "/" in key:
-                raise SearchError(f"{self._where(key)}: only keys of the training config can be searched")
-            if key in groups:
-                if not isinstance(distribution, optuna.distributions.CategoricalDistribution):
-                    raise SearchError(f"{self._where(key)}: {key} is a config group: search it with type: categorical "
-                                      "and option names as choices")
-                continue
-            if OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False) is _MISSING:
-                parent = key.rpartition(".")[0]
-                raise SearchError(f"{self._where(key)}: {key} is not a config key"
-                                  + (f" ({parent} has: {', '.join(self._keys(parent))})" if parent and self._keys(parent) else ""))
-        self._compose_extremes(space)
+        check_against_config(space, self.config, self.compose, self.swept_here)
         return space
-
-    def _where(self, key: str) -> str:
-        """Where the user wrote a key's entry, for an error: the command line, or the preset's params."""
-        return key if key in self.swept_here else f"hydra.sweeper.params.{key}"
-
-    def _keys(self, parent: str) -> list[str]:
-        node = OmegaConf.select(self.config, parent, default=None)
-        return sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
-
-    def _compose_extremes(self, space: Mapping[str, Any]) -> None:
-        """Every trial's config must compose and pass the schema's checks: each key is tried at
-        both ends of its range and at every choice, the rest as the command gives them, as a job
-        would compose it, so that a bad value is named before anything trains."""
-
-        for key, d in space.items():
-            if isinstance(d, optuna.distributions.CategoricalDistribution):
-                values = [("a choice", c) for c in d.choices]
-            else:
-                values = [("low", d.low), ("high", d.high)]
-            for what, value in values:
-                override = overrides_for({key: value})[0]
-                try:
-                    cfg = self.compose([override])
-                    validate(cfg)
-                except SeqlabError as error:
-                    message = one_line(error)
-                except Exception as error:  # Hydra's composition and OmegaConf's type errors
-                    message = one_line(error).split(" full_key:")[0]
-                else:
-                    continue
-                raise SearchError(f"{self._where(key)}: {override} ({what}) does not make a valid config: {message}")
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
         """A job's config: this command's arguments and `overrides`, composed as the launcher composes it."""
@@ -222,24 +165,12 @@ class Search:
         """Trial 0 is the config's own values; trials a stop interrupted, or whose worker died, run
         again with theirs. Other workers' live trials are left alone (seqlab.sweeps.workers)."""
         workers.retry_interrupted(study, set(space))
-        start, outside = {}, []
-        for key, distribution in space.items():
-            value = self._starting_value(key)
-            if optuna_private.contains(distribution, value):
-                start[key] = value
-            else:
-                outside.append(f"{key}={override_value(value)}")
+        start, outside = starting_point(space, self.config)
         if outside:
             print(f"search    the starting config's {', '.join(outside)} lies outside the search space: trial 0 samples "
                   "that part, and the verdict makes no comparison with the starting config", flush=True)
         if start:
             study.enqueue_trial(start, user_attrs={STARTING: not outside}, skip_if_exists=True)
-
-    def _starting_value(self, key: str) -> Any:
-        choices = self.config.hydra.runtime.choices
-        if key in choices:
-            return choices[key]
-        return OmegaConf.select(self.config, key)
 
     # -- running trials ----------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -295,7 +226,8 @@ class Search:
                     raise SystemExit(128 + self.stop_signal)
                 optuna.storages.fail_stale_trials(study)  # a worker that died meanwhile: its trial runs again
         except BaseException as error:
-            self._interrupted(study, tracking)
+            tell_interrupted(study, self.in_flight, tracking)
+            self.in_flight = []
             if isinstance(error, KeyboardInterrupt):
                 raise SystemExit(130) from None
             raise
@@ -340,7 +272,7 @@ class Search:
         told = [(trials[i], ret, k if len(which) > 1 else None)
                 for (_, which), ret in zip(launches, batch_returns) for k, i in enumerate(which)]
         for t, ret, member in sorted(told, key=lambda told: told[0].number):
-            outcome = self._tell(study, t, ret, tracking, member)
+            outcome = tell(study, t, ret, tracking, self.objective, member)
             # A pruned trial's value is its last reported val_rmse, not the objective.
             measure = "val_rmse" if outcome.state == "PRUNED" else self.objective
             print(f"trial {outcome.number:<3} {outcome.state:<8} {measure} "
@@ -381,59 +313,3 @@ class Search:
         if sweep.tracking_uri is None:  # the sweep callback is not configured: no MLflow parent run
             return None
         return Tracking(sweep)
-
-    def _tell(self, study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["Tracking"],
-              member: Optional[int] = None) -> Outcome:
-        """Tell the study how the trial ended, from its MLflow run (or its job's result file);
-        `member`: its place in the pack job `ret` (None: a job of its own)."""
-        states = optuna.trial.TrialState
-        result = job_result(ret, member)
-        run = tracking.run_of(study.study_name, trial.number) if tracking else None
-        run_id = run.info.run_id if run else (result.run_id if result else None)
-        run_name = run.info.run_name if run else (result.run_name if result else None)
-        frozen = _trial_of(study, trial.number)  # as the job left it (its pruned_at_epoch)
-        status = run.info.status if run else (result.status if result else "FAILED")
-        if status != "FINISHED":
-            state, value = states.FAIL, None
-            note = (result.reason if result and result.reason else f"run {status}")
-        elif PRUNED_AT in frozen.user_attrs:
-            state, value = states.PRUNED, None
-            note = f"pruned at epoch {frozen.user_attrs[PRUNED_AT]}"
-        else:
-            value = run.data.metrics.get(self.objective) if run else (result.val_rmse if result and self.objective == "final_val_rmse" else None)
-            if value is None or not math.isfinite(value):
-                state, value, note = states.FAIL, None, f"the run recorded no finite {self.objective}"
-            else:
-                state, note = states.COMPLETE, ""
-        if run_id:
-            trial.set_user_attr("mlflow_run_id", run_id)
-        study.tell(trial.number, value if state == states.COMPLETE else None, state=state)
-        if state == states.PRUNED:
-            value = _trial_of(study, trial.number).value  # Optuna's: the last value the job reported
-        if tracking and run_id:
-            tracking.tag(run_id, {"trial_state": state.name})
-        return Outcome(trial.number, state.name, value, run_id, run_name, note)
-
-    def _interrupted(self, study: optuna.Study, tracking: Optional["Tracking"]) -> None:
-        """The trials that were training when the search stopped are not counted as finished:
-        they fail, marked for a run again with the same values when the command is repeated, and
-        their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
-        states = optuna.trial.TrialState
-        for trial in self.in_flight:
-            try:
-                if _trial_of(study, trial.number).state.is_finished():
-                    continue
-                trial.set_user_attr(INTERRUPTED, True)
-                study.tell(trial.number, state=states.FAIL)
-                if tracking:
-                    tracking.kill(study.study_name, trial.number)
-                print(f"trial {trial.number:<3} INTERRUPTED: not counted; the same command runs it again", flush=True)
-            except Exception as error:  # noqa: BLE001 - the stop goes on
-                print(f"trial {trial.number:<3} could not be marked interrupted: {one_line(error)}", flush=True)
-        self.in_flight = []
-
-
-def _trial_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
-    """The trial as the study's storage holds it now (get_trials reads unfinished trials afresh:
-    a job in another process reports to them)."""
-    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
