@@ -52,8 +52,9 @@ test: $(STAMP) ## run the test suite
 test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about a minute on 2 cores)
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
 
-lint: $(STAMP) ## ruff over src/, tests/ and scripts/ (pyproject.toml: [tool.ruff])
+lint: $(STAMP) ## ruff check and ruff format --check over src/, tests/ and scripts/ (pyproject.toml: [tool.ruff])
 	$(VENV)/bin/ruff check src tests scripts train.py predict.py
+	$(VENV)/bin/ruff format --check src tests scripts train.py predict.py
 
 docs: $(STAMP) ## build the documentation site (docs/ -> site/) with every link checked
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet

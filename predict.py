@@ -28,9 +28,13 @@ def cli() -> None:
     """The command line: sys.argv as `python predict.py ...` got it (tests call this in-process)."""
     # model=URI is the short form of model_uri=URI: conf/model/ is train.py's model group, and
     # Hydra would take model= as a choice in it.
-    sys.argv = [f"model_uri={a[len('model='):]}" if a.startswith("model=") else a for a in sys.argv]
+    sys.argv = [
+        f"model_uri={a[len('model=') :]}" if a.startswith("model=") else a for a in sys.argv
+    ]
     # A misspelled key gets one line with the nearest keys, as in train.py.
-    problem = seqlab.validation.unknown_key(sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig)
+    problem = seqlab.validation.unknown_key(
+        sys.argv[1:], {"data", "paths", "hydra"}, seqlab.schema.PredictConfig
+    )
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)

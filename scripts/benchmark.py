@@ -28,38 +28,68 @@ def _integers(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--devices", help="comma-separated: cpu,gpu (default: every device present)")
-    parser.add_argument("--shapes", default="seed,profile",
-                        help="comma-separated: seed (1 step x 1440 features, 100 batches an epoch), profile (1440 steps x 1 "
-                             "feature), study (the seed shape in epochs of 4 batches, as sweep=device_batch at batch 4096)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--devices", help="comma-separated: cpu,gpu (default: every device present)"
+    )
+    parser.add_argument(
+        "--shapes",
+        default="seed,profile",
+        help="comma-separated: seed (1 step x 1440 features, 100 batches an epoch), profile (1440 steps x 1 "
+        "feature), study (the seed shape in epochs of 4 batches, as sweep=device_batch at batch 4096)",
+    )
     parser.add_argument("--batch-sizes", default="64", help="comma-separated, e.g. 64,512,4096")
-    parser.add_argument("--loops", default=",".join(("plain", "bare", "naive", "default")),
-                        help="comma-separated among plain,bare,naive,default,packed (ratios need plain and bare)")
-    parser.add_argument("--pack", help="comma-separated member counts for the packed loop, e.g. 1,3,8,32 (adds packed to "
-                                       "--loops; default 8 where --loops names packed)")
+    parser.add_argument(
+        "--loops",
+        default=",".join(("plain", "bare", "naive", "default")),
+        help="comma-separated among plain,bare,naive,default,packed (ratios need plain and bare)",
+    )
+    parser.add_argument(
+        "--pack",
+        help="comma-separated member counts for the packed loop, e.g. 1,3,8,32 (adds packed to "
+        "--loops; default 8 where --loops names packed)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny runs, one repeat: checks it runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny runs, one repeat: checks it runs, measures nothing",
+    )
     parser.add_argument("--out", type=Path, help="write the table as JSON here")
-    parser.add_argument("--mlflow", action="store_true", help="also record it as an MLflow run (project store)")
+    parser.add_argument(
+        "--mlflow", action="store_true", help="also record it as an MLflow run (project store)"
+    )
     args = parser.parse_args(argv)
 
     import torch
 
     from seqlab import benchmark
 
-    devices = args.devices.split(",") if args.devices else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
+    devices = (
+        args.devices.split(",")
+        if args.devices
+        else ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
+    )
     shapes = args.shapes.split(",")
     loops = tuple(args.loops.split(","))
     if args.pack and "packed" not in loops:
         loops += ("packed",)
     batch_sizes, packs = _integers(args.batch_sizes), _integers(args.pack or "8")
-    if [s for s in shapes if s not in benchmark.SHAPES] or [name for name in loops if name not in benchmark.LOOPS]:
-        print(f"error: --shapes must be among {','.join(benchmark.SHAPES)}, --loops among {','.join(benchmark.LOOPS)}",
-              file=sys.stderr)
+    if [s for s in shapes if s not in benchmark.SHAPES] or [
+        name for name in loops if name not in benchmark.LOOPS
+    ]:
+        print(
+            f"error: --shapes must be among {','.join(benchmark.SHAPES)}, --loops among {','.join(benchmark.LOOPS)}",
+            file=sys.stderr,
+        )
         return 2
     if not batch_sizes or min(batch_sizes) < 1 or args.repeats < 1:
-        print("error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive", file=sys.stderr)
+        print(
+            "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive",
+            file=sys.stderr,
+        )
         return 2
     if not packs or min(packs) < 1:
         print("error: --pack must be positive integers, e.g. 1,3,8,32", file=sys.stderr)
@@ -68,10 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --devices gpu asked for a CUDA GPU, but none is present", file=sys.stderr)
         return 2
     repeats = 1 if args.smoke else args.repeats
-    settings = {"batch_sizes": args.batch_sizes, "repeats": repeats, "smoke": args.smoke, "shapes": args.shapes,
-                "loops": ",".join(loops), **({"pack": ",".join(map(str, packs))} if "packed" in loops else {})}
+    settings = {
+        "batch_sizes": args.batch_sizes,
+        "repeats": repeats,
+        "smoke": args.smoke,
+        "shapes": args.shapes,
+        "loops": ",".join(loops),
+        **({"pack": ",".join(map(str, packs))} if "packed" in loops else {}),
+    }
     print(f"machine: {benchmark.machine()}")
-    rows = benchmark.run(devices, shapes, batch_sizes, repeats, args.smoke, loops=loops, packs=packs)
+    rows = benchmark.run(
+        devices, shapes, batch_sizes, repeats, args.smoke, loops=loops, packs=packs
+    )
     print("\n" + benchmark.table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}")
     if args.mlflow:
         root = Path(os.environ.get("SEQLAB_ROOT", ROOT))
-        run_id = benchmark.log_to_mlflow(rows, settings, f"sqlite:///{root}/mlruns/mlflow.db", str(root / "mlruns" / "artifacts"))
+        run_id = benchmark.log_to_mlflow(
+            rows, settings, f"sqlite:///{root}/mlruns/mlflow.db", str(root / "mlruns" / "artifacts")
+        )
         print(f"mlflow run {run_id} in experiment 'seqlab-benchmark'")
     return 0
 

@@ -21,21 +21,46 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     root = Path(os.environ.get("SEQLAB_ROOT", ROOT))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--experiment", default="seqlab")
-    parser.add_argument("--sweep", help="a sweep id, or 'latest'; its parent run gets the results as artifacts")
-    parser.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.accelerator = 'cpu'\"")
-    parser.add_argument("--target", type=float, help="target val_rmse (default: the runs' metrics.target_rmse)")
+    parser.add_argument(
+        "--sweep", help="a sweep id, or 'latest'; its parent run gets the results as artifacts"
+    )
+    parser.add_argument(
+        "--filter", default="", help="an MLflow search filter, e.g. \"tags.accelerator = 'cpu'\""
+    )
+    parser.add_argument(
+        "--target", type=float, help="target val_rmse (default: the runs' metrics.target_rmse)"
+    )
     parser.add_argument("--tracking-uri", default=f"sqlite:///{root}/mlruns/mlflow.db")
     parser.add_argument("--out", type=Path, default=root / "logs" / "compare")
-    parser.add_argument("--no-log", action="store_true", help="do not store the results on the sweep's parent run")
-    parser.add_argument("--rank-by", default="config", choices=("config", "it_per_s", "samples_per_s", "model_steps_per_s",
-                                                                  "time_to_target_s", "val_rmse", "best_val_rmse"),
-                        help="order of the table: by configuration, or best first by a metric's mean "
-                             "(val_rmse: the final value; best_val_rmse: the lowest a run reached; "
-                             "model_steps_per_s: networks trained per second, a pack's members counted whole)")
-    parser.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"),
-                        help="two run ids: only the params and tags that differ, then every metric side by side")
+    parser.add_argument(
+        "--no-log", action="store_true", help="do not store the results on the sweep's parent run"
+    )
+    parser.add_argument(
+        "--rank-by",
+        default="config",
+        choices=(
+            "config",
+            "it_per_s",
+            "samples_per_s",
+            "model_steps_per_s",
+            "time_to_target_s",
+            "val_rmse",
+            "best_val_rmse",
+        ),
+        help="order of the table: by configuration, or best first by a metric's mean "
+        "(val_rmse: the final value; best_val_rmse: the lowest a run reached; "
+        "model_steps_per_s: networks trained per second, a pack's members counted whole)",
+    )
+    parser.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="two run ids: only the params and tags that differ, then every metric side by side",
+    )
     args = parser.parse_args(argv)
 
     from seqlab import SeqlabError
@@ -64,8 +89,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     try:
-        report = compare(client, args.experiment, args.out, args.sweep, args.filter, args.target, not args.no_log,
-                         args.rank_by)
+        report = compare(
+            client,
+            args.experiment,
+            args.out,
+            args.sweep,
+            args.filter,
+            args.target,
+            not args.no_log,
+            args.rank_by,
+        )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

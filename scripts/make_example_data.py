@@ -13,8 +13,14 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="output file: .npz (X, y arrays) or .csv (one sample a row, target last)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "out",
+        type=Path,
+        help="output file: .npz (X, y arrays) or .csv (one sample a row, target last)",
+    )
     parser.add_argument("--n-samples", type=int, default=2000)
     parser.add_argument("--seq-len", type=int, default=1, help="days (steps) per sample")
     parser.add_argument("--seed", type=int, default=0)
@@ -37,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         header = ",".join([f"x{i}" for i in range(table.shape[1] - 1)] + ["target"])
         np.savetxt(args.out, table, delimiter=",", header=header, comments="", fmt="%.6g")
     print(f"wrote {args.out}: X {x.shape} (samples, steps, features), y {y.shape}")
-    print(f"train on it: python train.py data={args.out.suffix[1:]} data.path={args.out}"
-          + (f" data.source.seq_len={args.seq_len}" if args.out.suffix == ".csv" and args.seq_len > 1 else ""))
+    print(
+        f"train on it: python train.py data={args.out.suffix[1:]} data.path={args.out}"
+        + (
+            f" data.source.seq_len={args.seq_len}"
+            if args.out.suffix == ".csv" and args.seq_len > 1
+            else ""
+        )
+    )
     return 0
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("mat", help="the .mat file")
     parser.add_argument("out", type=Path, help="the .npz file to write")
     parser.add_argument("--x-key", default="XrTrain")

@@ -20,15 +20,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     root = Path(os.environ.get("SEQLAB_ROOT", ROOT))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="source", default=f"sqlite:///{root}/mlruns/mlflow.db",
-                        help="the store the runs are in (default: this project's)")
-    parser.add_argument("--to", dest="target", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                        help="the tracking server (default: MLFLOW_TRACKING_URI)")
-    parser.add_argument("--experiment", action="append", help="only this experiment (again for more); default: all")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        default=f"sqlite:///{root}/mlruns/mlflow.db",
+        help="the store the runs are in (default: this project's)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="target",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="the tracking server (default: MLFLOW_TRACKING_URI)",
+    )
+    parser.add_argument(
+        "--experiment", action="append", help="only this experiment (again for more); default: all"
+    )
     args = parser.parse_args(argv)
     if not args.target:
-        print("error: say where the runs go: --to http://host:5000 (or set MLFLOW_TRACKING_URI)", file=sys.stderr)
+        print(
+            "error: say where the runs go: --to http://host:5000 (or set MLFLOW_TRACKING_URI)",
+            file=sys.stderr,
+        )
         return 1
 
     from seqlab import SeqlabError, one_line
@@ -40,10 +55,15 @@ def main(argv: list[str] | None = None) -> int:
 
     target = client_credentials(args.target)  # a user:password in it is sent, not shown
     try:
-        if args.source.startswith("sqlite:///") and not Path(args.source[len("sqlite:///"):]).is_file():
+        if (
+            args.source.startswith("sqlite:///")
+            and not Path(args.source[len("sqlite:///") :]).is_file()
+        ):
             raise SeqlabError(f"--from {mask_uris(args.source)}: no such store")
         source = client_for(args.source)
-        destination = client_for(target)  # a server that does not answer, or refuses the sign-in: one line
+        destination = client_for(
+            target
+        )  # a server that does not answer, or refuses the sign-in: one line
     except SeqlabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -51,16 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         done = sync(source, destination, args.experiment)
     except Exception as error:  # noqa: BLE001 - MLflow's errors: one line, what was copied stays copied
-        print(f"error: the sync stopped: {mask_text(one_line(error))[:300]}; run it again to go on "
-              "(what was copied is not copied twice)", file=sys.stderr)
+        print(
+            f"error: the sync stopped: {mask_text(one_line(error))[:300]}; run it again to go on "
+            "(what was copied is not copied twice)",
+            file=sys.stderr,
+        )
         return 1
-    print(f"sync      {len(done.copied)} run(s) copied from {mask_uris(args.source)} to {mask_uris(target)}; "
-          f"{done.present} copied before" + (f"; {done.redone} unfinished copies made again" if done.redone else "")
-          + (f"; {done.followed} brought up to date (resumed since)" if done.followed else "")
-          + (f"; {done.linked} linked to their sweep's parent" if done.linked else ""))
+    print(
+        f"sync      {len(done.copied)} run(s) copied from {mask_uris(args.source)} to {mask_uris(target)}; "
+        f"{done.present} copied before"
+        + (f"; {done.redone} unfinished copies made again" if done.redone else "")
+        + (f"; {done.followed} brought up to date (resumed since)" if done.followed else "")
+        + (f"; {done.linked} linked to their sweep's parent" if done.linked else "")
+    )
     if done.running:
-        print(f"          {len(done.running)} run(s) still RUNNING in the source are left for the next sync: "
-              + ", ".join(done.running[:5]) + ("..." if len(done.running) > 5 else ""))
+        print(
+            f"          {len(done.running)} run(s) still RUNNING in the source are left for the next sync: "
+            + ", ".join(done.running[:5])
+            + ("..." if len(done.running) > 5 else "")
+        )
     return 0
 
 

@@ -24,8 +24,13 @@ HIDDEN = ("Dataset", "Source", "Models")  # attribute columns that push the metr
 
 def _menu_entry(page: Page, name: str, search_box) -> None:
     """Click `name` in the open Columns menu (the table's headers carry the same words)."""
-    entries = [e for e in page.get_by_text(name, exact=True).all()
-               if (box := e.bounding_box()) and box["y"] > search_box["y"] and box["x"] < search_box["x"] + search_box["width"]]
+    entries = [
+        e
+        for e in page.get_by_text(name, exact=True).all()
+        if (box := e.bounding_box())
+        and box["y"] > search_box["y"]
+        and box["x"] < search_box["x"] + search_box["width"]
+    ]
     entries[0].click()
     page.wait_for_timeout(600)
 
@@ -34,8 +39,12 @@ def main(ui: str, experiment_id: str, out: str) -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1500, "height": 640})
-        page.goto(f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", wait_until="load")
-        page.wait_for_selector("text=sweep-", timeout=60000)  # the sweep's parent run: the table is there
+        page.goto(
+            f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", wait_until="load"
+        )
+        page.wait_for_selector(
+            "text=sweep-", timeout=60000
+        )  # the sweep's parent run: the table is there
         page.wait_for_timeout(2000)
         page.mouse.click(1464, 35)  # closes the assistant panel, which takes a third of the width
         page.get_by_role("button", name="Group by").click()

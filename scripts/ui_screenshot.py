@@ -54,9 +54,20 @@ class Pipe:
         os.dup2(to_chrome_r, 3)
         os.dup2(from_chrome_w, 4)
         self.proc = subprocess.Popen(
-            [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe",
-             f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
-            pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                chrome,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for fd in (3, 4, to_chrome_r, from_chrome_w):
             os.close(fd)
@@ -89,7 +100,9 @@ class Pipe:
 def _text_once(pipe: Pipe, session: str, until: str, wait: float) -> str:
     deadline, text = time.monotonic() + wait, ""
     while time.monotonic() < deadline:
-        answer = pipe.call("Runtime.evaluate", session, expression="document.body.innerText", returnByValue=True)
+        answer = pipe.call(
+            "Runtime.evaluate", session, expression="document.body.innerText", returnByValue=True
+        )
         text = answer["result"].get("value") or ""
         if until in text:
             break
@@ -104,10 +117,18 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1500)
     parser.add_argument("--height", type=int, default=620)
     parser.add_argument("--debug", action="store_true", help="print the page's buttons")
-    parser.add_argument("--wait", type=float, default=15.0, help="seconds for the page to load its runs")
-    parser.add_argument("--text", metavar="UNTIL", help="print the page's text once it shows UNTIL (OUT is ignored)")
+    parser.add_argument(
+        "--wait", type=float, default=15.0, help="seconds for the page to load its runs"
+    )
+    parser.add_argument(
+        "--text", metavar="UNTIL", help="print the page's text once it shows UNTIL (OUT is ignored)"
+    )
     args = parser.parse_args()
-    chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    chrome = (
+        shutil.which("chromium")
+        or shutil.which("chromium-browser")
+        or shutil.which("google-chrome")
+    )
     if chrome is None:
         print("error: no chromium on PATH (apt-get install -y chromium)", file=sys.stderr)
         return 1
@@ -116,23 +137,37 @@ def main() -> int:
     try:
         target = pipe.call("Target.createTarget", url=args.url)["targetId"]
         session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        pipe.call("Emulation.setDeviceMetricsOverride", session, width=args.width, height=args.height,
-                  deviceScaleFactor=1, mobile=False)
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=args.width,
+            height=args.height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         if args.text is not None:
             print(_text_once(pipe, session, args.text, args.wait))
             return 0
         time.sleep(args.wait)
         if args.debug:
             listing = "[...document.querySelectorAll('button,[role=checkbox],label')].map(b => b.tagName + '|' + (b.getAttribute('aria-label')||'') + '|' + (b.textContent||'').slice(0,30) + '|' + (b.className||'').toString().slice(0,40)).join('\\n')"
-            print(pipe.call("Runtime.evaluate", session, expression=listing, returnByValue=True)["result"]["value"])
+            print(
+                pipe.call("Runtime.evaluate", session, expression=listing, returnByValue=True)[
+                    "result"
+                ]["value"]
+            )
         tidied = pipe.call("Runtime.evaluate", session, expression=TIDY, returnByValue=True)
         print("tidied:", tidied.get("result", {}).get("value"))
         time.sleep(3)
         shot = pipe.call("Page.captureScreenshot", session, format="png")
         with open(args.out, "wb") as f:
             f.write(base64.b64decode(shot["data"]))
-        print("final URL:", pipe.call("Runtime.evaluate", session, expression="location.href",
-                                      returnByValue=True)["result"]["value"])
+        print(
+            "final URL:",
+            pipe.call("Runtime.evaluate", session, expression="location.href", returnByValue=True)[
+                "result"
+            ]["value"],
+        )
     finally:
         pipe.close()
         shutil.rmtree(profile, ignore_errors=True)

@@ -14,8 +14,10 @@ from pathlib import Path
 # (seqlab.sweeps.job.Job.cpu_share). Two workers each running torch on every core oversubscribe the
 # machine: the suite took 5 min 45 s instead of 4 min 50 s on the 2-core VM.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    os.environ.setdefault(
+        "OMP_NUM_THREADS",
+        str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))),
+    )
 
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
@@ -36,12 +38,31 @@ TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 # while the other worker has nothing left (the suite's tail). A file not listed costs little and
 # goes after these.
 FILE_SECONDS = {
-    "test_pack_runs.py": 122, "test_readme.py": 90, "test_search.py": 106, "test_scale.py": 92, "test_robust.py": 73,
-    "test_cluster.py": 69, "test_repeats.py": 48, "test_preemption.py": 43, "test_perf.py": 41,
-    "test_search_workers.py": 33, "test_study.py": 33, "test_rank_failure.py": 33, "test_checkpoints.py": 29,
-    "test_hydra_next.py": 29, "test_run_to_use.py": 25, "test_config.py": 23, "test_step_writer.py": 23,
-    "test_train.py": 19, "test_server_auth.py": 16, "test_store.py": 16, "test_bad_input.py": 14,
-    "test_own_data.py": 13, "test_checkpoint_models.py": 13, "test_packing.py": 7, "test_sync.py": 5,
+    "test_pack_runs.py": 122,
+    "test_readme.py": 90,
+    "test_search.py": 106,
+    "test_scale.py": 92,
+    "test_robust.py": 73,
+    "test_cluster.py": 69,
+    "test_repeats.py": 48,
+    "test_preemption.py": 43,
+    "test_perf.py": 41,
+    "test_search_workers.py": 33,
+    "test_study.py": 33,
+    "test_rank_failure.py": 33,
+    "test_checkpoints.py": 29,
+    "test_hydra_next.py": 29,
+    "test_run_to_use.py": 25,
+    "test_config.py": 23,
+    "test_step_writer.py": 23,
+    "test_train.py": 19,
+    "test_server_auth.py": 16,
+    "test_store.py": 16,
+    "test_bad_input.py": 14,
+    "test_own_data.py": 13,
+    "test_checkpoint_models.py": 13,
+    "test_packing.py": 7,
+    "test_sync.py": 5,
 }
 
 
@@ -89,7 +110,9 @@ def mlflow_server(tmp_path_factory):
 
 
 def no_runs(client) -> bool:
-    return not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return not [
+        r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +130,10 @@ def _own_cache(monkeypatch, tmp_path):
 def compose_in(root, *overrides: str):
     """train.yaml composed with `overrides`, every path under `root`, its job's folder root/out."""
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        return compose("train", overrides=[f"paths.root_dir={root}", f"paths.output_dir={root}/out", *overrides])
+        return compose(
+            "train",
+            overrides=[f"paths.root_dir={root}", f"paths.output_dir={root}/out", *overrides],
+        )
 
 
 @pytest.fixture
@@ -133,7 +159,9 @@ def store(tmp_path):
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without what would steer a command line elsewhere (a
     developer's MLFLOW_TRACKING_URI, Hydra's variables from a surrounding run), plus `env`."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))}
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING_URI"))
+    }
     return {**base, **(env or {})}
 
 
@@ -146,7 +174,9 @@ def run_cli(tmp_path):
     start_cli."""
     from inprocess import run_in_process
 
-    def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def _run(
+        *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         return run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env))
 
     return _run
@@ -158,21 +188,39 @@ def run_process(tmp_path):
     child of tests/zygote.py, which has made the imports a new Python would spend 5-8 s on."""
     import zygote
 
-    def _run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return zygote.run([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env),
-                          timeout=timeout)
+    def _run(
+        *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        return zygote.run(
+            [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+            tmp_path,
+            cli_env(env),
+            timeout=timeout,
+        )
 
     return _run
 
 
-def start_cli(tmp_path, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE, new_session: bool = False,
-              env: dict[str, str] | None = None):
+def start_cli(
+    tmp_path,
+    *args: str,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    new_session: bool = False,
+    env: dict[str, str] | None = None,
+):
     """train.py started as a user would, in the background (for tests that signal or stop it), in a
     process of its own (tests/zygote.py): a Popen-like handle."""
     import zygote
 
-    return zygote.start([str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env),
-                        stdout=stdout, stderr=stderr, new_session=new_session)
+    return zygote.start(
+        [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+        tmp_path,
+        cli_env(env),
+        stdout=stdout,
+        stderr=stderr,
+        new_session=new_session,
+    )
 
 
 def runs_of(client, experiment_name: str):
@@ -205,23 +253,51 @@ def postgres():
 
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
+    as_user = (
+        ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    )  # initdb refuses root
     base = Path(tempfile.mkdtemp(prefix="seqlab-pg-"))
     base.chmod(0o777)
     data, port = base / "data", free_port()
     (base / "pw").write_text(POSTGRES_PASSWORD + "\n")
     (base / "pw").chmod(0o644)
     env = {**os.environ, "PGPASSWORD": POSTGRES_PASSWORD}
-    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120, env=env)  # noqa: E731
+
+    def run(*cmd):
+        return subprocess.run(
+            [*as_user, *cmd], check=True, capture_output=True, timeout=120, env=env
+        )
+
     try:
-        run("initdb", "-D", str(data), "-U", "seqlab", "--auth=scram-sha-256", f"--pwfile={base / 'pw'}")
-        run("pg_ctl", "-D", str(data), "-w", "-l", str(base / "log"), "start",
-            "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1")
+        run(
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            "seqlab",
+            "--auth=scram-sha-256",
+            f"--pwfile={base / 'pw'}",
+        )
+        run(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(base / "log"),
+            "start",
+            "-o",
+            f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
+        )
         for database in ("mlflow", "optuna"):
             run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "seqlab", database)
         yield f"postgresql://seqlab:{POSTGRES_PASSWORD}@127.0.0.1:{port}/mlflow"
     finally:
-        subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"], capture_output=True, timeout=60)
+        subprocess.run(
+            [*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 

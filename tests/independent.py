@@ -29,7 +29,9 @@ def val_rmse_of_checkpoint(cfg, checkpoint: Path) -> float:
     dm = _data(cfg)
     model = instantiate(cfg.model, n_features=dm.n_features, n_outputs=dm.n_outputs)
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    model.load_state_dict(
+        {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    )
     model.eval()
     squared, count = 0.0, 0
     with torch.no_grad():

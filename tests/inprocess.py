@@ -30,7 +30,9 @@ _entries: dict = {}
 def _entry_script(script: str):
     """train.py or predict.py as a module (not __main__): imported once, as the interpreter would load it."""
     if script not in _entries:
-        spec = importlib.util.spec_from_file_location(f"seqlab_entry_{Path(script).stem}", ROOT / script)
+        spec = importlib.util.spec_from_file_location(
+            f"seqlab_entry_{Path(script).stem}", ROOT / script
+        )
         entry = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(entry)
         # Hydra finds conf/ beside the task function's file only for a __main__ script (for
@@ -66,7 +68,9 @@ def _exit_handlers():
             func(*args, **kwargs)
 
 
-def run_in_process(args: list[str], cwd: Path, env: dict[str, str], script: str = "train.py") -> subprocess.CompletedProcess:
+def run_in_process(
+    args: list[str], cwd: Path, env: dict[str, str], script: str = "train.py"
+) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS...` (train.py or predict.py: their `cli()`) in this process."""
     from hydra.core.global_hydra import GlobalHydra
 
@@ -74,8 +78,11 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str], script: str 
     entry = _entry_script(script)
     root = logging.getLogger()
     saved_root = (root.handlers[:], root.level)
-    saved_levels = {name: (lg.level, lg.disabled) for name, lg in logging.root.manager.loggerDict.items()
-                    if isinstance(lg, logging.Logger)}
+    saved_levels = {
+        name: (lg.level, lg.disabled)
+        for name, lg in logging.root.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    }
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     out, err = io.StringIO(), io.StringIO()
     code = 0
@@ -112,7 +119,9 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str], script: str 
         for name, lg in logging.root.manager.loggerDict.items():
             if isinstance(lg, logging.Logger):
                 for handler in lg.handlers[:]:
-                    if isinstance(handler, logging.FileHandler) or getattr(handler, "stream", None) in (out, err):
+                    if isinstance(handler, logging.FileHandler) or getattr(
+                        handler, "stream", None
+                    ) in (out, err):
                         lg.removeHandler(handler)
                         handler.close()
                 lg.setLevel(saved_levels.get(name, (logging.NOTSET, False))[0])
@@ -122,7 +131,9 @@ def run_in_process(args: list[str], cwd: Path, env: dict[str, str], script: str 
     return subprocess.CompletedProcess(sys.argv[:1] + args, code, out.getvalue(), err.getvalue())
 
 
-def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    path: Path, args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """A script's `main(argv)` (scripts/*.py, or a module's) in this process, its output captured
     and its exit status as `python script.py args` would give it (main's return, or SystemExit)."""
     if isinstance(path, Path):
@@ -135,7 +146,11 @@ def run_script(path: Path, args: list[str], env: dict[str, str] | None = None) -
     os.environ.update(env or {})
     out, err = io.StringIO(), io.StringIO()
     # A script may set its loggers' levels, as a process of its own would (benchmark.py quiets seqlab's).
-    saved_levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    saved_levels = {
+        name: lg.level
+        for name, lg in logging.root.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    }
     # A process of its own starts without logging handlers: a warning that a script does not
     # print itself reaches stderr through logging's last resort (pytest's handlers are set aside).
     saved_handlers = logging.root.handlers[:]

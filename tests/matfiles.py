@@ -45,7 +45,9 @@ def write_v73(path: Path, variables: dict[str, Variable]) -> None:
             if isinstance(value, MatCell):
                 handles = []
                 for i, item in enumerate(value.items):
-                    ds = refs.create_dataset(f"{name}_{i}", data=np.asarray(item, dtype=np.float64).T)
+                    ds = refs.create_dataset(
+                        f"{name}_{i}", data=np.asarray(item, dtype=np.float64).T
+                    )
                     ds.attrs["MATLAB_class"] = np.bytes_("double")
                     handles.append(ds.ref)
                 grid = np.empty(value.shape, dtype=h5py.ref_dtype)
@@ -57,4 +59,6 @@ def write_v73(path: Path, variables: dict[str, Variable]) -> None:
                 ds = f.create_dataset(name, data=np.asarray(value, dtype=np.float64).T)
                 ds.attrs["MATLAB_class"] = np.bytes_("double")
     with open(path, "r+b") as f:
-        f.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Sun Nov 29 00:00:00 2026 HDF5 schema 1.00 .")
+        f.write(
+            b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Sun Nov 29 00:00:00 2026 HDF5 schema 1.00 ."
+        )

@@ -54,7 +54,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 # sacct -o JobID,State,NodeList --parsable2 -j ID [-j ID ...], answered from scontrol.
-SACCT = '''#!{python}
+SACCT = """#!{python}
 import subprocess, sys
 ids = [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "-j"]
 print("JobID|State|NodeList")
@@ -64,7 +64,7 @@ for jid in ids:
         f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         name = f"{{f['ArrayJobId']}}_{{f['ArrayTaskId']}}" if f.get("ArrayTaskId") else f.get("JobId", "")
         print(f"{{name}}|{{f.get('JobState', 'UNKNOWN')}}|{{f.get('NodeList', '')}}")
-'''
+"""
 
 
 def missing() -> str | None:
@@ -92,7 +92,9 @@ class Cluster:
         for sub in ("state", "spool", "log", "bin"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.conf = root / "slurm.conf"
-        self.conf.write_text(CONF.format(root=root, ctld_port=_free_port(), slurmd_port=_free_port(), cpus=cpus))
+        self.conf.write_text(
+            CONF.format(root=root, ctld_port=_free_port(), slurmd_port=_free_port(), cpus=cpus)
+        )
         sacct = root / "bin" / "sacct"
         sacct.write_text(SACCT.format(python=sys.executable))
         sacct.chmod(0o755)
@@ -104,13 +106,25 @@ class Cluster:
         return {**os.environ, **self.env}
 
     def run(self, *cmd: str, timeout: float = 30) -> str:
-        return subprocess.run(cmd, env=self._environ(), capture_output=True, text=True, timeout=timeout, check=True).stdout
+        return subprocess.run(
+            cmd, env=self._environ(), capture_output=True, text=True, timeout=timeout, check=True
+        ).stdout
 
     def start(self, ready_s: float = 30) -> "Cluster":
-        for cmd in (["slurmctld", "-D", "-i", "-f", str(self.conf)], ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)]):
+        for cmd in (
+            ["slurmctld", "-D", "-i", "-f", str(self.conf)],
+            ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)],
+        ):
             log = open(self.root / "log" / f"{cmd[0]}.out", "w")
-            self.procs.append(subprocess.Popen(cmd, env=self._environ(), stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=self._environ(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + ready_s
         while time.monotonic() < deadline:
             try:
@@ -120,7 +134,9 @@ class Cluster:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"the test SLURM cluster did not become idle in {ready_s:.0f} s; see {self.root / 'log'}")
+        raise RuntimeError(
+            f"the test SLURM cluster did not become idle in {ready_s:.0f} s; see {self.root / 'log'}"
+        )
 
     def queue(self) -> list[str]:
         """`JOBID STATE` per job in the queue."""
@@ -128,7 +144,9 @@ class Cluster:
 
     def drain(self, timeout: float = 30) -> None:
         """Cancel every job and wait for an empty queue (a job in COMPLETING holds the node's cores)."""
-        subprocess.run(["scancel", "--user=root"], env=self._environ(), capture_output=True, timeout=30)
+        subprocess.run(
+            ["scancel", "--user=root"], env=self._environ(), capture_output=True, timeout=30
+        )
         deadline = time.monotonic() + timeout
         while self.queue() and time.monotonic() < deadline:
             time.sleep(0.3)

@@ -31,17 +31,43 @@ def _csv_rows(n, bad_line=None):
 
 # Refused by the schema or the range checks, before anything heavy is imported: no run at all.
 CONFIG_CASES = {
-    "zero batch size": (["data.batch_size=0"], "error: data.batch_size must be a positive integer, got 0"),
-    "negative batch size": (["data.batch_size=-8"], "error: data.batch_size must be a positive integer, got -8"),
+    "zero batch size": (
+        ["data.batch_size=0"],
+        "error: data.batch_size must be a positive integer, got 0",
+    ),
+    "negative batch size": (
+        ["data.batch_size=-8"],
+        "error: data.batch_size must be a positive integer, got -8",
+    ),
     "zero epochs": (["trainer.max_epochs=0"], "error: trainer.max_epochs must be positive, got 0"),
-    "negative epochs": (["trainer.max_epochs=-2"], "error: trainer.max_epochs must be positive, got -2"),
-    "zero learning rate": (["optimizer.lr=0"], "error: optimizer.lr must be a positive number, got 0"),
-    "negative learning rate": (["optimizer.lr=-0.01"], "error: optimizer.lr must be a positive number, got -0.01"),
-    "unknown accelerator": (["trainer.accelerator=tpu"],
-                            "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"),
-    "misspelled key": (["data.batch_sise=32"], "error: data.batch_sise is not a config key; did you mean data.batch_size?"),
-    "misspelled top-level key": (["seeed=3"], "error: seeed is not a config key; did you mean seed?"),
-    "missing data file": (["data=csv", "data.path=/nonexistent/load.csv"], "error: data.path=/nonexistent/load.csv: no such file"),
+    "negative epochs": (
+        ["trainer.max_epochs=-2"],
+        "error: trainer.max_epochs must be positive, got -2",
+    ),
+    "zero learning rate": (
+        ["optimizer.lr=0"],
+        "error: optimizer.lr must be a positive number, got 0",
+    ),
+    "negative learning rate": (
+        ["optimizer.lr=-0.01"],
+        "error: optimizer.lr must be a positive number, got -0.01",
+    ),
+    "unknown accelerator": (
+        ["trainer.accelerator=tpu"],
+        "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'",
+    ),
+    "misspelled key": (
+        ["data.batch_sise=32"],
+        "error: data.batch_sise is not a config key; did you mean data.batch_size?",
+    ),
+    "misspelled top-level key": (
+        ["seeed=3"],
+        "error: seeed is not a config key; did you mean seed?",
+    ),
+    "missing data file": (
+        ["data=csv", "data.path=/nonexistent/load.csv"],
+        "error: data.path=/nonexistent/load.csv: no such file",
+    ),
 }
 
 
@@ -70,16 +96,35 @@ def test_an_unknown_config_option_lists_the_valid_ones(run_cli):
 # each job prints its line and ends its run FAILED as a single run would.
 DATA_CASES = {
     "empty csv": ("empty.csv", "", "the file is empty"),
-    "non-numeric csv cell": ("cell.csv", _csv_rows(20, bad_line=7), "cell.csv:7: not a number: 'two'"),
-    "fewer samples than a batch": ("few.csv", _csv_rows(20), "20 training samples are fewer than one batch of data.batch_size=64"),
+    "non-numeric csv cell": (
+        "cell.csv",
+        _csv_rows(20, bad_line=7),
+        "cell.csv:7: not a number: 'two'",
+    ),
+    "fewer samples than a batch": (
+        "few.csv",
+        _csv_rows(20),
+        "20 training samples are fewer than one batch of data.batch_size=64",
+    ),
     "not the declared format": ("text.npz", "just some text\n", "not a NumPy .npz file"),
-    "x of the wrong rank": ("rank.npz", {"X": np.zeros((4, 3, 2, 2), np.float32), "y": np.zeros(4, np.float32)},
-                            "X must be (N, features) or (N, steps, features), got shape (4, 3, 2, 2)"),
-    "mismatched x and y": ("lengths.npz", {"X": np.zeros((10, 3), np.float32), "y": np.zeros(9, np.float32)},
-                           "y must be (N,) or (N, responses) with N=10 as in X, got shape (9,)"),
-    "NaN in the inputs": ("nan.npz", {"X": np.r_[np.full((1, 3), np.nan), np.ones((99, 3))].astype(np.float32),
-                                      "y": np.ones(100, np.float32)},
-                          "1 of 100 samples hold NaN or Inf (the first is sample 0)"),
+    "x of the wrong rank": (
+        "rank.npz",
+        {"X": np.zeros((4, 3, 2, 2), np.float32), "y": np.zeros(4, np.float32)},
+        "X must be (N, features) or (N, steps, features), got shape (4, 3, 2, 2)",
+    ),
+    "mismatched x and y": (
+        "lengths.npz",
+        {"X": np.zeros((10, 3), np.float32), "y": np.zeros(9, np.float32)},
+        "y must be (N,) or (N, responses) with N=10 as in X, got shape (9,)",
+    ),
+    "NaN in the inputs": (
+        "nan.npz",
+        {
+            "X": np.r_[np.full((1, 3), np.nan), np.ones((99, 3))].astype(np.float32),
+            "y": np.ones(100, np.float32),
+        },
+        "1 of 100 samples hold NaN or Inf (the first is sample 0)",
+    ),
 }
 
 
@@ -95,11 +140,21 @@ def bad_data_sweeps(tmp_path_factory, _empty_store):
     for fmt in ("csv", "npz"):
         files = ",".join(str(p) for p in paths.values() if p.suffix == f".{fmt}")
         proc = run_in_process(
-            ["-m", f"data={fmt}", f"data.path={files}", "data.batch_size=64", "data.val_fraction=0",
-             "trainer.max_epochs=1", f"paths.root_dir={root}"],
-            root, cli_env(),
+            [
+                "-m",
+                f"data={fmt}",
+                f"data.path={files}",
+                "data.batch_size=64",
+                "data.val_fraction=0",
+                "trainer.max_epochs=1",
+                f"paths.root_dir={root}",
+            ],
+            root,
+            cli_env(),
         )
-        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # a sweep with failed jobs
+        assert proc.returncode == 1, (
+            proc.stdout[-2000:] + proc.stderr[-2000:]
+        )  # a sweep with failed jobs
         output += proc.stdout + proc.stderr
     return output, paths, mlflow.MlflowClient(f"sqlite:///{root}/mlruns/mlflow.db")
 
@@ -112,8 +167,11 @@ def test_bad_data_is_one_line_and_a_failed_run(bad_data_sweeps, case):
     lines = [line for line in output.splitlines() if line.startswith("error:") and message in line]
     assert len(lines) == 1, output[-3000:]
     assert "Traceback" not in output
-    runs = [r for r in client.search_runs([client.get_experiment_by_name("seqlab").experiment_id])
-            if r.data.params.get("data.path") == str(paths[case])]
+    runs = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("seqlab").experiment_id])
+        if r.data.params.get("data.path") == str(paths[case])
+    ]
     assert [r.info.status for r in runs] == ["FAILED"]
     assert message in runs[0].data.tags["failure_reason"]
 
@@ -126,7 +184,10 @@ def test_gpu_without_cuda_is_one_line_and_a_failed_run(run_cli, store):
         pytest.skip("this machine has a CUDA GPU")
     proc = run_cli(*TINY, "trainer.accelerator=gpu")
     assert proc.returncode == 1
-    assert "error: trainer.accelerator=gpu asked for a CUDA GPU, but this machine has only: cpu" in proc.stdout
+    assert (
+        "error: trainer.accelerator=gpu asked for a CUDA GPU, but this machine has only: cpu"
+        in proc.stdout
+    )
     assert "Traceback" not in proc.stdout + proc.stderr
     (run,) = store.search_runs([store.get_experiment_by_name("seqlab").experiment_id])
     assert run.info.status == "FAILED"

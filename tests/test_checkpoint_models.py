@@ -12,12 +12,19 @@ from seqlab.train import train
 
 # A learning rate high enough that validation gets worse after its best (deterministic on CPU):
 # val_rmse is lowest at step 16 of 24, so the best network is not the last one.
-OVERSHOOT = ["data.n_samples=256", "trainer.max_epochs=6", "optimizer.lr=0.05", "deterministic=true",
-             "logger.system_metrics=false"]
+OVERSHOOT = [
+    "data.n_samples=256",
+    "trainer.max_epochs=6",
+    "optimizer.lr=0.05",
+    "deterministic=true",
+    "logger.system_metrics=false",
+]
 
 
 def _models(store, run):
-    found = store.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id='{run.info.run_id}'")
+    found = store.search_logged_models(
+        [run.info.experiment_id], filter_string=f"source_run_id='{run.info.run_id}'"
+    )
     return sorted(found, key=lambda m: (m.name, m.creation_timestamp))
 
 
@@ -26,17 +33,28 @@ def _linked(model) -> dict[str, tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_the_best_networks_checkpoint_is_a_logged_model_that_predict_takes(compose_cfg, store, tmp_path):
+def test_the_best_networks_checkpoint_is_a_logged_model_that_predict_takes(
+    compose_cfg, store, tmp_path
+):
     result = train(compose_cfg(*OVERSHOOT))  # logger.log_checkpoints=best: the default
     run = store.get_run(result.run_id)
-    best_step, last_step = int(run.data.metrics["best_val_rmse_step"]), int(run.data.tags["output_network_step"])
+    best_step, last_step = (
+        int(run.data.metrics["best_val_rmse_step"]),
+        int(run.data.tags["output_network_step"]),
+    )
     assert best_step < last_step, "the scenario: the best validation is not the last"
     best, model = _models(store, run)  # by name: checkpoint-best, model
     assert (best.name, best.tags["checkpoint"], model.name) == ("checkpoint-best", "best", "model")
     # Each with its step's validation metrics, as the run's Models tab ranks them.
-    assert _linked(best)["val_rmse"] == (best_step, pytest.approx(run.data.metrics["best_val_rmse"]))
+    assert _linked(best)["val_rmse"] == (
+        best_step,
+        pytest.approx(run.data.metrics["best_val_rmse"]),
+    )
     assert _linked(model)["val_rmse"][0] == last_step
-    assert {o.model_id: o.step for o in run.outputs.model_outputs} == {best.model_id: best_step, model.model_id: last_step}
+    assert {o.model_id: o.step for o in run.outputs.model_outputs} == {
+        best.model_id: best_step,
+        model.model_id: last_step,
+    }
 
     x, y = _new_data()
     path = tmp_path / "new.npz"
@@ -58,10 +76,14 @@ def test_all_logs_a_network_at_each_new_best_and_none_only_the_one_kept(compose_
     improvements = [int(m.step) for m in store.get_metric_history(run.info.run_id, "best_val_rmse")]
     models = _models(store, run)
     checkpoints = [m for m in models if m.name == "checkpoint"]
-    assert sorted(_linked(m)["val_rmse"][0] for m in checkpoints) == improvements  # once per checkpoint, not per step
+    assert (
+        sorted(_linked(m)["val_rmse"][0] for m in checkpoints) == improvements
+    )  # once per checkpoint, not per step
     assert {m.name for m in models} == {"checkpoint", "checkpoint-best", "model"}
 
-    result = train(compose_cfg(*OVERSHOOT, "logger.log_checkpoints=none", "logger.experiment_name=none"))
+    result = train(
+        compose_cfg(*OVERSHOOT, "logger.log_checkpoints=none", "logger.experiment_name=none")
+    )
     run = store.get_run(result.run_id)
     assert [m.name for m in _models(store, run)] == ["model"]
 
@@ -78,21 +100,34 @@ def test_a_kept_best_network_is_the_best_checkpoint_itself(compose_cfg, store):
 def test_a_bad_log_checkpoints_value_is_one_line(run_cli):
     proc = run_cli("logger.log_checkpoints=some")
     assert proc.returncode == 1
-    assert "error: logger.log_checkpoints must be one of best, all, none; got 'some'" in proc.stdout + proc.stderr
+    assert (
+        "error: logger.log_checkpoints must be one of best, all, none; got 'some'"
+        in proc.stdout + proc.stderr
+    )
 
 
 @pytest.mark.slow
 def test_each_member_of_a_pack_logs_its_own_best_checkpoint(run_cli, store):
     proc = run_cli("-m", "seed=0,1", "pack=2", *OVERSHOOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    members = [r for r in store.search_runs([store.get_experiment_by_name("seqlab").experiment_id]) if "pack_id" in r.data.tags]
+    members = [
+        r
+        for r in store.search_runs([store.get_experiment_by_name("seqlab").experiment_id])
+        if "pack_id" in r.data.tags
+    ]
     assert len(members) == 2
     separate = 0
     for run in members:
-        best_step, last_step = int(run.data.metrics["best_val_rmse_step"]), int(run.data.tags["output_network_step"])
+        best_step, last_step = (
+            int(run.data.metrics["best_val_rmse_step"]),
+            int(run.data.tags["output_network_step"]),
+        )
         models = _models(store, run)
         (best,) = [m for m in models if m.tags.get("checkpoint") == "best"]
-        assert _linked(best)["val_rmse"] == (best_step, pytest.approx(run.data.metrics["best_val_rmse"]))
+        assert _linked(best)["val_rmse"] == (
+            best_step,
+            pytest.approx(run.data.metrics["best_val_rmse"]),
+        )
         assert best.name == ("model" if best_step == last_step else "checkpoint-best")
         separate += best.name == "checkpoint-best"
     assert separate >= 1  # seed 0 trains as alone above: best at step 16 of 24

@@ -14,8 +14,14 @@ import seqlab.train
 from seqlab.train import train
 
 # 410 training samples: 13 steps an epoch, in items of 5 steps (see test_robust's exact resume)
-EXACT = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
-         "deterministic=true", "checkpoint.interval_s=500"]
+EXACT = [
+    "data.n_samples=512",
+    "data.batch_size=32",
+    "trainer.max_epochs=4",
+    "perf.steps_per_call=5",
+    "deterministic=true",
+    "checkpoint.interval_s=500",
+]
 
 
 def _load(path):
@@ -26,8 +32,9 @@ def _load(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trigger, saved_at", [(7, 10), (12, 13)], ids=["mid-epoch", "epoch-end"])
-def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, store, tmp_path, monkeypatch,
-                                                                 trigger, saved_at):
+def test_a_time_based_checkpoint_holds_the_exact_training_state(
+    compose_cfg, store, tmp_path, monkeypatch, trigger, saved_at
+):
     """A fake clock passes interval_s during step `trigger`: the checkpoint is taken at the next step
     boundary (the next Lightning call), is the run's resume point while it trains, and training
     continued from it ends with the same weights as the run that never stopped."""
@@ -51,7 +58,9 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
 
     monkeypatch.setattr(StepLog, "add", add_then_tick)
     monkeypatch.setattr(points, "publish_resume_point", publish_and_look)
-    monkeypatch.setattr(seqlab.train, "publish_resume_point", publish_and_look)  # where the task looks it up
+    monkeypatch.setattr(
+        seqlab.train, "publish_resume_point", publish_and_look
+    )  # where the task looks it up
     train(compose_cfg(*EXACT))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FINISHED"
@@ -59,14 +68,20 @@ def test_a_time_based_checkpoint_holds_the_exact_training_state(compose_cfg, sto
     assert "interrupted_at_step" not in run.data.tags  # a finished run has nothing to continue
     local = tmp_path / "out" / "checkpoints" / "interrupted.ckpt"
     assert _load(local)["global_step"] == saved_at
-    stored = store.download_artifacts(run.info.run_id, "checkpoints/interrupted.ckpt", str(tmp_path / "dl"))
+    stored = store.download_artifacts(
+        run.info.run_id, "checkpoints/interrupted.ckpt", str(tmp_path / "dl")
+    )
     assert open(stored, "rb").read() == local.read_bytes()
     assert not list((tmp_path / "out" / "checkpoints").glob(".*.tmp"))
     shutil.copy(local, tmp_path / "timed.ckpt")
     shutil.copy(tmp_path / "out" / "checkpoints" / "last.ckpt", tmp_path / "uninterrupted.ckpt")
 
     monkeypatch.setattr(StepLog, "add", add)
-    train(compose_cfg(*EXACT, f"ckpt_path={tmp_path / 'timed.ckpt'}", "logger.experiment_name=continued"))
+    train(
+        compose_cfg(
+            *EXACT, f"ckpt_path={tmp_path / 'timed.ckpt'}", "logger.experiment_name=continued"
+        )
+    )
     a = _load(tmp_path / "uninterrupted.ckpt")["state_dict"]
     b = _load(tmp_path / "out" / "checkpoints" / "last.ckpt")["state_dict"]
     assert a.keys() == b.keys() and all(__import__("torch").equal(a[k], b[k]) for k in a)
@@ -117,18 +132,31 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def _run_with_fault(tmp_path, mode, *args, timeout=600):
     import zygote
 
-    return zygote.run([mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(),
-                      timeout=timeout, code=FAULT)
+    return zygote.run(
+        [mode, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+        tmp_path,
+        cli_env(),
+        timeout=timeout,
+        code=FAULT,
+    )
 
 
 # 820 training samples: 13 steps an epoch; metrics sent every 10-step call, so some steps after the
 # checkpoint are stored before the kill, and a resume trains them again.
-KILLABLE = ["data.n_samples=1024", "trainer.max_epochs=30", "perf.steps_per_call=10", "checkpoint.interval_s=2",
-            "logger.flush_every_n_steps=10", "logger.flush_every_s=0"]
+KILLABLE = [
+    "data.n_samples=1024",
+    "trainer.max_epochs=30",
+    "perf.steps_per_call=10",
+    "checkpoint.interval_s=2",
+    "logger.flush_every_n_steps=10",
+    "logger.flush_every_s=0",
+]
 
 
 @pytest.mark.slow
-def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_step_once(tmp_path, store, run_cli):
+def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_step_once(
+    tmp_path, store, run_cli
+):
     killed = _run_with_fault(tmp_path, "kill", *KILLABLE)
     assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
     (run,) = runs_of(store, "seqlab")
@@ -136,12 +164,16 @@ def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_st
     assert run.info.status == "RUNNING"  # what kill -9 leaves
     checkpoint_step = int(run.data.tags["interrupted_at_step"])
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
-    assert max(steps) > checkpoint_step  # steps after the checkpoint were stored: the resume trains them again
+    assert (
+        max(steps) > checkpoint_step
+    )  # steps after the checkpoint were stored: the resume trains them again
 
     resumed = run_cli(*KILLABLE, f"resume={run_id}")
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
-    assert f"run {run_id}" in out and "was left RUNNING: process ended without closing the run" in out
+    assert (
+        f"run {run_id}" in out and "was left RUNNING: process ended without closing the run" in out
+    )
     run = store.get_run(run_id)
     assert run.info.status == "FINISHED"
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
@@ -166,33 +198,47 @@ def test_steps_not_yet_sent_at_a_time_based_checkpoint_are_sent_before_it(tmp_pa
 
 
 # A checkpoint of this model is about 3.4 MB; the store (about 1 MB) and the other files stay below the limit.
-FULL_DISK = ["data.n_samples=1024", "trainer.max_epochs=8", "model.hidden_size=256", "checkpoint.interval_s=2",
-             "perf.steps_per_call=5"]
+FULL_DISK = [
+    "data.n_samples=1024",
+    "trainer.max_epochs=8",
+    "model.hidden_size=256",
+    "checkpoint.interval_s=2",
+    "perf.steps_per_call=5",
+]
 
 
 @pytest.mark.slow
 def test_a_checkpoint_write_that_fails_ends_the_run_killed_in_one_line_and_keeps_the_last_good_one(
-        tmp_path, store, run_cli):
+    tmp_path, store, run_cli
+):
     failed = _run_with_fault(tmp_path, f"fsize:{2_500_000}", *FULL_DISK)
     out = failed.stdout + failed.stderr
     checkpoints = next((tmp_path / "logs" / "runs").glob("*")) / "checkpoints"
     assert failed.returncode == 1, out[-3000:]
     errors = [line for line in out.splitlines() if "error" in line.lower()]
-    assert errors == [f"error: could not write {checkpoints / 'interrupted.ckpt'}: File too large; free space there "
-                      "(or lift the file-size limit, or make the folder writable), or write elsewhere "
-                      "(paths.log_dir, paths.mlruns_dir)"], out[-3000:]
+    assert errors == [
+        f"error: could not write {checkpoints / 'interrupted.ckpt'}: File too large; free space there "
+        "(or lift the file-size limit, or make the folder writable), or write elsewhere "
+        "(paths.log_dir, paths.mlruns_dir)"
+    ], out[-3000:]
     assert "Traceback" not in out
     (run,) = runs_of(store, "seqlab")
     run_id = run.info.run_id
-    assert run.info.status == "KILLED"  # issue 34, point 7: resumable once there is room, as a resumed sweep continues it
-    assert run.data.tags["failure_reason"].startswith(f"could not write {checkpoints / 'interrupted.ckpt'}")
+    assert (
+        run.info.status == "KILLED"
+    )  # issue 34, point 7: resumable once there is room, as a resumed sweep continues it
+    assert run.data.tags["failure_reason"].startswith(
+        f"could not write {checkpoints / 'interrupted.ckpt'}"
+    )
     assert not list(checkpoints.glob(".*.tmp"))  # no part of a checkpoint left behind
     last_good = int(run.data.tags["interrupted_at_step"])  # still the resume point...
     stored = store.download_artifacts(run_id, "checkpoints/interrupted.ckpt", str(tmp_path / "dl"))
     assert _load(stored)["global_step"] == last_good  # ...and whole
     assert _load(checkpoints / "interrupted.ckpt")["global_step"] == last_good
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
-    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > last_good  # no metric sent was lost
+    assert (
+        steps == list(range(1, steps[-1] + 1)) and steps[-1] > last_good
+    )  # no metric sent was lost
 
     resumed = run_cli(*FULL_DISK, f"resume={run_id}")
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
@@ -205,13 +251,18 @@ def test_a_checkpoint_write_that_fails_ends_the_run_killed_in_one_line_and_keeps
 def _tracker(tmp_path):
     from seqlab.tracking import MlflowTracker
 
-    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
-                            step_writer="inline")
+    tracker = MlflowTracker(
+        f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+        artifact_root=str(tmp_path / "artifacts"),
+        step_writer="inline",
+    )
     tracker.start("writes", {})
     return tracker
 
 
-def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whole(tmp_path, store, monkeypatch):
+def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whole(
+    tmp_path, store, monkeypatch
+):
     import errno
 
     from seqlab.resume.points import store_checkpoint
@@ -233,9 +284,13 @@ def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whol
     monkeypatch.setattr(shutil, "copyfile", copy_half_then_fill_the_disk)
     with pytest.raises(WriteFailed) as failed:
         store_checkpoint(tracker, ckpt)
-    assert str(failed.value).startswith(f"could not write {folder / 'interrupted.ckpt'}: No space left on device; ")
+    assert str(failed.value).startswith(
+        f"could not write {folder / 'interrupted.ckpt'}: No space left on device; "
+    )
     assert (folder / "interrupted.ckpt").read_bytes() == b"good" * 1000  # the previous one, whole
-    assert sorted(p.name for p in folder.iterdir()) == ["interrupted.ckpt"]  # no part of the new one
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "interrupted.ckpt"
+    ]  # no part of the new one
     tracker.end("FAILED", str(failed.value))
 
 
@@ -247,13 +302,17 @@ def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, stor
     tracker = _tracker(tmp_path)
     png = tmp_path / "training_curves.png"
     png.write_bytes(b"png")
-    target = tmp_path / "artifacts" / "seqlab" / tracker.run_id / "artifacts" / "training_curves.png"
+    target = (
+        tmp_path / "artifacts" / "seqlab" / tracker.run_id / "artifacts" / "training_curves.png"
+    )
 
     def unwritable(run_id, local_path, artifact_path=None):
         raise PermissionError(errno.EACCES, "Permission denied", str(target))
 
     monkeypatch.setattr(tracker.client, "log_artifact", unwritable)
-    with pytest.raises(WriteFailed, match=rf"^could not write {target}: Permission denied; free space there"):
+    with pytest.raises(
+        WriteFailed, match=rf"^could not write {target}: Permission denied; free space there"
+    ):
         tracker.log_artifact(png)
     tracker.end("FAILED")
 

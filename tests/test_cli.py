@@ -30,10 +30,20 @@ def test_multirun_records_one_child_run_per_job_under_a_parent(run_cli, store, t
     assert all(c.info.status == "FINISHED" for c in children)
     sweep_id = parent.data.tags["sweep_id"]
     assert all(c.data.tags["sweep_id"] == sweep_id for c in children)
-    assert children[0].data.tags["hydra_overrides"].startswith("data.batch_size=32 data.n_samples=256 trainer.max_epochs=2 ")
+    assert (
+        children[0]
+        .data.tags["hydra_overrides"]
+        .startswith("data.batch_size=32 data.n_samples=256 trainer.max_epochs=2 ")
+    )
 
     files = artifact_paths(store, children[0].info.run_id)
-    assert {"hydra/config.yaml", "hydra/overrides.yaml", "hydra/hydra.yaml", "config.yaml", "train.log"} <= files
+    assert {
+        "hydra/config.yaml",
+        "hydra/overrides.yaml",
+        "hydra/hydra.yaml",
+        "config.yaml",
+        "train.log",
+    } <= files
     assert {"sweep_summary.txt", "sweep_summary.csv"} <= artifact_paths(store, parent.info.run_id)
     summary = (next((tmp_path / "logs" / "multiruns").iterdir()) / "sweep_summary.csv").read_text()
     assert summary.count("FINISHED") == 2
@@ -46,9 +56,13 @@ def test_a_missing_gpu_fails_its_jobs_not_the_sweep(run_cli, store):
     assert proc.returncode == 1
     out = proc.stdout
     assert "2 jobs, 1 failed" in out
-    assert "error: trainer.accelerator=gpu asked for a CUDA GPU, but this machine has only: cpu" in out
-    table = out[out.index("2 jobs, 1 failed"):]
-    assert "FINISHED" in table and "FAILED" in table and "Traceback" not in proc.stdout + proc.stderr
+    assert (
+        "error: trainer.accelerator=gpu asked for a CUDA GPU, but this machine has only: cpu" in out
+    )
+    table = out[out.index("2 jobs, 1 failed") :]
+    assert (
+        "FINISHED" in table and "FAILED" in table and "Traceback" not in proc.stdout + proc.stderr
+    )
 
     parent, (cpu, gpu) = _children_and_parent(store)
     assert cpu.info.status == "FINISHED" and cpu.data.tags["accelerator"] == "cpu"

@@ -15,8 +15,13 @@ import pytest
 from conftest import runs_of, start_cli
 
 # Jobs of one CPU each, so the two-core node runs two at once; small enough for any node.
-ON_THE_NODE = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
-               "trainer.accelerator=cpu", "logger.system_metrics=false"]
+ON_THE_NODE = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=1",
+    "trainer.accelerator=cpu",
+    "logger.system_metrics=false",
+]
 # A job alone and a pack in one sweep (seed=0,1,2 pack=2: a pack of the first two, the third alone),
 # each long enough to be stopped mid-run: 13 steps an epoch (819 training samples, batch 64), 20 epochs
 # (two jobs on two cores: an epoch takes a tenth of a second or more). Each job is stopped once it has
@@ -27,7 +32,11 @@ BOTH_STEPS = 13 * 20
 
 
 def _server(mlflow_server, experiment: str) -> list[str]:
-    return ["logger=mlflow_server", f"logger.tracking_uri={mlflow_server.uri}", f"logger.experiment_name={experiment}"]
+    return [
+        "logger=mlflow_server",
+        f"logger.tracking_uri={mlflow_server.uri}",
+        f"logger.experiment_name={experiment}",
+    ]
 
 
 def _runs(client, experiment: str):
@@ -38,7 +47,10 @@ def _runs(client, experiment: str):
 
 def _job_logs(tmp_path: Path) -> str:
     """What the sweep's jobs printed (submitit keeps each task's stdout and stderr)."""
-    return "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*/*_log.*")))
+    return "".join(
+        p.read_text(errors="replace")
+        for p in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*/*_log.*"))
+    )
 
 
 def _stop_each_once_training(tmp_path: Path, proc, n: int, stop, timeout: float = 120) -> None:
@@ -48,12 +60,17 @@ def _stop_each_once_training(tmp_path: Path, proc, n: int, stop, timeout: float 
     stopped, deadline = set(), time.monotonic() + timeout
     while len(stopped) < n:
         for folder in sorted(tmp_path.glob("logs/multiruns/*/.submitit/*")):
-            if folder.name not in stopped and "%" not in folder.name and any(
-                    "epoch 2/" in p.read_text(errors="replace") for p in folder.glob("*_log.*")):
+            if (
+                folder.name not in stopped
+                and "%" not in folder.name
+                and any("epoch 2/" in p.read_text(errors="replace") for p in folder.glob("*_log.*"))
+            ):
                 stop(folder.name)
                 stopped.add(folder.name)
         assert proc.poll() is None, f"the sweep ended before {n} jobs trained"
-        assert time.monotonic() < deadline, f"{n} jobs did not train within {timeout:.0f} s:\n{_job_logs(tmp_path)[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"{n} jobs did not train within {timeout:.0f} s:\n{_job_logs(tmp_path)[-3000:]}"
+        )
         time.sleep(0.1)
 
 
@@ -66,8 +83,17 @@ def _each_step_once(client, run_id: str, key: str = "train_loss") -> list[int]:
 
 @pytest.mark.slow
 def test_a_ddp_job_of_two_slurm_tasks(slurm, mlflow_server, run_process, tmp_path):
-    proc = run_process("-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-ddp"), "trainer.devices=2",
-                       "trainer.strategy=ddp", "data.n_samples=256", "trainer.max_epochs=2", env=slurm.env, timeout=300)
+    proc = run_process(
+        "-m",
+        *ON_THE_NODE,
+        *_server(mlflow_server, "slurm-ddp"),
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "data.n_samples=256",
+        "trainer.max_epochs=2",
+        env=slurm.env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = mlflow.MlflowClient(mlflow_server.uri)
     (parent,), (run,) = _runs(client, "slurm-ddp")  # one run: rank 0 tracks, rank 1 only trains
@@ -76,7 +102,9 @@ def test_a_ddp_job_of_two_slurm_tasks(slurm, mlflow_server, run_process, tmp_pat
     assert _each_step_once(client, run.info.run_id) == [1, 2, 3, 4]
     logs = _job_logs(tmp_path)
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in logs and "GLOBAL_RANK: 1, MEMBER: 2/2" in logs
-    assert len(list(tmp_path.glob("logs/multiruns/*/.submitit/*/*_1_log.out"))) == 1  # task 1 of the job
+    assert (
+        len(list(tmp_path.glob("logs/multiruns/*/.submitit/*/*_1_log.out"))) == 1
+    )  # task 1 of the job
 
 
 @pytest.mark.slow
@@ -84,10 +112,14 @@ def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server,
     """scontrol requeue of a job alone and of a pack (issue 32): each continues its own runs, every step once.
     The same sweep is the check of a sweep as SLURM jobs: an array of tasks from one sbatch, each task a
     job's runs under the sweep's parent, and the summary and comparison as a local sweep prints them."""
-    proc = start_cli(tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *BOTH, env=slurm.env)
+    proc = start_cli(
+        tmp_path, "-m", *ON_THE_NODE, *_server(mlflow_server, "slurm-requeue"), *BOTH, env=slurm.env
+    )
     try:
         # Each array task: SIGTERM now, SIGKILL KillWait (10 s) later, then a new start.
-        _stop_each_once_training(tmp_path, proc, 2, lambda job: slurm.run("scontrol", "requeue", job))
+        _stop_each_once_training(
+            tmp_path, proc, 2, lambda job: slurm.run("scontrol", "requeue", job)
+        )
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -95,7 +127,9 @@ def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server,
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     client = mlflow.MlflowClient(mlflow_server.uri)
     (parent,), runs = _runs(client, "slurm-requeue")
-    assert len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2  # the same runs, continued
+    assert (
+        len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2
+    )  # the same runs, continued
     assert parent.info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
     assert {r.data.params["seed"] for r in runs} == {"0", "1", "2"}
@@ -105,10 +139,15 @@ def test_a_requeued_slurm_job_and_pack_continue_their_runs(slurm, mlflow_server,
     assert len({r.data.tags["slurm_job_id"] for r in runs if "pack_id" in r.data.tags}) == 1
     # The summary and the comparison, as a local sweep prints them.
     # (the pack's two members are one configuration's repeats, the job alone another's: packed speeds differ)
-    assert "3 jobs, 0 failed" in out and "verdict: n = 1-2 repeats per configuration (seeds 0, 1, 2)" in out
+    assert (
+        "3 jobs, 0 failed" in out
+        and "verdict: n = 1-2 repeats per configuration (seeds 0, 1, 2)" in out
+    )
     sweep_dir = next(tmp_path.glob("logs/multiruns/*"))
     assert (sweep_dir / "sweep_summary.csv").read_text().count("FINISHED") == 3
-    assert len(list(sweep_dir.glob(".submitit/*/*_submission.sh"))) == 1  # one sbatch, an array of 2
+    assert (
+        len(list(sweep_dir.glob(".submitit/*/*_submission.sh"))) == 1
+    )  # one sbatch, an array of 2
     logs = _job_logs(tmp_path)
     assert logs.count("stopped by SIGTERM at step") >= 2  # the job alone and the pack
     for run in runs:

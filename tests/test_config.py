@@ -33,12 +33,19 @@ def test_every_option_composes_and_validates(compose_cfg, tmp_path, option):
 
 def test_defaults_are_the_matlab_network_and_options(compose_cfg):
     cfg = compose_cfg()
-    assert (cfg.model.filters, cfg.model.kernel_size, cfg.model.hidden_size, cfg.model.dropout) == (2, 5, 24, 0.1)
+    assert (cfg.model.filters, cfg.model.kernel_size, cfg.model.hidden_size, cfg.model.dropout) == (
+        2,
+        5,
+        24,
+        0.1,
+    )
     assert cfg.optimizer._target_ == "torch.optim.Adam" and cfg.optimizer.lr == 1e-3
     assert (cfg.scheduler.step_size, cfg.scheduler.gamma) == (10, 0.1)  # trainingOptions defaults
     assert cfg.data.source.n_features == 1440 and cfg.data.batch_size == 64
     assert cfg.trainer.accelerator == "auto"
-    assert cfg.paths.tracking_uri.startswith("sqlite:///") and cfg.paths.tracking_uri.endswith("mlruns/mlflow.db")
+    assert cfg.paths.tracking_uri.startswith("sqlite:///") and cfg.paths.tracking_uri.endswith(
+        "mlruns/mlflow.db"
+    )
 
 
 def test_experiment_preset_sets_only_its_differences(compose_cfg):
@@ -72,11 +79,17 @@ def test_schema_rejects_unknown_keys_and_wrong_types(compose_cfg, override):
         ("optimizer.lr=-0.1", "optimizer.lr must be a positive number, got -0.1"),
         ("optimizer.lr=abc", "optimizer.lr must be a positive number, got abc"),
         ("optimizer=sgdm optimizer.momentum=x", "optimizer.momentum must be a number >= 0, got x"),
-        ("scheduler.step_size=abc", "scheduler.step_size must be a positive whole number of epochs, got abc"),
+        (
+            "scheduler.step_size=abc",
+            "scheduler.step_size must be a positive whole number of epochs, got abc",
+        ),
         ("scheduler.gamma=0", "scheduler.gamma must be a positive number, got 0"),
         ("module.l2_regularization=-1", "module.l2_regularization must be >= 0, got -1.0"),
         ("module.gradient_threshold=0", "module.gradient_threshold must be positive"),
-        ("trainer.check_val_every_n_epoch=null", "trainer.check_val_every_n_epoch=null needs trainer.val_check_interval=N"),
+        (
+            "trainer.check_val_every_n_epoch=null",
+            "trainer.check_val_every_n_epoch=null needs trainer.val_check_interval=N",
+        ),
         ("trainer.precision=8", "trainer.precision must be one of"),
         ("trainer.max_epochs=0", "trainer.max_epochs must be positive, got 0"),
         ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
@@ -95,13 +108,25 @@ def test_validate_names_the_key_and_the_fix(compose_cfg, override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("module.gradient_threshold_method=l1", "module.gradient_threshold_method must be one of l2norm, global-l2norm, absolute-value"),
-        ("module.bn_statistics=running", "module.bn_statistics must be one of moving, population; got 'running'"),
+        (
+            "module.gradient_threshold_method=l1",
+            "module.gradient_threshold_method must be one of l2norm, global-l2norm, absolute-value",
+        ),
+        (
+            "module.bn_statistics=running",
+            "module.bn_statistics must be one of moving, population; got 'running'",
+        ),
         ("module.loss=mae", "module.loss must be one of half_mse, mse; got 'mae'"),
-        ("trainer.accelerator=tpu", "trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"),
+        (
+            "trainer.accelerator=tpu",
+            "trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'",
+        ),
         ("model.init=xavier", "model.init must be one of pytorch, matlab; got 'xavier'"),
         ("perf.loader=numpy", "perf.loader must be one of tensor, dataloader; got 'numpy'"),
-        ("logger.step_writer=thread", "logger.step_writer must be one of process, inline; got 'thread'"),
+        (
+            "logger.step_writer=thread",
+            "logger.step_writer must be one of process, inline; got 'thread'",
+        ),
     ],
 )
 def test_choices_are_enum_fields_checked_at_compose_time(compose_cfg, override, message):
@@ -114,14 +139,25 @@ def test_choices_are_enum_fields_checked_at_compose_time(compose_cfg, override, 
     with pytest.raises(ConfigCompositionException) as caught:
         compose_cfg(*override.split())
     assert "expected one of" in str(caught.value.__cause__)
-    assert bad_choice([override.split("=")[0] + "=" + message.split(" one of ")[1].split(",")[0]]) is None
+    assert (
+        bad_choice([override.split("=")[0] + "=" + message.split(" one of ")[1].split(",")[0]])
+        is None
+    )
 
 
 def test_a_sweep_list_is_checked_value_by_value_before_anything_runs():
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "trainer.accelerator=cpu,tpu"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", "trainer.accelerator=cpu,tpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"
+    assert (
+        proc.stderr.strip()
+        == "error: trainer.accelerator must be one of auto, cpu, gpu, cuda, mps; got 'tpu'"
+    )
 
 
 @pytest.mark.slow
@@ -129,12 +165,27 @@ def test_a_sweep_list_is_checked_value_by_value_before_anything_runs():
 def test_cli_start_up_imports_no_torch_lightning_or_mlflow(args):
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", str(ROOT / "train.py"), *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    imported = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if "|" in line
+    }
     assert "hydra" in imported  # the check sees imports at all
-    assert not imported & {"torch", "pytorch_lightning", "lightning", "mlflow", "torchmetrics", "scipy", "matplotlib"}
+    assert not imported & {
+        "torch",
+        "pytorch_lightning",
+        "lightning",
+        "mlflow",
+        "torchmetrics",
+        "scipy",
+        "matplotlib",
+    }
     if args == ["--cfg", "job"]:
         assert "batch_size: 64" in proc.stdout
 
@@ -156,7 +207,10 @@ def test_key_check_leaves_configs_from_elsewhere_to_hydra():
     assert unknown_key(["-cd", "/elsewhere", "site=cluster"], groups) is None
     assert unknown_key(["--config-name=other", "site=cluster"], groups) is None
     assert unknown_key(["hydra.searchpath=[file:///x]", "site=cluster"], groups) is None
-    assert unknown_key(["optimizer.betas=[0.9,0.99]", "+data.extra=1", "data.source.n_days=3"], groups) is None
+    assert (
+        unknown_key(["optimizer.betas=[0.9,0.99]", "+data.extra=1", "data.source.n_days=3"], groups)
+        is None
+    )
 
 
 def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(compose_cfg):
@@ -176,7 +230,15 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
 
     tracker = Tracker()
     built = build(compose_cfg("metrics.target_rmse=0.2", "perf=naive").callbacks, tracker=tracker)
-    assert list(built) == ["timer", "divergence", "best", "time_to_target", "profiler", "progress", "epoch_checkpoint"]
+    assert list(built) == [
+        "timer",
+        "divergence",
+        "best",
+        "time_to_target",
+        "profiler",
+        "progress",
+        "epoch_checkpoint",
+    ]
     assert isinstance(built["timer"], EpochTimer) and built["timer"].tracker is tracker
     assert isinstance(built["time_to_target"], TimeToTarget)
     assert built["time_to_target"].timer is built["timer"] and built["time_to_target"].target == 0.2
@@ -184,11 +246,18 @@ def test_the_callbacks_group_hands_each_callback_what_its_constructor_names(comp
     assert not built["progress"].enabled  # perf=naive: Lightning's bar instead
     assert built["epoch_checkpoint"].every_n_epochs == 1  # perf=naive checkpoints every epoch
 
-    nodes = OmegaConf.create({"timer": None, "progress": {"_target_": "seqlab.callbacks.progress.ProgressLine", "_partial_": True}})
+    nodes = OmegaConf.create(
+        {
+            "timer": None,
+            "progress": {"_target_": "seqlab.callbacks.progress.ProgressLine", "_partial_": True},
+        }
+    )
     with pytest.raises(SeqlabError) as caught:
         build(nodes, tracker=tracker)
-    assert str(caught.value) == ("callbacks.progress needs 'timer', which no callback above it is named and the run "
-                                 "does not provide: keep callbacks.timer, or switch off callbacks.progress")
+    assert str(caught.value) == (
+        "callbacks.progress needs 'timer', which no callback above it is named and the run "
+        "does not provide: keep callbacks.timer, or switch off callbacks.progress"
+    )
 
 
 def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_path, monkeypatch):
@@ -211,13 +280,19 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
     folders = []
     for batch in (32, 64):
         with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-            cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}", f"data.batch_size={batch}"],
-                          return_hydra_config=True)
+            cfg = compose(
+                "train",
+                overrides=[f"paths.root_dir={tmp_path}", f"data.batch_size={batch}"],
+                return_hydra_config=True,
+            )
         assert cfg.hydra.run.dir == cfg.hydra.run.dir  # one value per composed config
         folders += [cfg.hydra.run.dir, cfg.hydra.sweep.dir]
     run_a, sweep_a, run_b, sweep_b = folders
     assert run_a != run_b and sweep_a != sweep_b
-    assert run_a.startswith(f"{tmp_path}/logs/runs/2026-12-01_10-00-00-") and len(run_a.rsplit("-", 1)[1]) == 6
+    assert (
+        run_a.startswith(f"{tmp_path}/logs/runs/2026-12-01_10-00-00-")
+        and len(run_a.rsplit("-", 1)[1]) == 6
+    )
 
 
 def schema_defaults(kind) -> dict:
@@ -227,14 +302,20 @@ def schema_defaults(kind) -> dict:
 
     from omegaconf import MISSING
 
-    return {f.name: f.default.value if isinstance(f.default, enum.Enum) else f.default
-            for f in dataclasses.fields(kind) if f.default is not dataclasses.MISSING and f.default is not MISSING}
+    return {
+        f.name: f.default.value if isinstance(f.default, enum.Enum) else f.default
+        for f in dataclasses.fields(kind)
+        if f.default is not dataclasses.MISSING and f.default is not MISSING
+    }
 
 
 def repeats(where: str, body: dict, defaults: dict) -> list[str]:
     """The keys of a YAML body that set their schema default again, as `where: key: value`."""
-    return [f"{where}: {key}: {value!r}" for key, value in body.items()
-            if key not in ("_target_", "_partial_") and key in defaults and value == defaults[key]]
+    return [
+        f"{where}: {key}: {value!r}"
+        for key, value in body.items()
+        if key not in ("_target_", "_partial_") and key in defaults and value == defaults[key]
+    ]
 
 
 def test_each_key_has_its_default_in_one_place(tmp_path):
@@ -268,13 +349,21 @@ def test_each_key_has_its_default_in_one_place(tmp_path):
         presets = [o for o in sorted(folder.glob("*.yaml")) if "@package _global_" in o.read_text()]
         for preset in presets:
             for group, body in (yaml.safe_load(preset.read_text()) or {}).items():
-                repeated += repeats(f"conf/{field.name}/{preset.name}: {group}", body, schema_defaults(group_schema(group)))
+                repeated += repeats(
+                    f"conf/{field.name}/{preset.name}: {group}",
+                    body,
+                    schema_defaults(group_schema(group)),
+                )
         options = [o for o in sorted(folder.glob("*.yaml")) if o not in presets]
         bodies = {option: yaml.safe_load(option.read_text()) or {} for option in options}
-        set_by_some = set().union(*bodies.values())  # an option may take another's (a defaults list)
+        set_by_some = set().union(
+            *bodies.values()
+        )  # an option may take another's (a defaults list)
         for option, body in bodies.items():
             repeated += repeats(f"conf/{field.name}/{option.name}", body, defaults)
-            cfg = compose_in(tmp_path, f"{field.name}={option.stem}")  # compose_cfg sets logger.log_onnx
+            cfg = compose_in(
+                tmp_path, f"{field.name}={option.stem}"
+            )  # compose_cfg sets logger.log_onnx
             for key, default in defaults.items():
                 if key not in set_by_some and not key.startswith("_"):
                     assert cfg[field.name][key] == default, (option, key)

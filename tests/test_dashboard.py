@@ -23,19 +23,44 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def test_the_storage_is_make_s_then_the_search_s_then_this_project_s(tmp_path):
-    assert storage_url({STORAGE_VARIABLE: "sqlite:///a.db", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path) == "sqlite:///a.db"
-    assert storage_url({STORAGE_VARIABLE: "", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path) == "sqlite:///b.db"
+    assert (
+        storage_url(
+            {STORAGE_VARIABLE: "sqlite:///a.db", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path
+        )
+        == "sqlite:///a.db"
+    )
+    assert (
+        storage_url({STORAGE_VARIABLE: "", "OPTUNA_STORAGE": "sqlite:///b.db"}, tmp_path)
+        == "sqlite:///b.db"
+    )
     assert storage_url({}, tmp_path) == f"sqlite:///{tmp_path}/mlruns/optuna.db"
-    missing = run_script("seqlab.sweeps.dashboard", ["--root", str(tmp_path)], env={STORAGE_VARIABLE: ""})
-    assert missing.returncode == 1 and missing.stderr.startswith(f"error: no study storage at sqlite:///{tmp_path}/mlruns/optuna.db")
+    missing = run_script(
+        "seqlab.sweeps.dashboard", ["--root", str(tmp_path)], env={STORAGE_VARIABLE: ""}
+    )
+    assert missing.returncode == 1 and missing.stderr.startswith(
+        f"error: no study storage at sqlite:///{tmp_path}/mlruns/optuna.db"
+    )
 
 
 def _page_text(url: str, wait_for: str, timeout: float = 60.0) -> str:
     """The page's text once it shows `wait_for`, in a fresh headless Chromium: scripts/ui_screenshot.py
     --text, a process of its own (Chromium's pipe takes file descriptors 3 and 4, which a test
     worker's own channel may hold)."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ui_screenshot.py"), url, "-", "--text", wait_for,
-                           "--wait", str(timeout)], capture_output=True, text=True, timeout=timeout + 60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "ui_screenshot.py"),
+            url,
+            "-",
+            "--text",
+            wait_for,
+            "--wait",
+            str(timeout),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -45,8 +70,13 @@ def _dashboard(url: str):
     hands it, in the environment; (its process, its address, the studies its API lists)."""
     port = free_port()
     env = {**os.environ, STORAGE_VARIABLE: url}
-    proc = subprocess.Popen([sys.executable, "-m", "seqlab.sweeps.dashboard", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqlab.sweeps.dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     for _ in range(120):
         try:
@@ -70,7 +100,9 @@ def _three_trials(url: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)"
+)
 def test_make_dashboard_shows_the_study_and_its_trials_values_in_a_browser(tmp_path):
     url = f"sqlite:///{tmp_path}/mlruns/optuna.db"
     (tmp_path / "mlruns").mkdir(exist_ok=True)
@@ -106,4 +138,3 @@ def test_a_postgresql_study_that_wants_a_password_never_shows_it(postgres):
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert POSTGRES_PASSWORD not in out and "over postgresql+psycopg://seqlab:***@127.0.0.1:" in out
-

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from seqlab import SeqlabError
-from seqlab.data import SeqDataModule, TensorBatches, load_csv, load_npz, pad_sequences, synthetic_daily_load
+from seqlab.data import (
+    SeqDataModule,
+    TensorBatches,
+    load_csv,
+    load_npz,
+    pad_sequences,
+    synthetic_daily_load,
+)
 
 
 def _xy(data):
@@ -118,15 +125,24 @@ def test_datamodule_split_is_seeded_and_disjoint():
     train_rows = {tuple(r[0, :3].tolist()) for r in a.train.x}
     assert not any(tuple(r[0, :3].tolist()) in train_rows for r in a.val.x)
     assert (a.n_steps, a.n_features, a.n_outputs) == (1, 1440, 1)
-    expected = float(np.sqrt(((a.val.y.astype(np.float64) - a.train.y.astype(np.float64).mean()) ** 2).mean()))
+    expected = float(
+        np.sqrt(((a.val.y.astype(np.float64) - a.train.y.astype(np.float64).mean()) ** 2).mean())
+    )
     assert a.baseline_val_rmse() == pytest.approx(expected)
 
 
 def test_a_validation_set_that_comes_with_the_data_is_used_as_it_is(tmp_path):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "d.npz", X=rng.normal(size=(30, 2, 4)), y=np.arange(30.0),
-             X_val=rng.normal(size=(7, 2, 4)), y_val=np.arange(7.0))
-    dm = SeqDataModule(lambda n_samples, seed: load_npz(str(tmp_path / "d.npz"), n_samples, seed), batch_size=8)
+    np.savez(
+        tmp_path / "d.npz",
+        X=rng.normal(size=(30, 2, 4)),
+        y=np.arange(30.0),
+        X_val=rng.normal(size=(7, 2, 4)),
+        y_val=np.arange(7.0),
+    )
+    dm = SeqDataModule(
+        lambda n_samples, seed: load_npz(str(tmp_path / "d.npz"), n_samples, seed), batch_size=8
+    )
     dm.setup()
     assert (len(dm.train), len(dm.val)) == (30, 7)
     np.testing.assert_array_equal(dm.val.y[:, 0], np.arange(7.0))
@@ -137,16 +153,28 @@ def test_ragged_sequences_carry_their_lengths_through_the_batches():
     assert x.shape == (3, 3, 2)
     np.testing.assert_array_equal(lengths, [3, 1, 2])
     np.testing.assert_array_equal(x[1], [[2, 2], [0, 0], [0, 0]])  # padded right with zeros
-    batches = TensorBatches(torch.from_numpy(x), torch.arange(3.0)[:, None], 2, True, False, 0,
-                            torch.from_numpy(lengths))
+    batches = TensorBatches(
+        torch.from_numpy(x),
+        torch.arange(3.0)[:, None],
+        2,
+        True,
+        False,
+        0,
+        torch.from_numpy(lengths),
+    )
     for xb, yb, lb in batches:
         for xi, yi, li in zip(xb, yb, lb):
             assert int(li) == [3, 1, 2][int(yi)]
-            assert torch.all(xi[int(li):] == 0) and torch.all(xi[: int(li)] == int(yi) + 1)
+            assert torch.all(xi[int(li) :] == 0) and torch.all(xi[: int(li)] == int(yi) + 1)
 
 
 def test_too_few_samples_for_one_batch_is_a_clear_error():
-    for drop_last in (True, False):  # a batch of 64 asked for, 8 samples to train on: not what was meant
+    for drop_last in (
+        True,
+        False,
+    ):  # a batch of 64 asked for, 8 samples to train on: not what was meant
         dm = _module(n_samples=10, batch_size=64, drop_last=drop_last)
-        with pytest.raises(SeqlabError, match="8 training samples are fewer than one batch of data.batch_size=64"):
+        with pytest.raises(
+            SeqlabError, match="8 training samples are fewer than one batch of data.batch_size=64"
+        ):
             dm.setup()

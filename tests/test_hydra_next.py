@@ -42,17 +42,32 @@ for w in caught:
 def _next_env(tmp_path) -> dict[str, str]:
     if not (NEXT / "hydra" / "__init__.py").is_file():
         pytest.skip(f"Hydra 1.4's prerelease is not in {NEXT}: `make install` could not fetch it")
-    return cli_env({"PYTHONPATH": os.pathsep.join([str(NEXT), str(ROOT / "src")]), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    return cli_env(
+        {
+            "PYTHONPATH": os.pathsep.join([str(NEXT), str(ROOT / "src")]),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        }
+    )
 
 
 @pytest.mark.slow
 def test_every_option_composes_on_hydra_1_4_without_a_warning(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", COMPOSE_EVERY_OPTION], cwd=ROOT, env=_next_env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPOSE_EVERY_OPTION],
+        cwd=ROOT,
+        env=_next_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    versions = next(line for line in proc.stdout.splitlines() if line.startswith("versions")).split()
+    versions = next(
+        line for line in proc.stdout.splitlines() if line.startswith("versions")
+    ).split()
     assert versions[1].startswith("1.4") and versions[2].startswith("2.4") and int(versions[3]) > 20
-    assert not [line for line in proc.stdout.splitlines() if line.startswith("warned:")], proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("warned:")], (
+        proc.stdout
+    )
     assert not any(word in proc.stderr for word in WARNED), proc.stderr[-3000:]
 
 
@@ -60,13 +75,32 @@ def test_every_option_composes_on_hydra_1_4_without_a_warning(tmp_path):
 def test_a_sweep_trains_on_hydra_1_4_without_a_warning(tmp_path):
     import mlflow
 
-    proc = subprocess.run([sys.executable, "train.py", "-m", "seed=0,1", *TINY, "logger.system_metrics=false",
-                           f"paths.root_dir={tmp_path}"], cwd=ROOT, env=_next_env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "seed=0,1",
+            *TINY,
+            "logger.system_metrics=false",
+            f"paths.root_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=_next_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "2 jobs, 0 failed" in out
     assert not any(word in out for word in WARNED), out[-3000:]
     runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db").search_runs(
-        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db").search_experiments()])
+        [
+            e.experiment_id
+            for e in mlflow.MlflowClient(
+                f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+            ).search_experiments()
+        ]
+    )
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3  # the parent and its two jobs

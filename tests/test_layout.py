@@ -97,7 +97,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_seqlab_has_no_import_circle():
     graph = import_graph(SRC)
     assert len(graph) > 50  # the walk found the packages' modules
-    assert "seqlab.resume.points" in graph["seqlab.store.ghosts"]  # an import inside a function counts
+    assert (
+        "seqlab.resume.points" in graph["seqlab.store.ghosts"]
+    )  # an import inside a function counts
     assert circles(graph) == []
 
 
@@ -110,7 +112,12 @@ def test_no_two_packages_import_each_other():
         room = ".".join(module.split(".")[:2])
         rooms.setdefault(room, set()).update(".".join(t.split(".")[:2]) for t in targets)
     rooms = {room: targets - {room, "seqlab"} for room, targets in rooms.items()}
-    assert rooms["seqlab.train"] >= {"seqlab.training", "seqlab.resume", "seqlab.sweeps", "seqlab.tracking"}
+    assert rooms["seqlab.train"] >= {
+        "seqlab.training",
+        "seqlab.resume",
+        "seqlab.sweeps",
+        "seqlab.tracking",
+    }
     assert circles(rooms) == []
 
 
@@ -124,20 +131,30 @@ def test_a_circle_hidden_in_a_function_body_is_found(tmp_path):
     (pkg / "sweeps" / "__init__.py").write_text("from seqlab.sweeps.job import Job\n")
     (pkg / "sweeps" / "job.py").write_text("class Job:\n    pass\n")
     (pkg / "search.py").write_text("from seqlab import report\n\nVERDICT = 'v'\n")
-    (pkg / "report.py").write_text("def report():\n    from seqlab.search import VERDICT\n    return VERDICT\n")
+    (pkg / "report.py").write_text(
+        "def report():\n    from seqlab.search import VERDICT\n    return VERDICT\n"
+    )
     (pkg / "train.py").write_text("from seqlab.sweeps import Job\n")
     graph = import_graph(tmp_path)
-    assert graph["seqlab.train"] == {"seqlab.sweeps"} and graph["seqlab.sweeps"] == {"seqlab.sweeps.job"}
+    assert graph["seqlab.train"] == {"seqlab.sweeps"} and graph["seqlab.sweeps"] == {
+        "seqlab.sweeps.job"
+    }
     assert circles(graph) == [["seqlab.report", "seqlab.search"]]
     (pkg / "sweeps" / "job.py").write_text("def later():\n    from seqlab import train\n")
     assert sorted(circles(graph := import_graph(tmp_path))) == [
-        ["seqlab.report", "seqlab.search"], ["seqlab.sweeps", "seqlab.sweeps.job", "seqlab.train"]]
+        ["seqlab.report", "seqlab.search"],
+        ["seqlab.sweeps", "seqlab.sweeps.job", "seqlab.train"],
+    ]
 
 
 def test_the_top_level_holds_few_modules_and_no_module_is_long():
     top = sorted(p.name for p in (SRC / "seqlab").glob("*.py") if p.name != "__init__.py")
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
-    long = {str(p.relative_to(SRC)): n for p in modules(SRC).values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in modules(SRC).values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -145,12 +162,16 @@ def test_the_light_modules_stay_light():
     """What every multirun (the sweep callback, the packing sweeper and its plan), every job (its sweep and trial), the store's reaper
     and the step writer's helper process (one per run) import pulls in neither torch, Lightning,
     MLflow nor Optuna: a new Python, as Hydra and a run start one."""
-    code = ("import sys\n"
-            "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
-            "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.task, "
-            "seqlab.sweeps.packs, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
-            "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    code = (
+        "import sys\n"
+        "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
+        "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.task, "
+        "seqlab.sweeps.packs, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
+        "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
@@ -162,14 +183,19 @@ def test_every_target_in_conf_names_a_current_path():
 
     targets = set()
     for path in (ROOT / "conf").rglob("*.yaml"):
+
         def walk(node):
             if isinstance(node, dict):
                 targets.update(v for k, v in node.items() if k == "_target_" and isinstance(v, str))
                 for v in node.values():
                     walk(v)
+
         walk(yaml.safe_load(path.read_text()))
     ours = sorted(t for t in targets if t.startswith("seqlab."))
-    assert "seqlab.training.module.SeqRegressor" in ours and "seqlab.sweeps.callback.MlflowSweepCallback" in ours
+    assert (
+        "seqlab.training.module.SeqRegressor" in ours
+        and "seqlab.sweeps.callback.MlflowSweepCallback" in ours
+    )
     for target in ours:
         get_object(target)
 
@@ -179,26 +205,44 @@ def test_sweep_json_is_written_and_read_as_one_dataclass(tmp_path):
     read, instead of reading as None; a resumed sweep's plan comes back as PlannedJobs."""
     from seqlab.sweeps.job import Job, PlannedJob, SweepInfo
 
-    plan = {"data.batch_size=32 seed=0": PlannedJob("a" * 32, "cpu-bs32", "KILLED", True, batch_size=32, val_rmse=0.1)}
-    SweepInfo("s-1", "b" * 32, "http://127.0.0.1:5001", "sqlite:///m.db", "1", ["seed"], plan).write(tmp_path)
+    plan = {
+        "data.batch_size=32 seed=0": PlannedJob(
+            "a" * 32, "cpu-bs32", "KILLED", True, batch_size=32, val_rmse=0.1
+        )
+    }
+    SweepInfo(
+        "s-1", "b" * 32, "http://127.0.0.1:5001", "sqlite:///m.db", "1", ["seed"], plan
+    ).write(tmp_path)
     info = Job(tmp_path / "0", ["seed=0"], sweep_dir=tmp_path, num=0).sweep_info()
     assert info.resume_plan == plan and info.swept_keys == ["seed"]
-    assert info.routed("sqlite:///m.db") == "http://127.0.0.1:5001" and info.routed("sqlite:///other.db") == "sqlite:///other.db"
-    assert Job(tmp_path / "single").sweep_info() == SweepInfo()  # no sweep: nothing known, every override names the run
+    assert (
+        info.routed("sqlite:///m.db") == "http://127.0.0.1:5001"
+        and info.routed("sqlite:///other.db") == "sqlite:///other.db"
+    )
+    assert (
+        Job(tmp_path / "single").sweep_info() == SweepInfo()
+    )  # no sweep: nothing known, every override names the run
     assert SweepInfo().swept_keys is None
 
     stored = __import__("json").loads((tmp_path / "sweep.json").read_text())
-    (tmp_path / "sweep.json").write_text(__import__("json").dumps({**stored, "parent_run": stored.pop("parent_run_id")}))
+    (tmp_path / "sweep.json").write_text(
+        __import__("json").dumps({**stored, "parent_run": stored.pop("parent_run_id")})
+    )
     with pytest.raises(TypeError, match="parent_run"):
         SweepInfo.read(tmp_path)
 
 
-@pytest.mark.parametrize("quarantine, library, name", [
-    ("seqlab.training.lightning_private", "pytorch_lightning", "pytorch-lightning"),
-    ("seqlab.sweeps.optuna_private", "optuna", "optuna"),
-    ("seqlab.tracking.mlflow_private", "mlflow", "mlflow"),
-])
-def test_a_library_release_the_internals_were_not_tested_with_is_one_line(monkeypatch, quarantine, library, name):
+@pytest.mark.parametrize(
+    "quarantine, library, name",
+    [
+        ("seqlab.training.lightning_private", "pytorch_lightning", "pytorch-lightning"),
+        ("seqlab.sweeps.optuna_private", "optuna", "optuna"),
+        ("seqlab.tracking.mlflow_private", "mlflow", "mlflow"),
+    ],
+)
+def test_a_library_release_the_internals_were_not_tested_with_is_one_line(
+    monkeypatch, quarantine, library, name
+):
     import importlib
 
     from seqlab import SeqlabError
@@ -207,8 +251,11 @@ def test_a_library_release_the_internals_were_not_tested_with_is_one_line(monkey
     check.cache_clear()
     monkeypatch.setattr(importlib.import_module(library), "__version__", "99.0.0")
     try:
-        with pytest.raises(SeqlabError, match=rf"^{name} 99.0.0 is installed, but seqlab uses \w+ internals tested only with "
-                                              r".*x: install that version \(make install does: requirements.lock\)$"):
+        with pytest.raises(
+            SeqlabError,
+            match=rf"^{name} 99.0.0 is installed, but seqlab uses \w+ internals tested only with "
+            r".*x: install that version \(make install does: requirements.lock\)$",
+        ):
             check()
     finally:
         check.cache_clear()
@@ -230,6 +277,8 @@ def test_imports_sit_at_the_top_but_for_a_few_each_with_its_reason():
                     if isinstance(imp, (ast.Import, ast.ImportFrom)):
                         name = imp.module if isinstance(imp, ast.ImportFrom) else imp.names[0].name
                         if name and name.split(".")[0] in ("seqlab", "hydra_plugins"):
-                            inside.append((f"{path.relative_to(SRC)}:{imp.lineno}", lines[imp.lineno - 1]))
+                            inside.append(
+                                (f"{path.relative_to(SRC)}:{imp.lineno}", lines[imp.lineno - 1])
+                            )
     assert len(inside) <= 15, [where for where, _ in inside]
     assert [where for where, line in inside if "  # " not in line] == []

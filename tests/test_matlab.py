@@ -36,8 +36,13 @@ def test_preset_sets_the_scripts_training_options_and_matlabs_implicit_defaults(
     assert (cfg.scheduler.step_size, cfg.scheduler.gamma) == (96, 0.25)
     assert cfg.model.init == "matlab"
     m = cfg.module
-    assert (m.loss, m.l2_regularization, m.gradient_threshold, m.gradient_threshold_method, m.bn_statistics) == (
-        "half_mse", 1e-4, 1.0, "l2norm", "population")
+    assert (
+        m.loss,
+        m.l2_regularization,
+        m.gradient_threshold,
+        m.gradient_threshold_method,
+        m.bn_statistics,
+    ) == ("half_mse", 1e-4, 1.0, "l2norm", "population")
     assert cfg.trainer.check_val_every_n_epoch is None and cfg.trainer.val_check_interval == 50
 
 
@@ -105,11 +110,20 @@ def test_l2_reaches_weights_and_batchnorm_scale_offset_but_not_biases():
     for p in m.parameters():
         p.grad.zero_()
     GradientTreatment(m, l2_regularization=0.1)()
-    with_l2 = {"conv.weight", "bn.weight", "bn.bias", "lstm.weight_ih_l0", "lstm.weight_hh_l0", "fc.weight"}
+    with_l2 = {
+        "conv.weight",
+        "bn.weight",
+        "bn.bias",
+        "lstm.weight_ih_l0",
+        "lstm.weight_hh_l0",
+        "fc.weight",
+    }
     for name, p in m.named_parameters():
         expected = 0.1 * p.detach() if name in with_l2 else torch.zeros_like(p)
         torch.testing.assert_close(p.grad, expected, msg=name)
-    assert {id(p) for p in l2_parameters(m)} == {id(p) for n, p in m.named_parameters() if n in with_l2}
+    assert {id(p) for p in l2_parameters(m)} == {
+        id(p) for n, p in m.named_parameters() if n in with_l2
+    }
 
 
 def test_per_tensor_clipping_changes_only_tensors_over_the_threshold():
@@ -165,11 +179,21 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
     model = CNNLSTM(n_features=1440, init="matlab", dropout=0.0)
     reference = copy.deepcopy(model)
     data = synthetic_daily_load(64, seed=0)
-    x, y = torch.from_numpy(data.x), 50 * torch.from_numpy(data.y)  # large errors: thresholds engage
+    x, y = (
+        torch.from_numpy(data.x),
+        50 * torch.from_numpy(data.y),
+    )  # large errors: thresholds engage
 
     module = instantiate(cfg.module)(model=model, optimizer=instantiate(cfg.optimizer))
-    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = pl.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(module, train_dataloaders=TensorBatches(x, y, 64, False, False, 0))
 
     params = [p for p in reference.parameters() if p.requires_grad]
@@ -259,7 +283,9 @@ def test_cell_layouts_in_both_versions_load_to_the_same_tensors(tmp_path, writer
 def test_numeric_matrices_load_as_one_step(tmp_path, writer, transpose):
     path = tmp_path / "data.mat"
     days = DAYS[:, 0, :]
-    writer(path, {"XrTrain": days.T if transpose else days, "YrTrain": Y.T})  # a row vector of responses too
+    writer(
+        path, {"XrTrain": days.T if transpose else days, "YrTrain": Y.T}
+    )  # a row vector of responses too
     data = load_mat(str(path), None, 0)
     assert data.x.shape == (N, 1, C)
     np.testing.assert_allclose(data.x[:, 0], days.astype(np.float32))
@@ -271,7 +297,15 @@ def test_ragged_cells_are_padded_right_and_validation_is_read(tmp_path, writer, 
     path = tmp_path / "data.mat"
     lengths = [3, 1, 2, 3, 2, 1]
     cells = MatCell([DAYS[i, : lengths[i]].T.reshape(C, 1, 1, lengths[i]) for i in range(N)])
-    writer(path, {"XrTrain": cells, "YrTrain": Y, "XrVal": MatCell([DAYS[i].T for i in range(2)]), "YrVal": Y[:2]})
+    writer(
+        path,
+        {
+            "XrTrain": cells,
+            "YrTrain": Y,
+            "XrVal": MatCell([DAYS[i].T for i in range(2)]),
+            "YrVal": Y[:2],
+        },
+    )
     with caplog.at_level("INFO", logger="seqlab"):
         data = load_mat(str(path), None, 0)
     np.testing.assert_array_equal(data.lengths, lengths)
@@ -279,18 +313,31 @@ def test_ragged_cells_are_padded_right_and_validation_is_read(tmp_path, writer, 
         np.testing.assert_allclose(data.x[i, :n], DAYS[i, :n].astype(np.float32))
         assert np.all(data.x[i, n:] == 0)
     assert data.val.x.shape == (2, 3, C) and data.val.lengths is None
-    assert "XrTrain = 6x1 cell array of 1440x1x1x3 ... arrays -> N=6, 1440 feature(s), steps 1..3 (padded right)" in caplog.text
+    assert (
+        "XrTrain = 6x1 cell array of 1440x1x1x3 ... arrays -> N=6, 1440 feature(s), steps 1..3 (padded right)"
+        in caplog.text
+    )
 
 
 @pytest.mark.parametrize(
     "variables, message",
     [
-        ({"X": np.ones((3, 4)), "YrTrain": Y}, r"no variable XrTrain \(found: X \(3x4\), YrTrain \(6x1\)\); set data.x_key"),
-        ({"XrTrain": MatCell([np.ones((C, 1))] * 6, shape=(3, 2)), "YrTrain": Y},
-         r"XrTrain is a 3x2 cell array; expected an N-by-1 cell array of C-by-S or 1440x1x1xS arrays"),
-        ({"XrTrain": np.ones((5, 7)), "YrTrain": Y}, r"XrTrain is a 5x7 array; expected .* with N=6 as in the responses"),
-        ({"XrTrain": np.ones((6, 7)), "YrTrain": MatCell([np.ones((1, 1))] * 6)},
-         r"YrTrain is a 6x1 cell array; expected a numeric N-by-1 vector or N-by-R matrix"),
+        (
+            {"X": np.ones((3, 4)), "YrTrain": Y},
+            r"no variable XrTrain \(found: X \(3x4\), YrTrain \(6x1\)\); set data.x_key",
+        ),
+        (
+            {"XrTrain": MatCell([np.ones((C, 1))] * 6, shape=(3, 2)), "YrTrain": Y},
+            r"XrTrain is a 3x2 cell array; expected an N-by-1 cell array of C-by-S or 1440x1x1xS arrays",
+        ),
+        (
+            {"XrTrain": np.ones((5, 7)), "YrTrain": Y},
+            r"XrTrain is a 5x7 array; expected .* with N=6 as in the responses",
+        ),
+        (
+            {"XrTrain": np.ones((6, 7)), "YrTrain": MatCell([np.ones((1, 1))] * 6)},
+            r"YrTrain is a 6x1 cell array; expected a numeric N-by-1 vector or N-by-R matrix",
+        ),
     ],
     ids=["missing", "cell-shape", "matrix-shape", "cell-responses"],
 )
@@ -319,15 +366,26 @@ def test_mat2npz_converts_to_the_same_tensors(tmp_path):
     np.testing.assert_array_equal(a.lengths, b.lengths)
     np.testing.assert_array_equal(a.val.x, b.val.x)
     bad = run_script(ROOT / "scripts" / "mat2npz.py", [str(mat), str(npz), "--x-key", "Nope"])
-    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "no variable Nope" in bad.stderr
+    assert (
+        bad.returncode == 1
+        and bad.stderr.startswith("error: ")
+        and "no variable Nope" in bad.stderr
+    )
 
 
 # -- end to end ----------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(compose_cfg, store, tmp_path):
-    cfg = compose_cfg("experiment=matlab_seed", "data.n_samples=2000", "data.val_fraction=0.2", "trainer.max_epochs=4")
+def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(
+    compose_cfg, store, tmp_path
+):
+    cfg = compose_cfg(
+        "experiment=matlab_seed",
+        "data.n_samples=2000",
+        "data.val_fraction=0.2",
+        "trainer.max_epochs=4",
+    )
     result = train(cfg)
     (run,) = runs_of(store, "seqlab")
     history = lambda name: store.get_metric_history(run.info.run_id, name)  # noqa: E731
@@ -339,7 +397,8 @@ def test_preset_records_matlabs_per_iteration_info_with_validation_every_50(comp
     assert [m.step for m in history("val_loss")] == [50, 100]
     # FinalValidation: the network as saved (after the BatchNorm population pass), scored here anew
     assert run.data.metrics["final_val_rmse"] == pytest.approx(
-        val_rmse_of_checkpoint(cfg, tmp_path / "out" / "checkpoints" / "last.ckpt"), rel=1e-4)
+        val_rmse_of_checkpoint(cfg, tmp_path / "out" / "checkpoints" / "last.ckpt"), rel=1e-4
+    )
     assert result.val_rmse == run.data.metrics["final_val_rmse"]
 
 
@@ -348,12 +407,19 @@ def test_matlab_seed_on_a_mat_file_through_the_cli(run_cli, store, tmp_path):
     path = tmp_path / "seed.mat"
     data = synthetic_daily_load(300, seed=1)
     write_v73(path, {"XrTrain": MatCell([day.T for day in data.x]), "YrTrain": data.y})
-    proc = run_cli("experiment=matlab_seed", "trainer.max_epochs=2", "data=mat", f"data.path={path}")
+    proc = run_cli(
+        "experiment=matlab_seed", "trainer.max_epochs=2", "data=mat", f"data.path={path}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "XrTrain = 300x1 cell array of 1440x1 arrays -> N=300, 1440 feature(s), steps 1" in proc.stdout
+    assert (
+        "XrTrain = 300x1 cell array of 1440x1 arrays -> N=300, 1440 feature(s), steps 1"
+        in proc.stdout
+    )
     assert "batchnorm population statistics" in proc.stdout
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FINISHED"
     # 300 samples, 4 full batches of 64 an epoch, 2 epochs
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 9))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(
+        range(1, 9)
+    )
     assert run.data.params["module.l2_regularization"] == "0.0001"

@@ -20,7 +20,11 @@ def test_output_is_one_value_per_sample(steps, features):
 
 def test_layers_match_the_matlab_network():
     model = CNNLSTM(n_features=1440)
-    assert (model.conv.in_channels, model.conv.out_channels, model.conv.kernel_size) == (1440, 2, (5,))
+    assert (model.conv.in_channels, model.conv.out_channels, model.conv.kernel_size) == (
+        1440,
+        2,
+        (5,),
+    )
     assert model.bn.num_features == 2 and model.bn.eps == 1e-5
     assert (model.lstm.input_size, model.lstm.hidden_size) == (2, 24)
     assert model.drop.p == 0.1
@@ -42,7 +46,9 @@ def test_pytorch_init_is_pytorchs_default():
     assert torch.count_nonzero(model.lstm.bias_hh_l0) > 0
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this PyTorch build has no oneDNN"
+)
 def test_the_lstm_over_many_steps_runs_in_onednns_kernel_on_a_cpu():
     """The 1440-step shape is bound by the LSTM: its steps must run inside oneDNN's fused LSTM
     (one call for the whole sequence, forward and backward), not step by step in PyTorch."""

@@ -44,8 +44,12 @@ def test_best_keeps_the_lowest_validation_and_patience_counts_ties_as_no_better(
     assert stopped == 6 and callback.stopped == {"step": 70, "epoch": 7}
     tags = callback.restore(module.model, trainer.global_step).tags()
     assert module.model.weight.item() == 3.0  # the weights of validation 3
-    assert tags == {"output_network": "best", "output_network_step": "40", "output_network_epoch": "4",
-                    "stopped_early": "step 70 (epoch 7)"}
+    assert tags == {
+        "output_network": "best",
+        "output_network_step": "40",
+        "output_network_epoch": "4",
+        "stopped_early": "step 70 (epoch 7)",
+    }
 
 
 def test_last_keeps_the_last_weights_and_no_patience_never_stops():
@@ -53,7 +57,10 @@ def test_last_keeps_the_last_weights_and_no_patience_never_stops():
     callback, trainer = OutputNetwork(keep="last"), _Trainer()
     assert _validate(callback, trainer, module, [0.5, 0.6, 0.7, 0.8, 0.9]) is None
     kept = callback.restore(module.model, 50)
-    assert kept.tags() == {"output_network": "last", "output_network_step": "50"} and kept.name == "last"
+    assert (
+        kept.tags() == {"output_network": "last", "output_network_step": "50"}
+        and kept.name == "last"
+    )
     assert module.model.weight.item() == 4.0
     assert callback.value == pytest.approx(0.5)  # best_val_rmse is still tracked
 
@@ -74,11 +81,19 @@ def test_a_resumed_run_keeps_the_best_weights_and_the_count():
 
 
 @pytest.mark.slow
-def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best(compose_cfg, store, caplog):
+def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best(
+    compose_cfg, store, caplog
+):
     caplog.set_level("INFO", logger="seqlab")
     patience = 2
-    cfg = compose_cfg("data.n_samples=256", "trainer.max_epochs=12", "scheduler=none", "optimizer.lr=0.03",
-                      "module.output_network=best", f"module.validation_patience={patience}")
+    cfg = compose_cfg(
+        "data.n_samples=256",
+        "trainer.max_epochs=12",
+        "scheduler=none",
+        "optimizer.lr=0.03",
+        "module.output_network=best",
+        f"module.validation_patience={patience}",
+    )
     result = train(cfg)
     (run,) = runs_of(store, "seqlab")
     history = [m.value for m in store.get_metric_history(run.info.run_id, "val_rmse")]
@@ -100,14 +115,19 @@ def test_a_real_run_stops_where_its_validation_history_says_and_reports_the_best
     assert result.val_rmse == pytest.approx(min(history), rel=1e-4)
     assert result.output_network == f"best (step {tags['output_network_step']})"
     assert f"(the best network (step {tags['output_network_step']}), as saved)" in caplog.text
-    assert f"(epoch {expected}): val_rmse has not improved on {min(history):.4g} for {patience} validation(s)" in caplog.text
+    assert (
+        f"(epoch {expected}): val_rmse has not improved on {min(history):.4g} for {patience} validation(s)"
+        in caplog.text
+    )
 
 
 def test_best_without_validation_data_is_one_line_before_training(compose_cfg, store):
     from seqlab import SeqlabError
 
     cfg = compose_cfg("data.n_samples=128", "data.val_fraction=0", "module.output_network=best")
-    with pytest.raises(SeqlabError, match=r"^module.output_network=best needs validation data.*val_fraction"):
+    with pytest.raises(
+        SeqlabError, match=r"^module.output_network=best needs validation data.*val_fraction"
+    ):
         train(cfg)
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED"
@@ -123,10 +143,14 @@ def test_matlab_seed_maps_trainnetwork_defaults_and_bad_values_are_one_line(comp
     m = compose_cfg("experiment=matlab_seed").module
     assert (m.output_network, m.validation_patience) == ("last", None)  # 'last-iteration', Inf
     # A choice: an Enum field, refused while composing; the CLI says so in one line first.
-    assert bad_choice(["module.output_network=best-validation"]) == \
-        "module.output_network must be one of last, best; got 'best-validation'"
+    assert (
+        bad_choice(["module.output_network=best-validation"])
+        == "module.output_network must be one of last, best; got 'best-validation'"
+    )
     with pytest.raises(ConfigCompositionException) as caught:
         compose_cfg("module.output_network=best-validation")
     assert "expected one of [last, best]" in str(caught.value.__cause__)
-    with pytest.raises(ConfigError, match=r"^module.validation_patience must be a positive integer"):
+    with pytest.raises(
+        ConfigError, match=r"^module.validation_patience must be a positive integer"
+    ):
         validate(compose_cfg("module.validation_patience=0"))

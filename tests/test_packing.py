@@ -21,7 +21,11 @@ def _members(seeds, dropout=0.0, init="matlab"):
     members, streams = [], []
     for k, seed in enumerate(seeds):
         torch.manual_seed(seed)
-        members.append(CNNLSTM(**SHAPE, dropout=dropout[k] if isinstance(dropout, list) else dropout, init=init))
+        members.append(
+            CNNLSTM(
+                **SHAPE, dropout=dropout[k] if isinstance(dropout, list) else dropout, init=init
+            )
+        )
         stream = torch.Generator()
         stream.set_state(torch.get_rng_state())
         streams.append(stream)
@@ -45,8 +49,12 @@ def test_each_member_computes_what_its_network_computes_alone():
         for k, member in enumerate(members):
             member.train(training)
             torch.testing.assert_close(out[k], member.forward_one_step(x[k]), rtol=1e-5, atol=1e-6)
-    for k, member in enumerate(members):  # the BatchNorm statistics the training pass updated, per member
-        torch.testing.assert_close(packed.bn_running_var[k], member.bn.running_var, rtol=1e-5, atol=1e-7)
+    for k, member in enumerate(
+        members
+    ):  # the BatchNorm statistics the training pass updated, per member
+        torch.testing.assert_close(
+            packed.bn_running_var[k], member.bn.running_var, rtol=1e-5, atol=1e-7
+        )
         assert int(packed.bn_num_batches_tracked[k]) == int(member.bn.num_batches_tracked) == 1
 
 
@@ -55,8 +63,13 @@ def test_a_member_comes_out_as_a_plain_network_and_goes_back():
     packed = PackedCNNLSTM(members)
     alone = CNNLSTM(**SHAPE)
     alone.load_state_dict(packed.member(1))  # strict: every key of a CNNLSTM, in its shapes
-    assert all(torch.equal(alone.state_dict()[key], value) for key, value in members[1].state_dict().items())
-    assert not packed.lstm_bias_hh.requires_grad  # MATLAB's second LSTM bias stays frozen, as in the members
+    assert all(
+        torch.equal(alone.state_dict()[key], value)
+        for key, value in members[1].state_dict().items()
+    )
+    assert (
+        not packed.lstm_bias_hh.requires_grad
+    )  # MATLAB's second LSTM bias stays frozen, as in the members
     packed.load_member(0, members[1].state_dict())
     assert torch.equal(packed.conv_weight[0], packed.conv_weight[1])
     with pytest.raises(ValueError, match="one shape"):
@@ -72,7 +85,9 @@ def test_a_member_loss_is_the_loss_of_its_network_alone(loss):
         torch.testing.assert_close(per_member[k], LOSS_FUNCTIONS[loss](pred[k], target[k]))
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.25, [0.0, 0.1, 0.4]], ids=["no-dropout", "dropout", "dropout-per-member"])
+@pytest.mark.parametrize(
+    "dropout", [0.0, 0.25, [0.0, 0.1, 0.4]], ids=["no-dropout", "dropout", "dropout-per-member"]
+)
 def test_packed_training_equals_each_member_trained_alone(dropout):
     """100 Adam steps, batch 16, each member its own seed: its data order and dropout masks from
     its own stream, drawn in the order its run alone draws them (a permutation an epoch, a mask a
@@ -89,7 +104,7 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
         while len(losses) < steps:
             order = torch.randperm(len(x))  # the global stream, where the build left it
             for i in range(batches):
-                idx = order[i * bs:(i + 1) * bs]
+                idx = order[i * bs : (i + 1) * bs]
                 optimizer.zero_grad()
                 loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[idx, 0]), y[idx])
                 loss.backward()
@@ -97,18 +112,25 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
                 losses.append(loss.item())
         return losses[:steps]
 
-    expected = [alone(seed, dropout[k] if isinstance(dropout, list) else dropout) for k, seed in enumerate(seeds)]
+    expected = [
+        alone(seed, dropout[k] if isinstance(dropout, list) else dropout)
+        for k, seed in enumerate(seeds)
+    ]
 
     members, streams = _members(seeds, dropout)
     packed = PackedCNNLSTM(members)
-    optimizer = torch.optim.Adam([p for p in packed.parameters() if p.requires_grad], lr=1e-2, fused=True)
+    optimizer = torch.optim.Adam(
+        [p for p in packed.parameters() if p.requires_grad], lr=1e-2, fused=True
+    )
     losses = []
     while len(losses) < steps:
         orders = torch.stack([torch.randperm(len(x), generator=g) for g in streams])
         for i in range(batches):
-            idx = orders[:, i * bs:(i + 1) * bs]  # (K, batch): each member's own batch
+            idx = orders[:, i * bs : (i + 1) * bs]  # (K, batch): each member's own batch
             optimizer.zero_grad()
-            per_member = MEMBER_LOSSES["half_mse"](packed.forward_one_step(x[idx, 0], streams), y[idx])
+            per_member = MEMBER_LOSSES["half_mse"](
+                packed.forward_one_step(x[idx, 0], streams), y[idx]
+            )
             per_member.sum().backward()  # each member's gradient is its own loss's
             optimizer.step()
             losses.append(per_member.detach().tolist())
@@ -118,8 +140,10 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
 
 
 # -- per-member settings ---------------------------------------------------------------------------
-@pytest.mark.parametrize("method,clip", [("l2norm", None), ("global-l2norm", None), ("absolute-value", None),
-                                         ("l2norm", 0.05)])
+@pytest.mark.parametrize(
+    "method,clip",
+    [("l2norm", None), ("global-l2norm", None), ("absolute-value", None), ("l2norm", 0.05)],
+)
 def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method, clip):
     """Point 2: each member its own optimizer.lr, module.l2_regularization and gradient threshold
     (None: none); 100 steps of the packed optimizer and treatment against each member with Adam and
@@ -128,14 +152,21 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     from seqlab.packing.optim import PackedAdam, PackedGradientTreatment
     from seqlab.training.gradients import GradientTreatment
 
-    seeds, lrs, l2s, thresholds = [0, 1, 2], [1e-2, 3e-3, 3e-2], [0.0, 1e-3, 1e-2], [None, 1.0, 0.05]
+    seeds, lrs, l2s, thresholds = (
+        [0, 1, 2],
+        [1e-2, 3e-3, 3e-2],
+        [0.0, 1e-3, 1e-2],
+        [None, 1.0, 0.05],
+    )
     steps, bs = 100, 16
     x, y = _data()
-    orders = [torch.randperm(len(x), generator=torch.Generator().manual_seed(50 + s)) for s in seeds]
+    orders = [
+        torch.randperm(len(x), generator=torch.Generator().manual_seed(50 + s)) for s in seeds
+    ]
 
     def batch(k, i):
         i %= len(x) // bs
-        return orders[k][i * bs:(i + 1) * bs]
+        return orders[k][i * bs : (i + 1) * bs]
 
     expected = []
     for k, seed in enumerate(seeds):
@@ -145,11 +176,15 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
         losses = []
         for i in range(steps):
             optimizer.zero_grad()
-            loss = LOSS_FUNCTIONS["half_mse"](model.forward_one_step(x[batch(k, i), 0]), y[batch(k, i)])
+            loss = LOSS_FUNCTIONS["half_mse"](
+                model.forward_one_step(x[batch(k, i), 0]), y[batch(k, i)]
+            )
             loss.backward()
             treatment()
             if clip:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip, foreach=True)
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in model.parameters() if p.requires_grad], clip, foreach=True
+                )
             optimizer.step()
             losses.append(loss.item())
         expected.append(losses)
@@ -158,7 +193,9 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     packed = PackedCNNLSTM(members)
     params = [p for p in packed.parameters() if p.requires_grad]
     optimizer = PackedAdam(params, lrs)
-    treatment = PackedGradientTreatment(packed.l2_parameters(), params, l2s, thresholds, method, clip=clip)
+    treatment = PackedGradientTreatment(
+        packed.l2_parameters(), params, l2s, thresholds, method, clip=clip
+    )
     losses = []
     for i in range(steps):
         idx = torch.stack([batch(k, i) for k in range(len(seeds))])
@@ -169,8 +206,9 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
         optimizer.step()
         losses.append(per_member.detach().tolist())
     torch.testing.assert_close(torch.tensor(losses).T, torch.tensor(expected), rtol=1e-4, atol=1e-6)
-    assert {n for n, p in packed.named_parameters() if any(p is q for q in packed.l2_parameters())} == {
-        "conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
+    assert {
+        n for n, p in packed.named_parameters() if any(p is q for q in packed.l2_parameters())
+    } == {"conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
 
 
 @pytest.mark.parametrize("weight_decay", [None, 0.05], ids=["as-configured", "weight_decay"])
@@ -190,7 +228,9 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_dec
 
     partial = instantiate(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
     if weight_decay is not None:
-        partial = functools.partial(partial.func, **{**partial.keywords, "weight_decay": weight_decay})
+        partial = functools.partial(
+            partial.func, **{**partial.keywords, "weight_decay": weight_decay}
+        )
     seeds, lrs, steps, bs = [0, 1], [1e-3, 4e-3], 60, 16
     x, y = _data()
 
@@ -215,7 +255,9 @@ def test_each_configured_optimizer_packs_with_a_rate_per_member(name, weight_dec
 
     members, _ = _members(seeds)
     packed = PackedCNNLSTM(members)
-    own = [partial(params=m.parameters(), lr=lr) for m, lr in zip(members, lrs)]  # as each member's run builds it
+    own = [
+        partial(params=m.parameters(), lr=lr) for m, lr in zip(members, lrs)
+    ]  # as each member's run builds it
     optimizer = packed_optimizer(own, [p for p in packed.parameters() if p.requires_grad])
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
     losses = []
@@ -236,10 +278,15 @@ def test_an_optimizer_setting_a_pack_cannot_train_is_one_line():
 
     params = [torch.nn.Parameter(torch.zeros(2, 3))]
 
-    def own(cls, **settings):  # each member's optimizer over its own network, as its run alone builds it
+    def own(
+        cls, **settings
+    ):  # each member's optimizer over its own network, as its run alone builds it
         return [cls([torch.nn.Parameter(torch.zeros(3))], lr=1e-3, **settings) for _ in range(2)]
 
-    with pytest.raises(SeqlabError, match=r"^optimizer.nesterov=True cannot be packed \(only False\): pack=off to train it$"):
+    with pytest.raises(
+        SeqlabError,
+        match=r"^optimizer.nesterov=True cannot be packed \(only False\): pack=off to train it$",
+    ):
         packed_optimizer(own(torch.optim.SGD, momentum=0.9, nesterov=True), params)
     with pytest.raises(SeqlabError, match=r"^optimizer Adagrad cannot be packed"):
         packed_optimizer(own(torch.optim.Adagrad), params)
@@ -270,20 +317,26 @@ def test_members_with_their_own_dropout_drop_at_their_own_rate():
     dropped = (packed._dropout(h, None) == 0).float().mean(dim=(1, 2))
     assert dropped[0] == 0 and abs(dropped[1] - 0.2) < 0.02 and abs(dropped[2] - 0.6) < 0.02
     kept = packed._dropout(h, None)[2]
-    assert torch.allclose(kept[kept > 0], torch.tensor(1 / 0.4))  # scaled by 1 / (1 - p), as nn.Dropout does
+    assert torch.allclose(
+        kept[kept > 0], torch.tensor(1 / 0.4)
+    )  # scaled by 1 / (1 - p), as nn.Dropout does
 
 
 def test_a_members_state_comes_back_whole_from_a_pack_checkpoint():
     """A resumed pack continues each member's data order where it stopped (and its logged checkpoints)."""
     from seqlab.packing.members import Member
 
-    saved = Member(0, cfg=None, job=None, order=torch.Generator().manual_seed(7), logged=[("m-1", 52)])
+    saved = Member(
+        0, cfg=None, job=None, order=torch.Generator().manual_seed(7), logged=[("m-1", 52)]
+    )
     torch.randperm(10, generator=saved.order)  # an epoch's shuffle drawn
     resumed = Member(0, cfg=None, job=None, order=torch.Generator().manual_seed(0))
     resumed.load_state(saved.state())
     assert torch.equal(resumed.order.get_state(), saved.order.get_state())
     assert resumed.logged == [("m-1", 52)]
-    assert torch.equal(torch.randperm(10, generator=resumed.order), torch.randperm(10, generator=saved.order))
+    assert torch.equal(
+        torch.randperm(10, generator=resumed.order), torch.randperm(10, generator=saved.order)
+    )
 
 
 def _pack_module(run_ids=("a", "b")):
@@ -296,12 +349,38 @@ def _pack_module(run_ids=("a", "b")):
 
     nets, _ = _members([0, 1])
     x, y = _data()
-    members = [Member(k, cfg=None, job=None, order=torch.Generator().manual_seed(k), resume_run_id=run_ids[k]) for k in range(2)]
+    members = [
+        Member(
+            k, cfg=None, job=None, order=torch.Generator().manual_seed(k), resume_run_id=run_ids[k]
+        )
+        for k in range(2)
+    ]
     rows = torch.arange(len(x)).expand(2, -1)
-    data = PackData(x=x[:, 0], y=y, train_rows=rows, val_rows=None, batch_size=16, n_batches=len(x) // 16, shuffle=True)
+    data = PackData(
+        x=x[:, 0],
+        y=y,
+        train_rows=rows,
+        val_rows=None,
+        batch_size=16,
+        n_batches=len(x) // 16,
+        shuffle=True,
+    )
     packed = PackedCNNLSTM(nets)
-    m = PackModule(packed, torch.optim.Adam(packed.parameters()), None, None, "half_mse", float, data, members,
-                   lr_scale=torch.ones(2), steps_per_call=2, flush_every_n_steps=10**6, flush_every_s=0.0, exact_dropout=False)
+    m = PackModule(
+        packed,
+        torch.optim.Adam(packed.parameters()),
+        None,
+        None,
+        "half_mse",
+        float,
+        data,
+        members,
+        lr_scale=torch.ones(2),
+        steps_per_call=2,
+        flush_every_n_steps=10**6,
+        flush_every_s=0.0,
+        exact_dropout=False,
+    )
     m.trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     return m
 
@@ -313,8 +392,12 @@ def test_a_member_that_stopped_early_is_frozen_while_the_others_train():
     before = [pack.model.member(k) for k in range(2)]
     orders, _, _ = next(iter(pack.items))
     pack.on_train_start()  # the pack's loop: a run alone's, with the member dimension
-    n, losses = pack.loop.run_batches(((*pack.data.batch(orders, b), None) for b in range(3)), first_step=1)
-    assert n == 3 and pack.trained == 3 and losses.shape == (2,) and pack.step_log.steps == [1, 2, 3]
+    n, losses = pack.loop.run_batches(
+        ((*pack.data.batch(orders, b), None) for b in range(3)), first_step=1
+    )
+    assert (
+        n == 3 and pack.trained == 3 and losses.shape == (2,) and pack.step_log.steps == [1, 2, 3]
+    )
     after = [pack.model.member(k) for k in range(2)]
     assert all(torch.equal(before[1][key], after[1][key]) for key in before[1])
     assert not torch.equal(before[0]["fc.weight"], after[0]["fc.weight"])
@@ -330,17 +413,20 @@ def test_a_failed_members_status_and_its_data_order_come_back_from_the_packs_che
     saved = module()
     orders = [item[0] for item in saved.items]  # an epoch drawn: each member's own order
     saved.members[1].fail("the training loss became nan at step 3: training diverged", 3)
-    saved.trainer.fit_loop.epoch_loop.batch_progress.current.completed = 1  # one item of the epoch trained
+    saved.trainer.fit_loop.epoch_loop.batch_progress.current.completed = (
+        1  # one item of the epoch trained
+    )
     checkpoint = {}
     saved.on_save_checkpoint(checkpoint)
     resumed = module()
     resumed.on_load_checkpoint(checkpoint)
     assert [(m.status, m.active) for m in resumed.members] == [("RUNNING", True), ("FAILED", False)]
-    assert resumed.members[1].reason.startswith("the training loss became nan") and resumed.members[1].final_step == 3
+    assert (
+        resumed.members[1].reason.startswith("the training loss became nan")
+        and resumed.members[1].final_step == 3
+    )
     replayed = list(resumed.items)
     assert len(replayed) == len(saved.items) - 1 and replayed[0][1] == 2  # from the second item on
     assert torch.equal(replayed[0][0], orders[0])  # the same order as the stopped epoch's
     with pytest.raises(SeqlabError, match="another pack's"):
         module(("a", "c")).on_load_checkpoint(checkpoint)
-
-

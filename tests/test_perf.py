@@ -44,15 +44,27 @@ def _plain_losses(cfg, n_steps: int) -> list[float]:
     "perf, extra, steps",
     [
         ("fast", (), 27),  # one call an epoch
-        ("fast", ("perf.steps_per_call=4", "trainer.max_steps=13"), 13),  # several calls; a stop inside one
+        (
+            "fast",
+            ("perf.steps_per_call=4", "trainer.max_steps=13"),
+            13,
+        ),  # several calls; a stop inside one
         ("naive", (), 27),
     ],
     ids=["fast", "fast-k4-max_steps", "naive"],
 )
 @pytest.mark.slow
-def test_the_training_loop_computes_what_a_plain_loop_computes(compose_cfg, store, perf, extra, steps):
-    cfg = compose_cfg(f"perf={perf}", "data.n_samples=700", "trainer.max_epochs=3", "scheduler=none",
-                      "perf.checkpoint_every_n_epochs=0", *extra)
+def test_the_training_loop_computes_what_a_plain_loop_computes(
+    compose_cfg, store, perf, extra, steps
+):
+    cfg = compose_cfg(
+        f"perf={perf}",
+        "data.n_samples=700",
+        "trainer.max_epochs=3",
+        "scheduler=none",
+        "perf.checkpoint_every_n_epochs=0",
+        *extra,
+    )
     train(cfg)
     (run,) = runs_of(store, "seqlab")
     recorded = store.get_metric_history(run.info.run_id, "train_loss")
@@ -70,13 +82,21 @@ def test_matlab_settings_on_the_fast_path_match_a_plain_matlab_loop(compose_cfg,
 
     from seqlab.training.gradients import GradientTreatment
 
-    cfg = compose_cfg("experiment=matlab_seed", "data.n_samples=700", "data.val_fraction=0.2",
-                      "trainer.max_epochs=3", "trainer.val_check_interval=4", "model.dropout=0")
+    cfg = compose_cfg(
+        "experiment=matlab_seed",
+        "data.n_samples=700",
+        "data.val_fraction=0.2",
+        "trainer.max_epochs=3",
+        "trainer.val_check_interval=4",
+        "model.dropout=0",
+    )
     train(cfg)
     (run,) = runs_of(store, "seqlab")
     recorded = [m.value for m in store.get_metric_history(run.info.run_id, "train_loss")]
     assert len(recorded) == 24  # 560 training samples, last partial batch dropped: 8 an epoch
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "val_rmse")] == list(range(4, 25, 4))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "val_rmse")] == list(
+        range(4, 25, 4)
+    )
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     dm = instantiate(cfg.data)
@@ -104,8 +124,16 @@ def test_items_of_k_batches_cover_each_sample_once_and_drop_only_the_last_partia
     from seqlab.data import TensorBatches
 
     x = torch.arange(23.0).reshape(23, 1, 1)
-    batches = TensorBatches(x, x[:, 0], batch_size=4, shuffle=True, drop_last=drop_last, seed=0,
-                            device=torch.device("cpu"), batches_per_item=2)
+    batches = TensorBatches(
+        x,
+        x[:, 0],
+        batch_size=4,
+        shuffle=True,
+        drop_last=drop_last,
+        seed=0,
+        device=torch.device("cpu"),
+        batches_per_item=2,
+    )
     orders = []
     for _ in range(2):  # two epochs
         items = list(batches)
@@ -149,7 +177,9 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
             inside["loop"] = False
 
     monkeypatch.setattr(FusedLoop, "run", watched)
-    result = train(compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "perf.steps_per_call=3"))
+    result = train(
+        compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "perf.steps_per_call=3")
+    )
     assert result.status == "FINISHED"
     assert inside["calls"] == 6  # 9 steps an epoch in items of 3: the watch did watch the loop
     assert inside["reads"] == []
@@ -182,7 +212,9 @@ def test_graphed_step_warms_up_captures_and_leaves_partial_batches_eager():
         calls.append(len(x))
         return (x - y).pow(2).mean(), x * 2
 
-    graphed = GraphedStep(step, batch_size=4, warmup_steps=2, capture=_eager_capture, warm_up=lambda s, i: s(*i))
+    graphed = GraphedStep(
+        step, batch_size=4, warmup_steps=2, capture=_eager_capture, warm_up=lambda s, i: s(*i)
+    )
     x, y = torch.ones(4, 1), torch.zeros(4, 1)
     assert graphed(x, y, None)[0] == 1  # warm-up 1
     assert graphed(x, y, None)[0] == 1  # warm-up 2
@@ -199,7 +231,9 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
     def broken_capture(step, inputs):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    graphed = GraphedStep(lambda x, y, lengths: (x.sum(), x), batch_size=2, warmup_steps=0, capture=broken_capture)
+    graphed = GraphedStep(
+        lambda x, y, lengths: (x.sum(), x), batch_size=2, warmup_steps=0, capture=broken_capture
+    )
     with caplog.at_level("WARNING", logger="seqlab"):
         assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
         assert graphed(torch.ones(2, 1), torch.ones(2, 1), None) is None
@@ -208,7 +242,9 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(caplog):
 
 
 @pytest.mark.slow
-def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose_cfg, store, monkeypatch):
+def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(
+    compose_cfg, store, monkeypatch
+):
     """The module's graph path (static buffers, step counting for Lightning, recording) with
     replays standing in for CUDA: the same losses, the same step count as the eager path."""
     from seqlab.training.cudagraph import GraphedStep
@@ -219,9 +255,14 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
     graphs, replays = [], []
 
     def cpu_graph(self, cuda_graph):
-        graphs.append(GraphedStep(lambda x, y, lengths: self.step(x, y, lengths, self.shortcut), self.batch_size,
-                                  capture=lambda step, inputs: _eager_capture(step, inputs, replays),
-                                  warm_up=lambda s, i: s(*i)))
+        graphs.append(
+            GraphedStep(
+                lambda x, y, lengths: self.step(x, y, lengths, self.shortcut),
+                self.batch_size,
+                capture=lambda step, inputs: _eager_capture(step, inputs, replays),
+                warm_up=lambda s, i: s(*i),
+            )
+        )
         return graphs[-1]
 
     monkeypatch.setattr(FusedLoop, "_graphed_step", cpu_graph)
@@ -232,23 +273,37 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(compose
     assert len(replays) == 13
     (eager,), (graphed,) = runs_of(store, "eager"), runs_of(store, "graphed")
     history = lambda run: store.get_metric_history(run.info.run_id, "train_loss")  # noqa: E731
-    assert [m.step for m in history(graphed)] == [m.step for m in history(eager)] == list(range(1, 19))
-    assert [m.value for m in history(graphed)] == pytest.approx([m.value for m in history(eager)], rel=1e-5)
+    assert (
+        [m.step for m in history(graphed)] == [m.step for m in history(eager)] == list(range(1, 19))
+    )
+    assert [m.value for m in history(graphed)] == pytest.approx(
+        [m.value for m in history(eager)], rel=1e-5
+    )
 
 
 @pytest.mark.slow
 def test_cuda_graph_on_without_cuda_says_so_and_trains(compose_cfg, caplog):
     with caplog.at_level("WARNING", logger="seqlab"):
-        result = train(compose_cfg("data.n_samples=300", "trainer.max_epochs=1", "perf.cuda_graph=on"))
+        result = train(
+            compose_cfg("data.n_samples=300", "trainer.max_epochs=1", "perf.cuda_graph=on")
+        )
     assert result.status == "FINISHED"
     if not torch.cuda.is_available():
         assert "perf.cuda_graph=on needs one CUDA device" in caplog.text
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("data", ["data=synthetic", "data=daily_profile"])  # shortcut path; cuDNN LSTM
+@pytest.mark.parametrize(
+    "data", ["data=synthetic", "data=daily_profile"]
+)  # shortcut path; cuDNN LSTM
 def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, monkeypatch, data):
-    overrides = (data, "data.n_samples=2000", "trainer.max_epochs=2", "scheduler=none", "trainer.accelerator=gpu")
+    overrides = (
+        data,
+        "data.n_samples=2000",
+        "trainer.max_epochs=2",
+        "scheduler=none",
+        "trainer.accelerator=gpu",
+    )
     train(compose_cfg(*overrides, "perf.cuda_graph=off", "logger.experiment_name=eager"))
     # The module's own path (FusedLoop builds its GraphedStep, cudagraph.capture_cuda captures);
     # only CUDA's replay is counted on its way.
@@ -293,8 +348,16 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
         return n, loss
 
     monkeypatch.setattr(FusedLoop, "run", strict)
-    result = train(compose_cfg("data.n_samples=8000", "trainer.max_epochs=1", "trainer.accelerator=gpu",
-                               "data.val_fraction=0", "logger.flush_every_n_steps=1000", "perf.steps_per_call=25"))
+    result = train(
+        compose_cfg(
+            "data.n_samples=8000",
+            "trainer.max_epochs=1",
+            "trainer.accelerator=gpu",
+            "data.val_fraction=0",
+            "logger.flush_every_n_steps=1000",
+            "perf.steps_per_call=25",
+        )
+    )
     assert result.status == "FINISHED"
     # 8000 samples in batches of 64: 125 steps in 5 calls of 25; the last 4 calls (100 steps) ran
     # with synchronisation made an error, and each returned, so none synchronised.
@@ -308,8 +371,21 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
 def test_benchmark_smoke_writes_valid_json(tmp_path):
     """Every loop, the product's packs among them (K = 1 and 3, one-step and 1440-step data), in one smoke run."""
     out = tmp_path / "bench.json"
-    proc = run_script(ROOT / "scripts" / "benchmark.py", ["--smoke", "--batch-sizes", "32", "--loops", "plain,bare,naive,default,packed",
-                                                          "--pack", "1,3", "--out", str(out)], env={"SEQLAB_ROOT": str(tmp_path)})
+    proc = run_script(
+        ROOT / "scripts" / "benchmark.py",
+        [
+            "--smoke",
+            "--batch-sizes",
+            "32",
+            "--loops",
+            "plain,bare,naive,default,packed",
+            "--pack",
+            "1,3",
+            "--out",
+            str(out),
+        ],
+        env={"SEQLAB_ROOT": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
@@ -319,11 +395,17 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
     )
     assert all(r["it_per_s"] > 0 and r["steps_per_epoch"] > 0 and len(r["runs"]) == 1 for r in rows)
     assert all(r["model_steps_per_s"] == pytest.approx(r["it_per_s"] * r["members"]) for r in rows)
-    assert all(r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"]) for r in rows)
+    assert all(
+        r["samples_per_s"] == pytest.approx(r["model_steps_per_s"] * r["batch_size"]) for r in rows
+    )
     assert all(r["ratio_to_plain"] == 1.0 for r in rows if r["loop"] == "plain")
     assert all(r["ratio_to_bare"] == 1.0 for r in rows if r["loop"] == "bare")
     for r in rows:  # each ratio is that row's model-steps/s over its own shape and batch's bare rate (K bare loops)
-        bare = next(b for b in rows if (b["shape"], b["batch_size"], b["loop"]) == (r["shape"], r["batch_size"], "bare"))
+        bare = next(
+            b
+            for b in rows
+            if (b["shape"], b["batch_size"], b["loop"]) == (r["shape"], r["batch_size"], "bare")
+        )
         assert r["ratio_to_bare"] == pytest.approx(r["model_steps_per_s"] / bare["it_per_s"])
     assert data["machine"]["cpu"]
     assert "vs plain" in proc.stdout and "vs bare" in proc.stdout
@@ -337,7 +419,9 @@ def test_benchmark_refuses_a_bad_batch_size_list_in_one_line(tmp_path):
         "error: --batch-sizes must be positive integers, e.g. 64,512,4096, and --repeats positive"
     ]
     bad = run_script(ROOT / "scripts" / "benchmark.py", ["--pack", "8,x"])
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --pack must be positive integers, e.g. 1,3,8,32"]
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --pack must be positive integers, e.g. 1,3,8,32"
+    ]
 
 
 # -- profiling -----------------------------------------------------------------------------------
@@ -350,7 +434,11 @@ def test_debug_profile_stores_a_trace_and_a_per_phase_table(compose_cfg, store):
     train(compose_cfg("debug=profile", "data.n_samples=640", "perf.profile_steps=12"))
     (run,) = runs_of(store, "seqlab-profile")
     files = artifact_paths(store, run.info.run_id)
-    assert {"profile/profile_trace.json", "profile/profile_phases.txt", "profile/profile_ops.txt"} <= files
+    assert {
+        "profile/profile_trace.json",
+        "profile/profile_phases.txt",
+        "profile/profile_ops.txt",
+    } <= files
     local = store.download_artifacts(run.info.run_id, "profile")
     table = open(f"{local}/profile_phases.txt").read()
     profiled = int(table.split()[1])  # whole fused-loop calls: at least the steps asked for
@@ -396,10 +484,20 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     models[1].load_state_dict(models[0].state_dict())
     params = [[p for p in m.parameters() if p.requires_grad] for m in models]
     optimizers = [torch.optim.Adam(p, lr=1e-2, fused=True) for p in params]
-    treatments = [GradientTreatment(m, 1e-4 if matlab else 0.0, 0.05 if matlab else None) for m in models]
+    treatments = [
+        GradientTreatment(m, 1e-4 if matlab else 0.0, 0.05 if matlab else None) for m in models
+    ]
 
     log = StepLog()
-    loop = FusedLoop(models[0], optimizers[0], half_mse, log, batch_size=16, gradients=treatments[0], clip_val=0.5)
+    loop = FusedLoop(
+        models[0],
+        optimizers[0],
+        half_mse,
+        log,
+        batch_size=16,
+        gradients=treatments[0],
+        clip_val=0.5,
+    )
     steps = 0
     for item in range(3):
         xi, yi = x[item * 64 : (item + 1) * 64], y[item * 64 : (item + 1) * 64]
@@ -414,7 +512,9 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     bare = []
     for i in range(12):
         torch._foreach_zero_([p.grad for p in params[1]])
-        loss = half_mse(model.forward_one_step(x[i * 16 : (i + 1) * 16, 0]), y[i * 16 : (i + 1) * 16])
+        loss = half_mse(
+            model.forward_one_step(x[i * 16 : (i + 1) * 16, 0]), y[i * 16 : (i + 1) * 16]
+        )
         loss.backward()
         if treat.active:
             treat()
@@ -442,10 +542,16 @@ def test_the_fused_loop_stops_at_max_steps_inside_an_item():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script runs every check")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU machine the script runs every check"
+)
 def test_gpu_check_says_in_one_line_that_there_is_no_gpu(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout.strip().splitlines()[-1].startswith("no CUDA GPU visible to ")
     assert "torch" in (tmp_path / "out" / "machine.txt").read_text()  # what it found is kept

@@ -36,9 +36,17 @@ SECRET = "pg-pass-9911"
 def test_a_ddp_rank_killed_mid_run_fails_the_run_with_one_line_naming_it(tmp_path, store):
     # A single run's overrides, a password among them, reach its ranks as a sweep's job's do (below):
     # through the environment, not their command lines.
-    proc = start_cli(tmp_path, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                     "data.n_samples=640", "data.batch_size=32", "trainer.max_epochs=1000",
-                     f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna", stderr=subprocess.STDOUT)
+    proc = start_cli(
+        tmp_path,
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "data.n_samples=640",
+        "data.batch_size=32",
+        "trainer.max_epochs=1000",
+        f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna",
+        stderr=subprocess.STDOUT,
+    )
     try:
         rank1 = _rank_process(psutil.Process(proc.pid), 1)
         line = " ".join(rank1.cmdline())
@@ -59,8 +67,10 @@ def test_a_ddp_rank_killed_mid_run_fails_the_run_with_one_line_naming_it(tmp_pat
     assert proc.returncode == 1, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, out[-3000:]
-    assert errors[0].startswith(f"error: DDP process rank 1 (pid {rank1.pid}) was killed by SIGKILL, so the job stopped; "
-                                "its output: "), errors[0]
+    assert errors[0].startswith(
+        f"error: DDP process rank 1 (pid {rank1.pid}) was killed by SIGKILL, so the job stopped; "
+        "its output: "
+    ), errors[0]
     assert errors[0].endswith("train_ddp_process_1.log")
     assert "Traceback" not in out
     (run,) = runs_of(store, "seqlab")
@@ -86,8 +96,10 @@ def test_the_first_rank_that_died_is_named_and_the_others_are_stopped(tmp_path):
     watch = RankWatch(tmp_path)
     watch.procs = ranks = [_FakeProcess(101), _FakeProcess(102, returncode=1), _FakeProcess(103)]
     assert watch.check()
-    assert watch.failure == (f"DDP process rank 2 (pid 102) exited with status 1, so the job stopped; "
-                             f"its output: {tmp_path}/train_ddp_process_2.log")
+    assert watch.failure == (
+        f"DDP process rank 2 (pid 102) exited with status 1, so the job stopped; "
+        f"its output: {tmp_path}/train_ddp_process_2.log"
+    )
     assert ranks[0].signals == ranks[2].signals == [signal.SIGKILL] and ranks[1].signals == []
     # Rank 0's own lost collective becomes that line; its own one-line errors stay its own.
     error = watch.reason_for(RuntimeError("Connection closed by peer"), wait_s=0)
@@ -100,7 +112,9 @@ def test_no_rank_died_leaves_rank_zeros_error_alone(tmp_path):
     watch.procs = [_FakeProcess(101), _FakeProcess(102, returncode=0)]  # one running, one done
     assert not watch.check()
     assert watch.reason_for(RuntimeError("something else"), wait_s=0) is None
-    assert describe_exit(-9) == "was killed by SIGKILL" and describe_exit(3) == "exited with status 3"
+    assert (
+        describe_exit(-9) == "was killed by SIGKILL" and describe_exit(3) == "exited with status 3"
+    )
 
 
 def test_a_rank_zero_stuck_after_a_death_is_ended_by_the_watch(tmp_path):
@@ -112,20 +126,34 @@ def test_a_rank_zero_stuck_after_a_death_is_ended_by_the_watch(tmp_path):
     deadline = time.monotonic() + 10
     while not ended and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ended == [f"DDP process rank 1 (pid 102) was killed by SIGKILL, so the job stopped; "
-                     f"its output: {tmp_path}/train_ddp_process_1.log"]
+    assert ended == [
+        f"DDP process rank 1 (pid 102) was killed by SIGKILL, so the job stopped; "
+        f"its output: {tmp_path}/train_ddp_process_1.log"
+    ]
 
 
 @pytest.mark.slow
-def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_command_lines(tmp_path, store):
+def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_command_lines(
+    tmp_path, store
+):
     # Issue 24, point 6: a password typed on the command line stays where it was typed; the
     # processes the job starts show no overrides (ps shows command lines to every user).
     # The same sweep of one DDP job of two CPU processes (it was tests/test_scale.py's own): one run
     # for the job, from rank 0 only, each process a half of the samples.
     n_train, bs = 512, 32  # 640 samples, 20% for validation
-    proc = start_cli(tmp_path, "-m", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                     "data.n_samples=640", f"data.batch_size={bs}", "trainer.max_epochs=2", "logger.system_metrics=false",
-                     f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna", stderr=subprocess.STDOUT)
+    proc = start_cli(
+        tmp_path,
+        "-m",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "data.n_samples=640",
+        f"data.batch_size={bs}",
+        "trainer.max_epochs=2",
+        "logger.system_metrics=false",
+        f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna",
+        stderr=subprocess.STDOUT,
+    )
     try:
         rank1 = _rank_process(psutil.Process(proc.pid), 1)
         line = " ".join(rank1.cmdline())
@@ -137,7 +165,9 @@ def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_
     assert SECRET not in line and "trainer.devices=2" not in line, line
     runs = runs_of(store, "seqlab")
     (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
-    (run,) = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]  # one run for the job, from rank 0 only
+    (run,) = [
+        r for r in runs if r.data.tags.get("sweep_role") != "parent"
+    ]  # one run for the job, from rank 0 only
     assert parent.info.status == "FINISHED" and run.info.status == "FINISHED"
     assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     # rank 1 trained with the job's config: each process on half the samples, 512 / (32 x 2) = 8 steps an epoch

@@ -29,14 +29,31 @@ def test_nan_in_the_data_is_refused_or_dropped_with_a_count(compose_cfg, store, 
     y = np.ones(80, dtype=np.float32)
     x[3, 0, 2], y[7] = np.nan, np.inf
     path = _npz(tmp_path, x, y)
-    with pytest.raises(SeqlabError, match=r"data: 2 of 80 samples hold NaN or Inf \(the first is sample 3\); .*data.drop_nonfinite=true"):
-        train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32"))
+    with pytest.raises(
+        SeqlabError,
+        match=r"data: 2 of 80 samples hold NaN or Inf \(the first is sample 3\); .*data.drop_nonfinite=true",
+    ):
+        train(
+            compose_cfg(
+                "data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32"
+            )
+        )
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FAILED"
     with caplog.at_level("INFO", logger="seqlab"):
-        result = train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32",
-                                   "data.drop_nonfinite=true"))
-    assert result.status == "FINISHED" and "dropped 2 of 80 data samples holding NaN or Inf" in caplog.text
+        result = train(
+            compose_cfg(
+                "data=npz",
+                f"data.path={path}",
+                "trainer.max_epochs=1",
+                "data.batch_size=32",
+                "data.drop_nonfinite=true",
+            )
+        )
+    assert (
+        result.status == "FINISHED"
+        and "dropped 2 of 80 data samples holding NaN or Inf" in caplog.text
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,12 +82,25 @@ def test_a_diverging_loss_stops_the_run_failed_with_the_step(compose_cfg, store)
 
     # 4 steps an epoch in one Lightning call each (perf.steps_per_call=4): the losses are read
     # back after each call, since 2 steps wait by then and flush_every_s=0.
-    with pytest.raises(SeqlabError, match=r"the training loss became (nan|inf) at step \d+: training diverged") as caught:
-        train(compose_cfg(*TINY, "optimizer.lr=1e30", "logger.flush_every_n_steps=2", "logger.flush_every_s=0",
-                          "trainer.max_epochs=20", "perf.steps_per_call=4"))
+    with pytest.raises(
+        SeqlabError, match=r"the training loss became (nan|inf) at step \d+: training diverged"
+    ) as caught:
+        train(
+            compose_cfg(
+                *TINY,
+                "optimizer.lr=1e30",
+                "logger.flush_every_n_steps=2",
+                "logger.flush_every_s=0",
+                "trainer.max_epochs=20",
+                "perf.steps_per_call=4",
+            )
+        )
     named = int(re.search(r"at step (\d+)", str(caught.value)).group(1))
     (run,) = runs_of(store, "seqlab")
-    assert run.info.status == "FAILED" and f"at step {named}: training diverged" in run.data.tags["failure_reason"]
+    assert (
+        run.info.status == "FAILED"
+        and f"at step {named}: training diverged" in run.data.tags["failure_reason"]
+    )
     history = store.get_metric_history(run.info.run_id, "train_loss")
     steps = [m.step for m in history]
     # SQL holds no infinity: MLflow stores +-inf as the largest float (and NaN as a flag).
@@ -89,11 +119,15 @@ def test_a_tracking_server_that_does_not_answer_fails_fast(run_cli):
     proc = run_cli(*TINY, f"logger.tracking_uri=http://127.0.0.1:{port}")
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
-    assert f"error: logger.tracking_uri=http://127.0.0.1:{port}: no MLflow server answers there" in out
+    assert (
+        f"error: logger.tracking_uri=http://127.0.0.1:{port}: no MLflow server answers there" in out
+    )
     assert "Traceback" not in out
 
 
-def test_a_server_that_takes_the_connection_but_never_answers_is_given_up_on_within_seconds(compose_cfg, monkeypatch):
+def test_a_server_that_takes_the_connection_but_never_answers_is_given_up_on_within_seconds(
+    compose_cfg, monkeypatch
+):
     """The worst case of 'does not answer': a port that accepts and stays silent. The check asks
     once, with its own timeout, and gives up when that runs out (MLflow's client alone would
     retry for minutes). A fake clock stands for the wait: it advances by the timeout asked for."""
@@ -110,7 +144,10 @@ def test_a_server_that_takes_the_connection_but_never_answers_is_given_up_on_wit
 
     monkeypatch.setattr(requests, "get", silent)
     tracker = instantiate(compose_cfg("logger.tracking_uri=http://127.0.0.1:9").logger)
-    with pytest.raises(SeqlabError, match=r"^logger.tracking_uri=http://127.0.0.1:9: no MLflow server answers there \(ReadTimeout\)"):
+    with pytest.raises(
+        SeqlabError,
+        match=r"^logger.tracking_uri=http://127.0.0.1:9: no MLflow server answers there \(ReadTimeout\)",
+    ):
         tracker.connect()
     assert asked == ["http://127.0.0.1:9/health"]  # one question, no retries
     assert 0 < clock["now"] <= 15
@@ -146,18 +183,27 @@ def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_ends_the_run_killed(tmp_pa
     assert run.info.status == "KILLED"
     assert f"stopped by SIGINT at step {run.data.tags['interrupted_at_step']}" in out
     assert f"resume={run.info.run_id}" in out
-    assert "checkpoints/interrupted.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
+    assert "checkpoints/interrupted.ckpt" in {
+        a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")
+    }
 
 
 # -- interrupted runs: checkpoint, resume, exact continuation ------------------------------------
 # 2048 samples: 1639 for training, 26 steps an epoch at batch 64 (the last of 39 samples): signalled
 # once epoch 3 is printed, the run stops within a call of 10 steps, 9 epochs before its end.
-RESUMABLE = ["deterministic=true", "data.n_samples=2048", "trainer.max_epochs=12", "perf.steps_per_call=10"]
+RESUMABLE = [
+    "deterministic=true",
+    "data.n_samples=2048",
+    "trainer.max_epochs=12",
+    "perf.steps_per_call=10",
+]
 STEPS = 26
 
 
 @pytest.mark.slow
-def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, store, run_cli, compose_cfg):
+def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(
+    tmp_path, store, run_cli, compose_cfg
+):
     import signal
 
     import torch
@@ -176,7 +222,9 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     assert run.info.status == "KILLED"
     stopped_at = int(run.data.tags["interrupted_at_step"])
     assert 0 < stopped_at < 12 * STEPS
-    hint = next(line.strip() for line in out.splitlines() if line.strip().startswith("python train.py"))
+    hint = next(
+        line.strip() for line in out.splitlines() if line.strip().startswith("python train.py")
+    )
     assert hint.endswith(f"resume={run_id}") and "trainer.max_epochs=12" in hint
 
     resumed = run_cli(*RESUMABLE, f"resume={run_id}")
@@ -188,15 +236,21 @@ def test_sigterm_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path, 
     assert steps == list(range(1, 12 * STEPS + 1))  # every step once: none lost, none repeated
     assert len(store.get_metric_history(run_id, "val_rmse")) == 12
 
-    train(compose_cfg(*RESUMABLE, "logger.experiment_name=uninterrupted"))  # the same task, in this process
+    train(
+        compose_cfg(*RESUMABLE, "logger.experiment_name=uninterrupted")
+    )  # the same task, in this process
     (other,) = runs_of(store, "uninterrupted")
 
     def final_weights(r):
-        path = store.download_artifacts(r.info.run_id, "checkpoints/last.ckpt", str(tmp_path / r.info.run_id))
+        path = store.download_artifacts(
+            r.info.run_id, "checkpoints/last.ckpt", str(tmp_path / r.info.run_id)
+        )
         return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
 
     a, b = final_weights(run), final_weights(other)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"stopped at step {stopped_at}"
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (
+        f"stopped at step {stopped_at}"
+    )
     assert run.data.metrics["final_val_rmse"] == other.data.metrics["final_val_rmse"]
 
 
@@ -219,7 +273,9 @@ def test_the_order_of_an_interrupted_epoch_is_replayed_from_where_it_stopped():
     assert done == second[:3]
     state = interrupted.state_dict()["generator"]
 
-    restored = TensorBatches(x, x.clone(), 4, True, False, seed=0, batches_per_item=2)  # another seed: the state wins
+    restored = TensorBatches(
+        x, x.clone(), 4, True, False, seed=0, batches_per_item=2
+    )  # another seed: the state wins
     restored.resume(state, 3)
     assert epochs(restored, 2) == [second[3:], third]
 
@@ -227,7 +283,10 @@ def test_the_order_of_an_interrupted_epoch_is_replayed_from_where_it_stopped():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["resume=0123456789abcdef0123456789abcdef"], "resume=0123456789abcdef0123456789abcdef: no such run in this tracking store"),
+        (
+            ["resume=0123456789abcdef0123456789abcdef"],
+            "resume=0123456789abcdef0123456789abcdef: no such run in this tracking store",
+        ),
         (["ckpt_path=/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt: no such file"),
         (["resume=abc", "ckpt_path=/x.ckpt"], "resume=RUN_ID and ckpt_path=FILE are two ways"),
     ],
@@ -240,7 +299,9 @@ def test_a_bad_resume_or_checkpoint_is_one_line(run_cli, args, message):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(run_cli, compose_cfg, store, tmp_path):
+def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(
+    run_cli, compose_cfg, store, tmp_path
+):
     first = run_cli(*TINY, "model.hidden_size=8")
     assert first.returncode == 0
     (run,) = runs_of(store, "seqlab")
@@ -253,9 +314,13 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
     store.set_tag(run.info.run_id, "interrupted_at_step", "4")  # as if stopped with one
     with pytest.raises(SeqlabError) as refused:
         train(compose_cfg(*TINY, f"resume={run.info.run_id}"))
-    assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in str(refused.value)
-    assert ("give the run's overrides: data.n_samples=256 trainer.max_epochs=2 model.hidden_size=8 "
-            f"paths.root_dir={tmp_path} resume={run.info.run_id}") in str(refused.value)
+    assert "this config differs from the run's: model.hidden_size=24 (the run had 8)" in str(
+        refused.value
+    )
+    assert (
+        "give the run's overrides: data.n_samples=256 trainer.max_epochs=2 model.hidden_size=8 "
+        f"paths.root_dir={tmp_path} resume={run.info.run_id}"
+    ) in str(refused.value)
     assert store.get_run(run.info.run_id).info.status == "KILLED"  # nothing reopened
     assert len(runs_of(store, "seqlab")) == 1  # nor created
 
@@ -263,7 +328,9 @@ def test_resume_refuses_a_finished_run_another_config_and_another_model_shape(ru
     proc = run_cli(*TINY, f"ckpt_path={ckpt}")  # hidden_size 24 here
     assert proc.returncode == 1
     line = next(line for line in proc.stdout.splitlines() if line.startswith("error:"))
-    assert line.startswith(f"error: ckpt_path={ckpt}: the checkpoint is for another model shape (model.lstm.")
+    assert line.startswith(
+        f"error: ckpt_path={ckpt}: the checkpoint is for another model shape (model.lstm."
+    )
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
@@ -275,20 +342,28 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     model = torch.nn.Linear(2, 1)
     not_a_checkpoint = tmp_path / "notes.ckpt"
     not_a_checkpoint.write_text("hello")
-    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: not a PyTorch Lightning checkpoint \(\w+\)$"):
+    with pytest.raises(
+        SeqlabError, match=r"^ckpt_path=x: not a PyTorch Lightning checkpoint \(\w+\)$"
+    ):
         check_checkpoint(not_a_checkpoint, model, "ckpt_path=x")
     torch.save({"weights": 1}, tmp_path / "other.ckpt")
     with pytest.raises(SeqlabError, match=r"no state_dict"):
         check_checkpoint(tmp_path / "other.ckpt", model, "ckpt_path=x")
     torch.save({"state_dict": {"weight": torch.zeros(1, 2)}}, tmp_path / "part.ckpt")
-    with pytest.raises(SeqlabError, match=r"the checkpoint has no bias: it was saved from another model"):
+    with pytest.raises(
+        SeqlabError, match=r"the checkpoint has no bias: it was saved from another model"
+    ):
         check_checkpoint(tmp_path / "part.ckpt", model, "ckpt_path=x")
     torch.save({"state_dict": model.state_dict()}, tmp_path / "good.ckpt")
     check_checkpoint(tmp_path / "good.ckpt", model, "ckpt_path=x")
     # Issue 34, point 2: a checkpoint someone else wrote runs no code (before: it ran at this check).
     marker = tmp_path / "planted-code-ran"
-    torch.save({"state_dict": model.state_dict(), "planted": _Planted(marker)}, tmp_path / "planted.ckpt")
-    with pytest.raises(SeqlabError, match=r"^ckpt_path=x: the checkpoint holds more than tensors and plain values"):
+    torch.save(
+        {"state_dict": model.state_dict(), "planted": _Planted(marker)}, tmp_path / "planted.ckpt"
+    )
+    with pytest.raises(
+        SeqlabError, match=r"^ckpt_path=x: the checkpoint holds more than tensors and plain values"
+    ):
         check_checkpoint(tmp_path / "planted.ckpt", model, "ckpt_path=x")
     assert not marker.exists(), "the checkpoint's planted code ran"
 
@@ -304,18 +379,38 @@ def test_ckpt_path_starts_a_new_run_from_the_checkpoint(compose_cfg, store, tmp_
     first = train(compose_cfg(*TINY, "logger.experiment_name=first"))  # 4 steps an epoch, 2 epochs
     saved = tmp_path / "saved.ckpt"
     shutil.copy(tmp_path / "out" / "checkpoints" / "last.ckpt", saved)
-    second = train(compose_cfg("data.n_samples=256", "trainer.max_epochs=3", f"ckpt_path={saved}",
-                               "logger.experiment_name=second"))
+    second = train(
+        compose_cfg(
+            "data.n_samples=256",
+            "trainer.max_epochs=3",
+            f"ckpt_path={saved}",
+            "logger.experiment_name=second",
+        )
+    )
     assert second.run_id != first.run_id
     (a,), (b,) = runs_of(store, "first"), runs_of(store, "second")
     assert a.info.status == b.info.status == "FINISHED"
-    assert [m.step for m in store.get_metric_history(a.info.run_id, "train_loss")] == list(range(1, 9))  # untouched
-    assert [m.step for m in store.get_metric_history(b.info.run_id, "train_loss")] == [9, 10, 11, 12]  # epoch 3 only
+    assert [m.step for m in store.get_metric_history(a.info.run_id, "train_loss")] == list(
+        range(1, 9)
+    )  # untouched
+    assert [m.step for m in store.get_metric_history(b.info.run_id, "train_loss")] == [
+        9,
+        10,
+        11,
+        12,
+    ]  # epoch 3 only
     assert b.data.params["ckpt_path"] == str(saved)
-    assert torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+    assert (
+        torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)[
+            "global_step"
+        ]
+        == 12
+    )
 
 
-def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(compose_cfg, store, tmp_path, monkeypatch):
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(
+    compose_cfg, store, tmp_path, monkeypatch
+):
     """The first Ctrl-C asks for a stop at the step's end with a checkpoint; a second one before
     that stops at once: no checkpoint, the run KILLED with the steps trained so far."""
     import os
@@ -336,15 +431,26 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(compose_cfg, store, 
         train(compose_cfg("data.n_samples=256", "trainer.max_epochs=4", "perf.steps_per_call=4"))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
-    assert "interrupted_at_step" not in run.data.tags  # resume= refuses it: nothing saved to continue from
+    assert (
+        "interrupted_at_step" not in run.data.tags
+    )  # resume= refuses it: nothing saved to continue from
     assert not (tmp_path / "out" / "checkpoints" / "interrupted.ckpt").exists()
     assert not [a for a in store.list_artifacts(run.info.run_id, "checkpoints")]
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 7))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(
+        range(1, 7)
+    )
 
 
 # -- a tracking server that goes away mid-run ------------------------------------------------------
-OUTAGE_RUN = ["data.n_samples=2048", "trainer.max_epochs=8"]  # 1639 training samples: 26 steps an epoch
-OUTAGE_KEYS = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+OUTAGE_RUN = [
+    "data.n_samples=2048",
+    "trainer.max_epochs=8",
+]  # 1639 training samples: 26 steps an epoch
+OUTAGE_KEYS = (
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+)
 
 
 @pytest.fixture
@@ -355,7 +461,9 @@ def outage(monkeypatch, caplog):
     with no sleep that the run could outlast. Records the wall clock (ms) at the stop and restart."""
     from seqlab.callbacks.timing import EpochTimer
 
-    for key in OUTAGE_KEYS:  # the tracker sets MLflow's retry settings for a server; undone afterwards
+    for (
+        key
+    ) in OUTAGE_KEYS:  # the tracker sets MLflow's retry settings for a server; undone afterwards
         monkeypatch.setenv(key, os.environ.get(key, ""))
         monkeypatch.delenv(key)
     clock = {}
@@ -371,10 +479,15 @@ def outage(monkeypatch, caplog):
                 restart.server.stop()
             elif epoch == back_after:
                 deadline = time.monotonic() + 120
-                while "does not answer: training goes on" not in caplog.text and time.monotonic() < deadline:
+                while (
+                    "does not answer: training goes on" not in caplog.text
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.1)
                 clock["restart_ms"] = int(time.time() * 1000)
-                restart.server = restart.server.__class__(restart.db, restart.artifacts, port=restart.port).start()
+                restart.server = restart.server.__class__(
+                    restart.db, restart.artifacts, port=restart.port
+                ).start()
 
         monkeypatch.setattr(EpochTimer, "on_train_epoch_end", on_train_epoch_end)
         return clock
@@ -384,30 +497,52 @@ def outage(monkeypatch, caplog):
 
 
 def _steps_between(client, run_id: str, start_ms: int, end_ms: int) -> list[int]:
-    return [m.step for m in client.get_metric_history(run_id, "train_loss") if start_ms <= m.timestamp <= end_ms]
+    return [
+        m.step
+        for m in client.get_metric_history(run_id, "train_loss")
+        if start_ms <= m.timestamp <= end_ms
+    ]
 
 
 @pytest.mark.slow
-def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, compose_cfg, outage, caplog):
+def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(
+    tmp_path, compose_cfg, outage, caplog
+):
     import mlflow
 
     from seqlab.store.server import LocalServer, free_port
 
-    port, db, artifacts = free_port(), f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
-    handle = SimpleNamespace(port=port, db=db, artifacts=artifacts, server=LocalServer(db, artifacts, port=port).start())
+    port, db, artifacts = (
+        free_port(),
+        f"sqlite:///{tmp_path}/server/mlflow.db",
+        str(tmp_path / "server" / "art"),
+    )
+    handle = SimpleNamespace(
+        port=port, db=db, artifacts=artifacts, server=LocalServer(db, artifacts, port=port).start()
+    )
     clock = outage(handle, stop_after=2, back_after=5)  # away for epochs 3 to 5
     try:
-        result = train(compose_cfg(*OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=120"))
+        result = train(
+            compose_cfg(
+                *OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=120"
+            )
+        )
         client = mlflow.MlflowClient(handle.server.uri)
         run = client.get_run(result.run_id)
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(result.run_id, "train_loss")]
         assert steps == list(range(1, 8 * 26 + 1))  # nothing lost while the server was away
         assert len(client.get_metric_history(result.run_id, "val_rmse")) == 8
-        assert not list((tmp_path / "out").glob(".seqlab-metrics-*"))  # the journal goes once the server has the run
-        assert "checkpoints/last.ckpt" in {a.path for a in client.list_artifacts(result.run_id, "checkpoints")}
+        assert not list(
+            (tmp_path / "out").glob(".seqlab-metrics-*")
+        )  # the journal goes once the server has the run
+        assert "checkpoints/last.ckpt" in {
+            a.path for a in client.list_artifacts(result.run_id, "checkpoints")
+        }
         # Training went on while the server was away: epochs 3 to 5 were trained in the outage.
-        assert _steps_between(client, result.run_id, clock["stop_ms"], clock["restart_ms"]) == list(range(2 * 26 + 1, 5 * 26 + 1))
+        assert _steps_between(client, result.run_id, clock["stop_ms"], clock["restart_ms"]) == list(
+            range(2 * 26 + 1, 5 * 26 + 1)
+        )
         out = caplog.text
         assert "does not answer: training goes on" in out and "the server is back" in out
         assert out.index("does not answer: training goes on") < out.index("the server is back")
@@ -416,25 +551,44 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(tmp_path, comp
 
 
 @pytest.mark.slow
-def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(tmp_path, store, compose_cfg, outage, caplog):
+def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(
+    tmp_path, store, compose_cfg, outage, caplog
+):
     from seqlab.store.server import LocalServer
 
-    handle = SimpleNamespace(server=LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")).start())
+    handle = SimpleNamespace(
+        server=LocalServer(
+            f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
+        ).start()
+    )
     clock = outage(handle, stop_after=2)  # gone for good from epoch 3 on
     try:
-        result = train(compose_cfg(*OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=3"))
+        result = train(
+            compose_cfg(
+                *OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=3"
+            )
+        )
     finally:
         handle.server.stop()
     (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
     assert run.info.status == "FINISHED"
     assert run.data.tags["server_run_id"] == result.run_id
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 8 * 26 + 1))
+    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(
+        range(1, 8 * 26 + 1)
+    )
     # Epochs 3 to 8 were trained after the server had gone.
-    assert _steps_between(store, run.info.run_id, clock["stop_ms"], int(time.time() * 1000)) == list(range(2 * 26 + 1, 8 * 26 + 1))
+    assert _steps_between(
+        store, run.info.run_id, clock["stop_ms"], int(time.time() * 1000)
+    ) == list(range(2 * 26 + 1, 8 * 26 + 1))
     assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
-    assert "checkpoints/last.ckpt" in {a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")}
+    assert "checkpoints/last.ckpt" in {
+        a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")
+    }
     assert "does not answer: training goes on" in caplog.text
-    assert f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}" in caplog.text
+    assert (
+        f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}"
+        in caplog.text
+    )
 
 
 def _stopped_by_sigterm_after(stop_after: int, monkeypatch, cfg) -> None:
@@ -459,16 +613,22 @@ def _stopped_by_sigterm_after(stop_after: int, monkeypatch, cfg) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_after", [7, 13], ids=["mid-epoch", "epoch-end"])
-def test_resume_is_exact_wherever_the_stop_lands(compose_cfg, store, tmp_path, monkeypatch, stop_after):
+def test_resume_is_exact_wherever_the_stop_lands(
+    compose_cfg, store, tmp_path, monkeypatch, stop_after
+):
     """In-process and deterministic: SIGTERM arrives after step `stop_after`; with 13 steps an
     epoch in items of 5, training stops at step 10 (mid-epoch) or 13 (the epoch's last item)."""
     import shutil
 
     import torch
 
-
-    args = ["data.n_samples=512", "data.batch_size=32", "trainer.max_epochs=4", "perf.steps_per_call=5",
-            "deterministic=true"]  # 410 training samples: 13 steps an epoch
+    args = [
+        "data.n_samples=512",
+        "data.batch_size=32",
+        "trainer.max_epochs=4",
+        "perf.steps_per_call=5",
+        "deterministic=true",
+    ]  # 410 training samples: 13 steps an epoch
     _stopped_by_sigterm_after(stop_after, monkeypatch, compose_cfg(*args))
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "KILLED"
@@ -530,13 +690,19 @@ def test_a_runs_copy_for_the_fallback_store_keeps_its_metrics_on_disk_not_in_mem
     tracemalloc.stop()
     assert len(record.metrics) == 200_000 and grown < 2_000_000
     read = [m for b in record.metrics.batches() for m in b]
-    assert len(read) == 200_000 and (read[1].key, read[1].value, read[1].timestamp, read[1].step) == (
-        "train_loss", 0.5 + 1e-6, 1_700_000_000_001, 1)
+    assert len(read) == 200_000 and (
+        read[1].key,
+        read[1].value,
+        read[1].timestamp,
+        read[1].step,
+    ) == ("train_loss", 0.5 + 1e-6, 1_700_000_000_001, 1)
     record.metrics.extend(batch[:1])  # after reading, more still goes at the end
     assert sum(len(b) for b in record.metrics.batches()) == 200_001
 
 
-def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_journal(tmp_path, store):
+def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_journal(
+    tmp_path, store
+):
     """A job killed outright while its server was away (SIGKILL after SIGTERM within SLURM's
     KillWait, the OOM killer): the rows the server never confirmed are in the journal in the job's
     folder, and resume= sends exactly those first."""
@@ -558,10 +724,17 @@ def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_
                 raise ConnectionError("no answer")
             answered.append(len(metrics))
 
-    sender = OutboxSender(Server(), run_id, RunRecord("run", {}, metrics=MetricJournal(tmp_path, run_id)), 60, None)
+    sender = OutboxSender(
+        Server(), run_id, RunRecord("run", {}, metrics=MetricJournal(tmp_path, run_id)), 60, None
+    )
     sender.outbox.retry_s = 0.05
     for first in (1, 26, 51, 76):  # four batches of 25 steps
-        sender.metrics([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(first, first + 25)])
+        sender.metrics(
+            [
+                Metric("train_loss", float(s), 1_700_000_000_000 + s, s)
+                for s in range(first, first + 25)
+            ]
+        )
     deadline = clock.monotonic() + 10
     while sender.record.metrics.sent < 25 and clock.monotonic() < deadline:
         clock.sleep(0.02)
@@ -616,7 +789,9 @@ def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, stor
     store.log_param(run_id, "paths.output_dir", str(folder))
     journal = MetricJournal(folder, run_id)
     journal.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(1, 11)])
-    journal.confirm(4)  # the server had taken steps 1-4 (here they never reached this store: only 5-10 may come)
+    journal.confirm(
+        4
+    )  # the server had taken steps 1-4 (here they never reached this store: only 5-10 may come)
     journal.file.close()  # the process is gone
 
     (ended,) = end_dead_runs(store)
@@ -635,7 +810,9 @@ class _Planted:
         return (open, (str(self.marker), "w"))
 
 
-def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_record(tmp_path, store):
+def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_record(
+    tmp_path, store
+):
     """Issue 33: the reaper and resume= read a run's journal from the folder its params name, which
     anyone who can write to the store can set. A pickle planted there is not loaded (before: its
     code ran), nor a journal reached through a link or owned by another user; a journal cut off
@@ -655,8 +832,10 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     experiment = store.get_experiment_by_name("Default").experiment_id
 
     def dead_run(folder):
-        run_id = store.create_run(experiment, tags={**identity(), "process_pid": str(gone.pid),
-                                                     "process_start_ticks": "1"}).info.run_id
+        run_id = store.create_run(
+            experiment,
+            tags={**identity(), "process_pid": str(gone.pid), "process_start_ticks": "1"},
+        ).info.run_id
         store.log_param(run_id, "paths.output_dir", str(folder))
         return run_id
 
@@ -675,15 +854,22 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     torn = dead_run(tmp_path / "torn")
     rows = MetricJournal(tmp_path / "torn", torn)
     rows.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(1, 6)])
-    rows.extend([Metric("train_loss", float("nan"), 1_700_000_000_006, 6)])  # a diverged step's value, as it is
+    rows.extend(
+        [Metric("train_loss", float("nan"), 1_700_000_000_006, 6)]
+    )  # a diverged step's value, as it is
     rows.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(7, 10)])
     rows.file.close()
     path = journal_paths(tmp_path / "torn", torn)[0]
-    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert (
+        oct(path.stat().st_mode & 0o777) == "0o600"
+        and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    )
     path.write_bytes(path.read_bytes()[:-7])  # the last record cut off
     (ended,) = end_dead_runs(store)
     history = store.get_metric_history(torn, "train_loss")
-    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6] and history[-1].value != history[-1].value  # NaN kept
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6] and history[-1].value != history[
+        -1
+    ].value  # NaN kept
 
     # A record whose checksum fails ends the reading there, as a torn one does.
     bad = tmp_path / "bad"
@@ -703,7 +889,9 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     rows.extend([Metric("train_loss", 1.0, 1_700_000_000_001, 1)])
     rows.file.close()
     (tmp_path / "linked").mkdir()
-    journal_paths(tmp_path / "linked", linked_run)[0].symlink_to(journal_paths(elsewhere, linked_run)[0])
+    journal_paths(tmp_path / "linked", linked_run)[0].symlink_to(
+        journal_paths(elsewhere, linked_run)[0]
+    )
     assert deliver_journal(store, linked_run, tmp_path / "linked") == 0
     if os.getuid() == 0:  # only root can give a file to another user here
         os.chown(journal_paths(elsewhere, linked_run)[0], 65534, 65534)
@@ -712,18 +900,21 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
 
 
 @pytest.mark.slow
-def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_changed(compose_cfg, store, tmp_path,
-                                                                                    monkeypatch):
+def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_changed(
+    compose_cfg, store, tmp_path, monkeypatch
+):
     """Issue 34, point 3: a data file that grew between the stop and the resume moves validation
     samples into training; the resume compares the sets' digests with the run's and refuses, naming
     the file, unless resume_data=changed (then it goes on, tagged)."""
 
     import numpy as np
 
-
     rng = np.random.default_rng(0)
     path = tmp_path / "load.npz"
-    x, y = rng.normal(size=(300, 1, 1440)).astype(np.float32), rng.normal(size=(300, 1)).astype(np.float32)
+    x, y = (
+        rng.normal(size=(300, 1, 1440)).astype(np.float32),
+        rng.normal(size=(300, 1)).astype(np.float32),
+    )
     np.savez(path, X=x, y=y)
     args = ["data=npz", f"data.path={path}", "trainer.max_epochs=2", "logger.system_metrics=false"]
     _stopped_by_sigterm_after(2, monkeypatch, compose_cfg(*args))
@@ -732,20 +923,36 @@ def test_a_resume_on_changed_data_is_refused_in_one_line_unless_resume_data_chan
     assert run.info.status == "KILLED"
 
     grown = rng.normal(size=(40, 1, 1440)).astype(np.float32)
-    np.savez(path, X=np.concatenate([x, grown]), y=np.concatenate([y, rng.normal(size=(40, 1)).astype(np.float32)]))
+    np.savez(
+        path,
+        X=np.concatenate([x, grown]),
+        y=np.concatenate([y, rng.normal(size=(40, 1)).astype(np.float32)]),
+    )
     with pytest.raises(SeqlabError) as refused:
         train(compose_cfg(*args, f"resume={run_id}"))
     line = str(refused.value)
-    assert line.startswith(f"resume={run_id}: the data differ from the run's: the training set (load-train) had digest ")
-    assert f"{path} now gives " in line and "(240 samples)" in line and "(272 samples)" in line, line
+    assert line.startswith(
+        f"resume={run_id}: the data differ from the run's: the training set (load-train) had digest "
+    )
+    assert f"{path} now gives " in line and "(240 samples)" in line and "(272 samples)" in line, (
+        line
+    )
     assert line.endswith("or go on with these with resume_data=changed") and "\n" not in line
     assert "resume_data" not in store.get_run(run_id).data.tags
 
     train(compose_cfg(*args, f"resume={run_id}", "resume_data=changed"))
     after = store.get_run(run_id)
     assert after.info.status == "FINISHED" and after.data.tags["resume_data"] == "changed"
-    contexts = sorted(next(t.value for t in d.tags if t.key == "mlflow.data.context") for d in after.inputs.dataset_inputs)
-    assert contexts == ["training", "training", "validation", "validation"]  # what it trained on before, and after
+    contexts = sorted(
+        next(t.value for t in d.tags if t.key == "mlflow.data.context")
+        for d in after.inputs.dataset_inputs
+    )
+    assert contexts == [
+        "training",
+        "training",
+        "validation",
+        "validation",
+    ]  # what it trained on before, and after
 
 
 def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(tmp_path):
@@ -769,6 +976,8 @@ def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(
     with pytest.raises(WriteFailed) as full:
         journal.extend([Metric("train_loss", 1.0, 1_700_000_000_001, 1)])
     line = str(full.value)
-    assert line.startswith(f"could not write {journal_paths(tmp_path, 'r1')[0]}: No space left on device; free space")
+    assert line.startswith(
+        f"could not write {journal_paths(tmp_path, 'r1')[0]}: No space left on device; free space"
+    )
     assert ending_status(full.value) == ("KILLED", line)
     assert ending_status(ValueError("a bug")) == ("FAILED", "a bug")

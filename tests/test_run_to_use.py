@@ -68,16 +68,27 @@ def test_the_pyfunc_model_predicts_what_the_checkpoint_does(trained):
 @pytest.mark.slow
 def test_registering_again_makes_version_2(trained, tmp_path):
     root, result, client = trained
-    again = train(compose_in(root, "data.n_samples=128", "trainer.max_epochs=1", f"logger.register_as={REGISTERED}",
-                             f"paths.output_dir={tmp_path}/again"))
+    again = train(
+        compose_in(
+            root,
+            "data.n_samples=128",
+            "trainer.max_epochs=1",
+            f"logger.register_as={REGISTERED}",
+            f"paths.output_dir={tmp_path}/again",
+        )
+    )
     assert again.model_uri == f"models:/{REGISTERED}/2"
-    versions = {str(v.version): v.run_id for v in client.search_model_versions(f"name='{REGISTERED}'")}
+    versions = {
+        str(v.version): v.run_id for v in client.search_model_versions(f"name='{REGISTERED}'")
+    }
     assert versions == {"1": result.run_id, "2": again.run_id}
     assert client.get_run(again.run_id).data.tags["registered_model"] == f"models:/{REGISTERED}/2"
 
 
 @pytest.mark.slow
-def test_an_unregistered_run_has_its_model_under_runs_and_links_to_the_model_training_view(compose_cfg, store, caplog):
+def test_an_unregistered_run_has_its_model_under_runs_and_links_to_the_model_training_view(
+    compose_cfg, store, caplog
+):
     caplog.set_level("INFO", logger="seqlab")
     result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1"))
     assert result.model_uri == f"runs:/{result.run_id}/model"
@@ -98,7 +109,9 @@ def test_an_experiment_made_before_is_marked_as_model_training_once(store):
     old = store.create_experiment("made-before")
     assert ensure_experiment(store, "made-before", None) == old
     assert store.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
-    store.set_experiment_tag(old, "mlflow.experimentKind", "genai_development")  # a user's own choice stays
+    store.set_experiment_tag(
+        old, "mlflow.experimentKind", "genai_development"
+    )  # a user's own choice stays
     ensure_experiment(store, "made-before", None)
     assert store.get_experiment(old).tags["mlflow.experimentKind"] == "genai_development"
 
@@ -106,7 +119,9 @@ def test_an_experiment_made_before_is_marked_as_model_training_once(store):
 def test_the_training_and_validation_data_are_the_run_s_dataset_inputs(trained):
     root, result, client = trained
     inputs = client.get_run(result.run_id).inputs.dataset_inputs
-    by_context = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset for i in inputs}
+    by_context = {
+        next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset for i in inputs
+    }
     assert set(by_context) == {"training", "validation"}
     train_set, val_set = by_context["training"], by_context["validation"]
     assert (train_set.name, val_set.name) == ("synthetic-train", "synthetic-val")
@@ -123,8 +138,14 @@ def test_the_training_and_validation_data_are_the_run_s_dataset_inputs(trained):
 def test_a_file_s_dataset_source_is_its_path(compose_cfg, store, tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "own.npz"
-    np.savez(path, X=rng.normal(size=(96, 3, 4)).astype(np.float32), y=rng.normal(size=96).astype(np.float32))
-    result = train(compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32"))
+    np.savez(
+        path,
+        X=rng.normal(size=(96, 3, 4)).astype(np.float32),
+        y=rng.normal(size=96).astype(np.float32),
+    )
+    result = train(
+        compose_cfg("data=npz", f"data.path={path}", "trainer.max_epochs=1", "data.batch_size=32")
+    )
     inputs = store.get_run(result.run_id).inputs.dataset_inputs
     names = {i.dataset.name: i.dataset for i in inputs}
     assert set(names) == {"own-train", "own-val"}
@@ -159,7 +180,9 @@ def _pyfunc(root, uri):
 
 def _compose_predict(root, out, *overrides):
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        return compose("predict", overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides])
+        return compose(
+            "predict", overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides]
+        )
 
 
 @pytest.mark.slow
@@ -179,18 +202,24 @@ def test_predict_cli_on_npz_writes_predictions_and_an_evaluation_run(trained, tm
     with np.load(f"{out}/predictions.npz") as saved:
         np.testing.assert_allclose(saved["predictions"], expected, rtol=1e-5, atol=1e-6)
 
-    (evaluation,) = client.search_runs([client.get_run(result.run_id).info.experiment_id],
-                                       f"tags.training_run_id = '{result.run_id}'")
+    (evaluation,) = client.search_runs(
+        [client.get_run(result.run_id).info.experiment_id],
+        f"tags.training_run_id = '{result.run_id}'",
+    )
     assert evaluation.info.status == "FINISHED"
     assert evaluation.data.tags["mlflow.parentRunId"] == result.run_id
     rmse = float(np.sqrt(((expected - y) ** 2).mean()))
     assert evaluation.data.metrics["rmse"] == pytest.approx(rmse, rel=1e-4)
-    assert evaluation.data.metrics["mae"] == pytest.approx(float(np.abs(expected - y).mean()), rel=1e-4)
+    assert evaluation.data.metrics["mae"] == pytest.approx(
+        float(np.abs(expected - y).mean()), rel=1e-4
+    )
     assert evaluation.data.metrics["n_samples"] == 48
     files = {f.path for f in client.list_artifacts(evaluation.info.run_id)}
     assert {"predictions.csv", "predictions.npz", "predicted_vs_actual.png"} <= files
     (data_input,) = evaluation.inputs.dataset_inputs
-    assert data_input.dataset.name == "new" and json.loads(data_input.dataset.profile)["features_shape"] == [48, 1, 1440]
+    assert data_input.dataset.name == "new" and json.loads(data_input.dataset.profile)[
+        "features_shape"
+    ] == [48, 1, 1440]
     assert f"evaluation run {evaluation.info.run_id}" in done.stdout
     assert f"/runs/{evaluation.info.run_id}?workflowType=machine_learning" in done.stdout
 
@@ -208,11 +237,17 @@ def test_predict_on_csv_and_mat_by_registered_version(trained, tmp_path):
     mat = tmp_path / "new.mat"
     write_v5(mat, {"XrTrain": x[:, 0, :].astype(np.float64), "YrTrain": y.astype(np.float64)})
     for data in (["data=csv", f"data.path={csv}"], ["data=mat", f"data.path={mat}"]):
-        done = predict(_compose_predict(root, tmp_path / data[0].split("=")[1], f"model_uri=models:/{REGISTERED}/1", *data))
+        done = predict(
+            _compose_predict(
+                root, tmp_path / data[0].split("=")[1], f"model_uri=models:/{REGISTERED}/1", *data
+            )
+        )
         assert done.training_run_id == result.run_id
         table = np.loadtxt(done.csv, delimiter=",", skiprows=1)
         np.testing.assert_allclose(table[:, 0], expected[:, 0], rtol=1e-5, atol=1e-5)
-        assert done.metrics["rmse"] == pytest.approx(float(np.sqrt(((expected - y) ** 2).mean())), rel=1e-4)
+        assert done.metrics["rmse"] == pytest.approx(
+            float(np.sqrt(((expected - y) ** 2).mean())), rel=1e-4
+        )
         assert client.get_run(done.run_id).data.tags["model_uri"] == f"models:/{REGISTERED}/1"
     # a comparison of the experiment's runs leaves the evaluation runs out
     from seqlab.sweeps.runs import find_runs
@@ -228,7 +263,11 @@ def test_predict_without_targets_writes_predictions_only(trained, tmp_path):
     x, _ = _new_data(n=10)
     path = tmp_path / "inputs_only.npz"
     np.savez(path, X=x)
-    done = predict(_compose_predict(root, tmp_path / "out", f"run={result.run_id}", "data=npz", f"data.path={path}"))
+    done = predict(
+        _compose_predict(
+            root, tmp_path / "out", f"run={result.run_id}", "data=npz", f"data.path={path}"
+        )
+    )
     assert done.metrics == {} and done.run_id is None
     assert open(done.csv).readline().strip() == "prediction"
     assert np.loadtxt(done.csv, skiprows=1).shape == (10,)
@@ -239,11 +278,18 @@ def test_predict_without_targets_writes_predictions_only(trained, tmp_path):
 def test_predict_cli_bad_input_is_one_line(trained, tmp_path, case):
     root, result, client = trained
     if case == "unknown run":
-        args, message = ["run=0123456789abcdef0123456789abcdef"], "error: run=0123456789abcdef0123456789abcdef: no such run"
+        args, message = (
+            ["run=0123456789abcdef0123456789abcdef"],
+            "error: run=0123456789abcdef0123456789abcdef: no such run",
+        )
     else:
         path = tmp_path / "narrow.npz"
         np.savez(path, X=np.zeros((8, 1, 100), np.float32), y=np.zeros(8, np.float32))
-        args = [f"model=models:/{REGISTERED}/1", "data=npz", f"data.path={path}"]  # model=: model_uri's short form
+        args = [
+            f"model=models:/{REGISTERED}/1",
+            "data=npz",
+            f"data.path={path}",
+        ]  # model=: model_uri's short form
         message = "error: data: the model takes inputs of (samples, steps, features) = (N, 1, 1440), and npz has (N, 1, 100)"
     done = _cli(root, *args)
     assert done.returncode == 1
@@ -257,7 +303,9 @@ def test_predict_with_a_run_without_a_model_is_one_line(tmp_path, compose_cfg, s
     from seqlab.predict import main
 
     with pytest.raises(SeqlabError):  # a run that fails before training: it has no model
-        train(compose_cfg("data.n_samples=128", "module.output_network=best", "data.val_fraction=0"))
+        train(
+            compose_cfg("data.n_samples=128", "module.output_network=best", "data.val_fraction=0")
+        )
     (failed,) = runs_of(store, "seqlab")
     cfg = _compose_predict(tmp_path, tmp_path / "p", f"run={failed.info.run_id}")
     with pytest.raises(SystemExit) as stop:
@@ -284,13 +332,31 @@ def test_mlflow_models_serve_answers_a_post_with_the_predictions(trained, tmp_pa
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     bin_dir = str(Path(sys.executable).parent)  # mlflow starts uvicorn from PATH
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlruns/mlflow.db"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlruns/mlflow.db",
+    }
     log = open(tmp_path / "serve.log", "w")
     server = subprocess.Popen(
-        [str(Path(bin_dir) / "mlflow"), "models", "serve", "-m", f"runs:/{result.run_id}/model",
-         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(Path(bin_dir) / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            f"runs:/{result.run_id}/model",
+            "--env-manager",
+            "local",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 180
@@ -304,10 +370,14 @@ def test_mlflow_models_serve_answers_a_post_with_the_predictions(trained, tmp_pa
             assert time.monotonic() < deadline, "the model server did not start in 180 s"
             time.sleep(0.5)
         x = _inputs(n=3, seed=11)
-        answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": x.tolist()}, timeout=30)
+        answer = requests.post(
+            f"http://127.0.0.1:{port}/invocations", json={"inputs": x.tolist()}, timeout=30
+        )
         assert answer.status_code == 200, answer.text
         expected = _pyfunc(root, f"runs:/{result.run_id}/model").predict(x)
-        np.testing.assert_allclose(np.asarray(answer.json()["predictions"]), expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(answer.json()["predictions"]), expected, rtol=1e-5, atol=1e-6
+        )
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the uvicorn it started
         server.wait(timeout=30)
@@ -319,43 +389,62 @@ def test_predict_cli_misspelled_key_and_missing_model_are_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "error: rnu is not a config key; did you mean run? (the keys are: data, evaluate, experiment_name, "
-        "model_uri, paths, run, seed, tracking_uri, hydra)"]
+        "model_uri, paths, run, seed, tracking_uri, hydra)"
+    ]
     done = _cli(tmp_path, "data=npz")
     assert done.returncode == 1
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    assert lines == ["error: say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them"]
+    assert lines == [
+        "error: say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them"
+    ]
 
 
 @pytest.mark.slow
-def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(compose_cfg, tmp_path, caplog, capfd,
-                                                                               mlflow_server):
+def test_against_a_server_the_model_registers_and_the_only_link_opens_the_runs(
+    compose_cfg, tmp_path, caplog, capfd, mlflow_server
+):
     # The session's server (tests/conftest.py), in an experiment and a registered model of this test's own.
     server, name = mlflow_server, f"served-{tmp_path.name}"
     caplog.set_level("INFO", logger="seqlab")
-    result = train(compose_cfg("data.n_samples=128", "trainer.max_epochs=1", f"logger.tracking_uri={server.uri}",
-                               f"logger.experiment_name={name}", f"logger.register_as={name}"))
+    result = train(
+        compose_cfg(
+            "data.n_samples=128",
+            "trainer.max_epochs=1",
+            f"logger.tracking_uri={server.uri}",
+            f"logger.experiment_name={name}",
+            f"logger.register_as={name}",
+        )
+    )
     client = mlflow.MlflowClient(server.uri)
     assert result.model_uri == f"models:/{name}/1"
-    assert [(str(v.version), v.run_id) for v in client.search_model_versions(f"name='{name}'")] == [("1", result.run_id)]
+    assert [(str(v.version), v.run_id) for v in client.search_model_versions(f"name='{name}'")] == [
+        ("1", result.run_id)
+    ]
     experiment = client.get_experiment_by_name(name)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     link = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs/{result.run_id}?workflowType=machine_learning"
     assert f"see it: {link}" in caplog.text
-    assert "View run" not in capfd.readouterr().out  # MLflow's own links, without the view, are not printed
+    assert (
+        "View run" not in capfd.readouterr().out
+    )  # MLflow's own links, without the view, are not printed
 
 
 def test_links_leave_out_credentials():
     from seqlab.store.ui import run_link
 
-    assert run_link("3", "abc", base="https://me:secret@mlflow.example.org/") == \
-        "https://mlflow.example.org/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert (
+        run_link("3", "abc", base="https://me:secret@mlflow.example.org/")
+        == "https://mlflow.example.org/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
 
 
 def test_a_registered_name_with_a_slash_is_one_line(compose_cfg):
     from seqlab.schema import ConfigError
     from seqlab.validation import validate
 
-    with pytest.raises(ConfigError, match=r"^logger.register_as must be a model name without '/'.*got 'a/b'$"):
+    with pytest.raises(
+        ConfigError, match=r"^logger.register_as must be a model name without '/'.*got 'a/b'$"
+    ):
         validate(compose_cfg("logger.register_as=a/b"))
 
 
@@ -374,10 +463,14 @@ def test_two_jobs_logging_the_same_dataset_at_once_both_record_it():
         def log_inputs(self, run_id, datasets):
             calls.append((run_id, [d.dataset.name for d in datasets]))
             if len(calls) == 1:
-                raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
-                                      "datasets.name, datasets.digest")
+                raise MlflowException(
+                    "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                    "datasets.name, datasets.digest"
+                )
 
-    cfg = OmegaConf.create({"name": "npz", "path": "/data/x.npz", "source": {"_target_": "seqlab.data.load_npz"}})
+    cfg = OmegaConf.create(
+        {"name": "npz", "path": "/data/x.npz", "source": {"_target_": "seqlab.data.load_npz"}}
+    )
     ds = dataset(cfg, np.zeros((4, 1, 3), np.float32), np.zeros((4, 1), np.float32), "npz-train")
     log_inputs(RacingClient(), "run1", [(ds, "training")])
     assert calls == [("run1", ["npz-train"]), ("run1", ["npz-train"])]
@@ -397,11 +490,15 @@ def test_predict_finds_a_runs_model_among_more_than_a_page_of_models(trained, tm
     whose model was not on the first page."""
     root, result, _ = trained
     (tmp_path / "mlruns").mkdir(exist_ok=True)
-    shutil.copy(root / "mlruns" / "mlflow.db", tmp_path / "mlruns" / "mlflow.db")  # the artifacts stay where they are
+    shutil.copy(
+        root / "mlruns" / "mlflow.db", tmp_path / "mlruns" / "mlflow.db"
+    )  # the artifacts stay where they are
     store = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = store.get_run(result.run_id).info.experiment_id
     for _ in range(100):  # newer models of other runs: the first page
-        store.create_logged_model(experiment, name="model", source_run_id=store.create_run(experiment).info.run_id)
+        store.create_logged_model(
+            experiment, name="model", source_run_id=store.create_run(experiment).info.run_id
+        )
     x, _ = _new_data(8)
     path = tmp_path / "new.npz"
     np.savez(path, X=x)

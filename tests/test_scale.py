@@ -63,8 +63,14 @@ def test_the_server_preset_takes_its_address_from_the_environment(compose_cfg, m
 @pytest.mark.slow
 def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_server):
     server = mlflow_server  # the session's server, in an experiment of this test's own
-    proc = run_cli("-m", "data.batch_size=32,64", "logger=mlflow_server", *TINY, "logger.experiment_name=to-a-server",
-                   env={"MLFLOW_TRACKING_URI": server.uri})
+    proc = run_cli(
+        "-m",
+        "data.batch_size=32,64",
+        "logger=mlflow_server",
+        *TINY,
+        "logger.experiment_name=to-a-server",
+        env={"MLFLOW_TRACKING_URI": server.uri},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = mlflow.MlflowClient(server.uri)
     (parent,), children = _children(client, "to-a-server")
@@ -80,7 +86,10 @@ def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_serve
         # Artifacts went through the server (no path on this client's disk in their location).
         assert run.info.artifact_uri.startswith("mlflow-artifacts:")
         assert {"config.yaml", "checkpoints/last.ckpt"} <= artifact_paths(client, run.info.run_id)
-    assert any(p.name.startswith("comparison") for p in map(Path, artifact_paths(client, parent.info.run_id)))
+    assert any(
+        p.name.startswith("comparison")
+        for p in map(Path, artifact_paths(client, parent.info.run_id))
+    )
     assert no_runs(store)  # nothing went to the local store
 
 
@@ -88,8 +97,14 @@ def test_a_multirun_sent_to_a_real_server(run_cli, store, tmp_path, mlflow_serve
 @pytest.mark.slow
 @pytest.mark.fresh_store  # the sweep makes a new store's tables before its jobs race to
 def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_path):
-    proc = run_process("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                   "data.batch_size=16,32,64", *TINY, timeout=600)  # 3 jobs: a worker takes a second
+    proc = run_process(
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "data.batch_size=16,32,64",
+        *TINY,
+        timeout=600,
+    )  # 3 jobs: a worker takes a second
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "database is locked" not in out
@@ -110,13 +125,17 @@ def test_parallel_jobs_on_the_sqlite_store_lose_nothing(run_process, store, tmp_
     (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
     info = __import__("json").loads((sweep_dir / "sweep.json").read_text())
     assert info["store_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
-    assert info["tracking_uri"].startswith("http://127.0.0.1:") and _port_closed(info["tracking_uri"])
+    assert info["tracking_uri"].startswith("http://127.0.0.1:") and _port_closed(
+        info["tracking_uri"]
+    )
     assert (sweep_dir / "mlflow_server.log").is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.fresh_store
-def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_server(tmp_path, store):
+def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_server(
+    tmp_path, store
+):
     """docs/scaling.md: the parent process of a parallel sweep only waits for its workers; a
     SIGTERM (scancel, kill) ends it with 128 + the signal, its parent run KILLED with the command
     that continues the sweep, and its loopback server stopped. SIGHUP takes the same handler (below)."""
@@ -129,12 +148,26 @@ def test_a_parallel_sweep_stopped_by_a_signal_ends_its_parent_killed_and_its_ser
 
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
-        proc = start_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "data.batch_size=32,64",
-                         "data.n_samples=256", "trainer.max_epochs=2000", "logger.system_metrics=false",
-                         stdout=sink, stderr=subprocess.STDOUT, new_session=True)
+        proc = start_cli(
+            tmp_path,
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "data.batch_size=32,64",
+            "data.n_samples=256",
+            "trainer.max_epochs=2000",
+            "logger.system_metrics=false",
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            new_session=True,
+        )
     try:
         deadline = time.monotonic() + 240
-        while "epoch 2/" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        while (
+            "epoch 2/" not in out.read_text()
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         assert "epoch 2/" in out.read_text(), out.read_text()[-3000:]  # the jobs are training
         _only_the_sweeps_jobs_get_in(tmp_path, proc.pid)
@@ -166,22 +199,44 @@ def _only_the_sweeps_jobs_get_in(tmp_path, sweep_pid: int) -> None:
     import requests
 
     (sweep_dir,) = (tmp_path / "logs" / "multiruns").iterdir()
-    search = json.loads((sweep_dir / "sweep.json").read_text())["tracking_uri"] + "/api/2.0/mlflow/runs/search"
+    search = (
+        json.loads((sweep_dir / "sweep.json").read_text())["tracking_uri"]
+        + "/api/2.0/mlflow/runs/search"
+    )
     assert requests.post(search, json={"experiment_ids": ["0"]}, timeout=30).status_code == 401
-    assert requests.post(search, json={"experiment_ids": ["0"]}, auth=("seqlab-sweep", "a-guess-at-it"),
-                         timeout=30).status_code == 401
+    assert (
+        requests.post(
+            search,
+            json={"experiment_ids": ["0"]},
+            auth=("seqlab-sweep", "a-guess-at-it"),
+            timeout=30,
+        ).status_code
+        == 401
+    )
     # The jobs' processes (the launcher's workers, started after the server) hold the password.
     found = set()
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            values = dict(v.split("=", 1) for v in environ.read_text(errors="replace").split("\0") if "=" in v)
+            values = dict(
+                v.split("=", 1) for v in environ.read_text(errors="replace").split("\0") if "=" in v
+            )
         except OSError:
             continue
-        if values.get("MLFLOW_TRACKING_USERNAME") == "seqlab-sweep" and values.get("MLFLOW_TRACKING_PASSWORD"):
+        if values.get("MLFLOW_TRACKING_USERNAME") == "seqlab-sweep" and values.get(
+            "MLFLOW_TRACKING_PASSWORD"
+        ):
             found.add(values["MLFLOW_TRACKING_PASSWORD"])
-    signed_in = [p for p in found if requests.post(search, json={"experiment_ids": ["0"]}, auth=("seqlab-sweep", p),
-                                                    timeout=30).status_code == 200]
-    assert len(signed_in) == 1, f"{len(found)} password(s) in the sweep's processes, {len(signed_in)} signed in"
+    signed_in = [
+        p
+        for p in found
+        if requests.post(
+            search, json={"experiment_ids": ["0"]}, auth=("seqlab-sweep", p), timeout=30
+        ).status_code
+        == 200
+    ]
+    assert len(signed_in) == 1, (
+        f"{len(found)} password(s) in the sweep's processes, {len(signed_in)} signed in"
+    )
     password = signed_in[0]
     assert len(password) >= 24
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -191,7 +246,9 @@ def _only_the_sweeps_jobs_get_in(tmp_path, sweep_pid: int) -> None:
             pass  # a process that ended meanwhile
 
 
-def test_a_closed_terminal_ends_a_parallel_sweeps_waiting_parent_as_sigterm_does(monkeypatch, tmp_path):
+def test_a_closed_terminal_ends_a_parallel_sweeps_waiting_parent_as_sigterm_does(
+    monkeypatch, tmp_path
+):
     """SIGHUP (the terminal closed) and SIGTERM reach the parent of a parallel sweep the same way:
     SystemExit with 128 + the signal, marked interrupted, so that atexit ends its run KILLED."""
     from types import SimpleNamespace
@@ -209,12 +266,17 @@ def test_a_closed_terminal_ends_a_parallel_sweeps_waiting_parent_as_sigterm_does
             return self
 
     monkeypatch.setattr(server_module, "LocalServer", NoServer)
-    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")  # _serve sets it; undone after
+    monkeypatch.setenv(
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false"
+    )  # _serve sets it; undone after
     callback = MlflowSweepCallback()
-    callback.tracker = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=None, connect=lambda: None)
+    callback.tracker = SimpleNamespace(
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=None, connect=lambda: None
+    )
     config = OmegaConf.create({"hydra": {"launcher": {"_target_": LOCAL_PARALLEL_LAUNCHERS[0]}}})
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
+
         def unhandled(signum, frame):
             raise AssertionError(f"{signal.Signals(signum).name} did not reach the sweep's handler")
 
@@ -240,13 +302,21 @@ def test_a_loopback_server_starts_uvicorn_as_mlflow_server_would():
     from seqlab.store.server_command import ARTIFACTS_ENV, BACKEND_ENV, uvicorn_command, uvicorn_env
 
     env = uvicorn_env({BACKEND_ENV: "sqlite:///s.db", ARTIFACTS_ENV: "/a"})
-    assert env[constants.BACKEND_STORE_URI_ENV_VAR] == env[constants.REGISTRY_STORE_URI_ENV_VAR] == "sqlite:///s.db"
-    assert env[constants.ARTIFACTS_DESTINATION_ENV_VAR] == "/a" and env[constants.SERVE_ARTIFACTS_ENV_VAR] == "true"
+    assert (
+        env[constants.BACKEND_STORE_URI_ENV_VAR]
+        == env[constants.REGISTRY_STORE_URI_ENV_VAR]
+        == "sqlite:///s.db"
+    )
+    assert (
+        env[constants.ARTIFACTS_DESTINATION_ENV_VAR] == "/a"
+        and env[constants.SERVE_ARTIFACTS_ENV_VAR] == "true"
+    )
     assert env[constants.ARTIFACT_ROOT_ENV_VAR] == "mlflow-artifacts:/"
     assert env[mlflow.environment_variables._MLFLOW_SGI_NAME.name] == "uvicorn"
     assert mlflow.environment_variables._MLFLOW_SERVER_BOOT_ID.name in env
     assert uvicorn_command("127.0.0.1", 5123) == mlflow.server._build_uvicorn_command(
-        None, "127.0.0.1", 5123, 1, "mlflow.server.fastapi_app:app")
+        None, "127.0.0.1", 5123, 1, "mlflow.server.fastapi_app:app"
+    )
 
 
 def test_the_sweep_callback_travels_to_launcher_workers_without_its_server():
@@ -298,10 +368,15 @@ def test_an_unknown_strategy_is_refused_up_front(run_cli):
 # -- SLURM -------------------------------------------------------------------------------------
 def test_the_slurm_launcher_config_composes():
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-        cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.devices=4",
-                                          "hydra.launcher.partition=gpu"], return_hydra_config=True)
+        cfg = compose(
+            "train",
+            overrides=["hydra/launcher=slurm", "trainer.devices=4", "hydra.launcher.partition=gpu"],
+            return_hydra_config=True,
+        )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (
+        launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    )
     assert launcher.partition == "gpu" and launcher.timeout_min == 60
     assert launcher.tasks_per_node == launcher.gpus_per_node == 4 and launcher.nodes == 1
     assert launcher.submitit_folder.endswith("/.submitit/%j")
@@ -320,8 +395,10 @@ def test_only_launchers_on_this_machine_get_the_loopback_server(tmp_path):
 
     callback = MlflowSweepCallback()
     callback.tracker = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    for target in ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",  # one job at a time
-                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"):  # other hosts
+    for target in (
+        "hydra._internal.core_plugins.basic_launcher.BasicLauncher",  # one job at a time
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+    ):  # other hosts
         config = OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
         assert callback._serve(config, tmp_path) is None and callback.server is None
 
@@ -348,13 +425,20 @@ def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_s
 
     from seqlab.data import SeqDataModule, synthetic_daily_load
 
-    dm = SeqDataModule(lambda n_samples, seed: synthetic_daily_load(n_samples, seed), n_samples=200, batch_size=16)
+    dm = SeqDataModule(
+        lambda n_samples, seed: synthetic_daily_load(n_samples, seed), n_samples=200, batch_size=16
+    )
     dm.setup()
     dm.configure_batching("dataloader", on_device=False, batches_per_item=1)
     dm.trainer = SimpleNamespace(global_rank=1, world_size=2)
-    assert isinstance(dm.train_dataloader(), DataLoader)  # Lightning swaps in its DistributedSampler
+    assert isinstance(
+        dm.train_dataloader(), DataLoader
+    )  # Lightning swaps in its DistributedSampler
     dm.batch_size = 128  # 160 training samples: 80 a process
-    with pytest.raises(SeqlabError, match="give each of the 2 processes 80, fewer than one batch of data.batch_size=128"):
+    with pytest.raises(
+        SeqlabError,
+        match="give each of the 2 processes 80, fewer than one batch of data.batch_size=128",
+    ):
         dm.train_dataloader()
 
 
@@ -377,8 +461,12 @@ def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     logged = {}
-    tracker = SimpleNamespace(log_series=lambda series, steps, times: logged.update(series, steps=steps))
-    recorder = StepMetricsRecorder(tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss, every_s=0.0)
+    tracker = SimpleNamespace(
+        log_series=lambda series, steps, times: logged.update(series, steps=steps)
+    )
+    recorder = StepMetricsRecorder(
+        tracker, every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss, every_s=0.0
+    )
     for step, loss in enumerate([1.5, 0.5, 4.5], start=1):  # this process's (rank 0's) losses
         recorder.steps.add(torch.tensor(loss), step, 0.01)
     recorder.flush()
@@ -410,33 +498,53 @@ def test_a_server_whose_port_another_program_took_starts_on_another(tmp_path, mo
     taken = squatter.server_address[1]
     try:
         db, art = f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
-        with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} exited with status"):
-            LocalServer(db, art, port=taken, log_path=tmp_path / "given.log").start()  # a port given is kept
+        with pytest.raises(
+            SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} exited with status"
+        ):
+            LocalServer(
+                db, art, port=taken, log_path=tmp_path / "given.log"
+            ).start()  # a port given is kept
 
         # A sweep's job knows its server by pid: the other program's answer is not taken for it,
         # and a server that is gone is one line.
         alive_elsewhere = subprocess.Popen(["sleep", "30"])
         try:
-            with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} did not answer within 2 s"):
-                server_module.wait_until_up(f"http://127.0.0.1:{taken}", timeout_s=2, pid=alive_elsewhere.pid)
+            with pytest.raises(
+                SeqlabError,
+                match=rf"the MLflow server for http://127.0.0.1:{taken} did not answer within 2 s",
+            ):
+                server_module.wait_until_up(
+                    f"http://127.0.0.1:{taken}", timeout_s=2, pid=alive_elsewhere.pid
+                )
         finally:
             alive_elsewhere.kill()
             alive_elsewhere.wait()
-        with pytest.raises(SeqlabError, match=rf"the MLflow server for http://127.0.0.1:{taken} \(pid {alive_elsewhere.pid}\) is gone"):
-            server_module.wait_until_up(f"http://127.0.0.1:{taken}", timeout_s=30, pid=alive_elsewhere.pid)
+        with pytest.raises(
+            SeqlabError,
+            match=rf"the MLflow server for http://127.0.0.1:{taken} \(pid {alive_elsewhere.pid}\) is gone",
+        ):
+            server_module.wait_until_up(
+                f"http://127.0.0.1:{taken}", timeout_s=30, pid=alive_elsewhere.pid
+            )
 
         ports = iter([taken])
         free = server_module.free_port
-        monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or free(host))
+        monkeypatch.setattr(
+            server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or free(host)
+        )
         with LocalServer(db, art, log_path=tmp_path / "chosen.log") as server:
             assert server.port != taken
-            assert mlflow.MlflowClient(server.uri).search_experiments()[0].name == "Default"  # MLflow, not the other program
+            assert (
+                mlflow.MlflowClient(server.uri).search_experiments()[0].name == "Default"
+            )  # MLflow, not the other program
     finally:
         squatter.shutdown()
 
 
 @pytest.mark.slow
-def test_make_server_keeps_the_databases_password_off_every_command_line(postgres, run_cli, tmp_path):
+def test_make_server_keeps_the_databases_password_off_every_command_line(
+    postgres, run_cli, tmp_path
+):
     # Issue 24, point 6: `make server BACKEND_STORE_URI=postgresql://user:password@...` echoed the
     # password and left it on the command lines of seqlab.store.server and mlflow server (ps).
     # The server on PostgreSQL it starts is also where a run is logged: its metrics and artifacts land.
@@ -447,9 +555,15 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(postgre
 
     port = free_port()
     # As docs/scaling.md says to start it: the URL in make's environment (BACKEND_STORE_URI=... make server).
-    make = subprocess.Popen(["make", "-s", "server", f"ARTIFACTS={tmp_path / 'art'}", f"PORT={port}"], cwd=ROOT,
-                            env={**os.environ, "BACKEND_STORE_URI": postgres}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    make = subprocess.Popen(
+        ["make", "-s", "server", f"ARTIFACTS={tmp_path / 'art'}", f"PORT={port}"],
+        cwd=ROOT,
+        env={**os.environ, "BACKEND_STORE_URI": postgres},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_until_up(f"http://127.0.0.1:{port}", timeout_s=120)
         tree = [psutil.Process(make.pid), *psutil.Process(make.pid).children(recursive=True)]
@@ -458,7 +572,9 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(postgre
         assert [line for line in lines if POSTGRES_PASSWORD in line] == []
         client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
         assert client.search_experiments()  # it serves the PostgreSQL store
-        proc = run_cli(*TINY, "logger=mlflow_server", f"logger.tracking_uri=http://127.0.0.1:{port}")
+        proc = run_cli(
+            *TINY, "logger=mlflow_server", f"logger.tracking_uri=http://127.0.0.1:{port}"
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         (run,) = runs_of(client, "seqlab")
         assert run.info.status == "FINISHED"

@@ -36,40 +36,63 @@ def _preset(tmp_path: Path, sweeper: dict) -> list[str]:
     """A search preset of the test's own, beside the project's configs."""
     folder = tmp_path / "conf" / "hparams_search"
     folder.mkdir(parents=True, exist_ok=True)
-    body = OmegaConf.create({"defaults": [{"override /hydra/sweeper": "seqlab_optuna"}],
-                             "hydra": {"sweeper": {"storage": "${paths.optuna_storage}", **sweeper}}})
+    body = OmegaConf.create(
+        {
+            "defaults": [{"override /hydra/sweeper": "seqlab_optuna"}],
+            "hydra": {"sweeper": {"storage": "${paths.optuna_storage}", **sweeper}},
+        }
+    )
     (folder / "test.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(body))
     return ["--config-dir", str(tmp_path / "conf"), "hparams_search=test"]
 
 
 @pytest.mark.slow
-def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots(run_cli, store, tmp_path):
+def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots(
+    run_cli, store, tmp_path
+):
     """Also issue 25's command: Hydra's sweep grammar on the command line replaces the preset's entries
     for those keys; the study holds their distributions and every trial's run records a value in them.
     (One search checked both ways: the preset's own entries for these keys are sampled by the joblib
     and PostgreSQL searches below.)"""
-    proc = run_cli("-m", "hparams_search=optuna", "optimizer.lr=tag(log, interval(1e-4, 1e-2))", "data.batch_size=choice(32,64)",
-                   "hydra.sweeper.n_trials=6", "hydra.sweeper.pruner.name=none", *TINY)
+    proc = run_cli(
+        "-m",
+        "hparams_search=optuna",
+        "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
+        "data.batch_size=choice(32,64)",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.pruner.name=none",
+        *TINY,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
-    assert study.metric_names == ["best_val_rmse"]  # what optuna-dashboard names its axis (make dashboard)
+    assert study.metric_names == [
+        "best_val_rmse"
+    ]  # what optuna-dashboard names its axis (make dashboard)
     for trial in study.trials:
         assert trial.distributions["optimizer.lr"] == FloatDistribution(1e-4, 1e-2, log=True)
         assert trial.distributions["data.batch_size"] == CategoricalDistribution([32, 64])
-        assert trial.distributions["model.hidden_size"] == IntDistribution(8, 64, step=8)  # the preset's others stay
+        assert trial.distributions["model.hidden_size"] == IntDistribution(
+            8, 64, step=8
+        )  # the preset's others stay
 
     (parent,), trials = _parent_and_trials(store)
     assert [t.data.tags["optuna_trial"] for t in trials] == [str(n) for n in range(6)]
     assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
-    assert all(t.info.status == "FINISHED" and t.data.tags["trial_state"] == "COMPLETE" for t in trials)
+    assert all(
+        t.info.status == "FINISHED" and t.data.tags["trial_state"] == "COMPLETE" for t in trials
+    )
     assert [t.info.run_name for t in trials] == [f"trial-{n}" for n in range(6)]
     # trial 0 is the config's own values
     first = trials[0].data.params
-    assert (first["optimizer.lr"], first["data.batch_size"], first["model.hidden_size"], first["model.dropout"]) == (
-        "0.001", "64", "24", "0.1")
+    assert (
+        first["optimizer.lr"],
+        first["data.batch_size"],
+        first["model.hidden_size"],
+        first["model.dropout"],
+    ) == ("0.001", "64", "24", "0.1")
     for run in trials:  # in the command line's distributions
         assert 1e-4 <= float(run.data.params["optimizer.lr"]) <= 1e-2
         assert run.data.params["data.batch_size"] in ("32", "64")
@@ -91,8 +114,14 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
     assert _study(tmp_path).best_trial.number == best_trial
 
     files = artifact_paths(store, parent.info.run_id)
-    assert {"search/best_config.yaml", "search/best_overrides.txt", "search/trials.csv", "search/optimization_history.png",
-            "search/param_importances.png", "search/parallel_coordinate.png"} <= files
+    assert {
+        "search/best_config.yaml",
+        "search/best_overrides.txt",
+        "search/trials.csv",
+        "search/optimization_history.png",
+        "search/param_importances.png",
+        "search/parallel_coordinate.png",
+    } <= files
     local = Path(store.download_artifacts(parent.info.run_id, "search", str(tmp_path / "dl")))
     from matplotlib.image import imread
 
@@ -106,8 +135,11 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
     assert f"model.hidden_size={best_run.data.params['model.hidden_size']}" in line.split()
 
     # the verdict names the best trial and compares it with the starting config
-    verdict = out[out.index("search: study"):]
-    assert f"best: trial {best_trial} (run trial-{best_trial}), best_val_rmse {scores[best_trial]:.4g}" in verdict
+    verdict = out[out.index("search: study") :]
+    assert (
+        f"best: trial {best_trial} (run trial-{best_trial}), best_val_rmse {scores[best_trial]:.4g}"
+        in verdict
+    )
     if best_trial == 0:
         assert "the starting config itself" in verdict
     else:
@@ -117,8 +149,14 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
 
 @pytest.mark.slow
 def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
-    proc = run_process("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra/launcher=joblib",
-                   "hydra.launcher.n_jobs=2", *TINY)
+    proc = run_process(
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *TINY,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "2 trials at a time" in out and "parallel jobs log through http://127.0.0.1:" in out
@@ -130,7 +168,9 @@ def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tm
 
     share = str(max(1, cpu_count() // 2))  # each job takes its share of the cores
     assert all(t.data.tags["torch_threads"] == share for t in trials)
-    assert [t.state.name for t in _study(tmp_path).trials] == [t.data.tags["trial_state"] for t in trials]
+    assert [t.state.name for t in _study(tmp_path).trials] == [
+        t.data.tags["trial_state"] for t in trials
+    ]
     assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
 
 
@@ -140,14 +180,23 @@ def test_an_aggressive_pruner_stops_a_hopeless_trial_at_its_first_epoch(run_cli,
     # initial weights, so after one epoch it is worse than trial 0 was, and the median pruner
     # (after one finished trial, no warm-up) stops it there. Trials at 0.01 again equal trial 0
     # (same seed, same data) and are not pruned.
-    preset = _preset(tmp_path, {
-        "n_trials": 5,
-        "sampler": {"name": "random", "seed": 3},
-        "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
-        "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
-    })
-    proc = run_cli("-m", *preset, "optimizer.lr=0.01", "data.n_samples=512", "trainer.max_epochs=3",
-                   "logger.system_metrics=false")
+    preset = _preset(
+        tmp_path,
+        {
+            "n_trials": 5,
+            "sampler": {"name": "random", "seed": 3},
+            "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+            "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
+        },
+    )
+    proc = run_cli(
+        "-m",
+        *preset,
+        "optimizer.lr=0.01",
+        "data.n_samples=512",
+        "trainer.max_epochs=3",
+        "logger.system_metrics=false",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out
@@ -159,29 +208,49 @@ def test_an_aggressive_pruner_stops_a_hopeless_trial_at_its_first_epoch(run_cli,
         assert t.data.params["optimizer.lr"] == "1e-07"
         assert t.info.status == "FINISHED"  # stopped on purpose, and its records are whole
         assert t.data.metrics["pruned_at_epoch"] == 1 and t.data.tags["pruned_at_epoch"] == "1"
-        assert len(store.get_metric_history(t.info.run_id, "val_rmse")) == 1  # no epoch after the pruned one
+        assert (
+            len(store.get_metric_history(t.info.run_id, "val_rmse")) == 1
+        )  # no epoch after the pruned one
         assert f"trial {t.data.tags['optuna_trial']} pruned at epoch 1" in out
-    assert all(t.data.tags["trial_state"] == "COMPLETE" for t in trials if t.data.params["optimizer.lr"] == "0.01")
+    assert all(
+        t.data.tags["trial_state"] == "COMPLETE"
+        for t in trials
+        if t.data.params["optimizer.lr"] == "0.01"
+    )
     states = {t.number: t.state.name for t in _study(tmp_path).trials}
-    assert {int(t.data.tags["optuna_trial"]) for t in pruned} == {n for n, s in states.items() if s == "PRUNED"}
+    assert {int(t.data.tags["optuna_trial"]) for t in pruned} == {
+        n for n, s in states.items() if s == "PRUNED"
+    }
 
 
 @pytest.mark.slow
-def test_a_packed_search_trains_its_trials_as_packs_and_prunes_a_member_while_the_others_go_on(run_cli, store, tmp_path):
+def test_a_packed_search_trains_its_trials_as_packs_and_prunes_a_member_while_the_others_go_on(
+    run_cli, store, tmp_path
+):
     # pack=3: the search asks three trials at a time; they differ only in the learning rate, a
     # packable key, so each batch trains as one pack job. The sampler's seed draws 0.01, 1e-7,
     # 0.01 (trial 0 is the config's own) and then 1e-7, 1e-7, 0.01. Batch one has no finished
     # trial to be compared with; in batch two the median pruner stops the 1e-7 members after
     # their first epoch (worse than trials 0 and 2 were), while their pack trains its 0.01 member
     # to the end.
-    preset = _preset(tmp_path, {
-        "n_trials": 6,
-        "sampler": {"name": "random", "seed": 0},
-        "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
-        "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
-    })
-    proc = run_cli("-m", *preset, "pack=3", "optimizer.lr=0.01", "data.n_samples=512", "trainer.max_epochs=3",
-                   "logger.system_metrics=false")
+    preset = _preset(
+        tmp_path,
+        {
+            "n_trials": 6,
+            "sampler": {"name": "random", "seed": 0},
+            "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+            "params": {"optimizer": {"lr": {"type": "categorical", "choices": [0.01, 1.0e-7]}}},
+        },
+    )
+    proc = run_cli(
+        "-m",
+        *preset,
+        "pack=3",
+        "optimizer.lr=0.01",
+        "data.n_samples=512",
+        "trainer.max_epochs=3",
+        "logger.system_metrics=false",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out
@@ -213,26 +282,46 @@ def test_a_packed_search_trains_its_trials_as_packs_and_prunes_a_member_while_th
     for t in pruned:
         assert t.data.params["optimizer.lr"] == "1e-07" and int(t.data.tags["optuna_trial"]) >= 3
         assert t.data.metrics["pruned_at_epoch"] == 1 and t.data.tags["pruned_at_epoch"] == "1"
-        assert epochs(t) == 1 and last_step(t) < last_step(went_on[0])  # its updates stopped at the pruned epoch
+        assert epochs(t) == 1 and last_step(t) < last_step(
+            went_on[0]
+        )  # its updates stopped at the pruned epoch
         # Issue 32, point 2: its run ended at its stop, as a pruned trial's alone does, while the pack trained on.
-        last_loss = max(m.timestamp for m in store.get_metric_history(went_on[0].info.run_id, "train_loss"))
+        last_loss = max(
+            m.timestamp for m in store.get_metric_history(went_on[0].info.run_id, "train_loss")
+        )
         assert t.info.end_time < last_loss and t.outputs.model_outputs
-        assert f"pruned    trial {t.data.tags['optuna_trial']} (member {t.data.tags['pack_member']}) at epoch 1 of 3" in out
+        assert (
+            f"pruned    trial {t.data.tags['optuna_trial']} (member {t.data.tags['pack_member']}) at epoch 1 of 3"
+            in out
+        )
     for t in went_on:
         assert t.data.tags["trial_state"] == "COMPLETE" and epochs(t) == 3
-    assert all(states[n] == "COMPLETE" for n in range(3))  # batch one had no finished trial to be compared with
+    assert all(
+        states[n] == "COMPLETE" for n in range(3)
+    )  # batch one had no finished trial to be compared with
     assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
 
 
 @pytest.mark.slow
 def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_path, store):
-    preset = _preset(tmp_path, {
-        "n_trials": 4,
-        "sampler": {"name": "tpe", "seed": 0},
-        "pruner": {"name": "none"},
-        "params": {"optimizer": {"lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}}},
-    })
-    args = ["-m", *preset, "data.n_samples=512", "trainer.max_epochs=4", "logger.system_metrics=false"]
+    preset = _preset(
+        tmp_path,
+        {
+            "n_trials": 4,
+            "sampler": {"name": "tpe", "seed": 0},
+            "pruner": {"name": "none"},
+            "params": {
+                "optimizer": {"lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}}
+            },
+        },
+    )
+    args = [
+        "-m",
+        *preset,
+        "data.n_samples=512",
+        "trainer.max_epochs=4",
+        "logger.system_metrics=false",
+    ]
     proc = start_cli(tmp_path, *args, stderr=subprocess.STDOUT)
     seen = []
     try:
@@ -248,23 +337,34 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
         proc.kill()
     out = "".join(seen) + rest
     assert proc.returncode == 143, out[-4000:]
-    assert "ended KILLED" in out and "trial 3   INTERRUPTED: not counted; the same command runs it again" in out
+    assert (
+        "ended KILLED" in out
+        and "trial 3   INTERRUPTED: not counted; the same command runs it again" in out
+    )
 
     _, trials = _parent_and_trials(store)
     assert [(t.data.tags["optuna_trial"], t.info.status) for t in trials] == [
-        ("0", "FINISHED"), ("1", "FINISHED"), ("2", "FINISHED"), ("3", "KILLED")]
+        ("0", "FINISHED"),
+        ("1", "FINISHED"),
+        ("2", "FINISHED"),
+        ("3", "KILLED"),
+    ]
     assert trials[3].data.tags["trial_state"] == "FAIL"
     study = _study(tmp_path)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
 
-    again = run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env())  # the same command line, in this process
+    again = run_in_process(
+        [*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env()
+    )  # the same command line, in this process
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "3 of 4 trials finished, continuing" in again.stdout
     assert "4 complete, 0 pruned, 0 failed, 1 interrupted (not counted) trial(s)" in again.stdout
     study = _study(tmp_path)
     assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["FAIL", "COMPLETE"]
-    assert study.trials[4].params == study.trials[3].params  # the interrupted trial's values, tried again
+    assert (
+        study.trials[4].params == study.trials[3].params
+    )  # the interrupted trial's values, tried again
     parents, trials = _parent_and_trials(store)
     assert len(parents) == 2
     assert [t.info.status for t in trials] == ["FINISHED"] * 3 + ["KILLED", "FINISHED"]
@@ -275,26 +375,49 @@ def test_a_search_stopped_mid_trial_continues_to_n_trials_when_run_again(tmp_pat
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("+hydra.sweeper.params.model.hiden_size={type: int, low: 8, high: 16}",
-         "error: hydra.sweeper.params.model.hiden_size: model.hiden_size is not a config key (model has: "),
-        ("hydra.sweeper.params.optimizer.lr.low=0.1",
-         "error: hydra.sweeper.params.optimizer.lr: empty range: low=0.1 must be below high=0.01"),
-        ("hydra.sweeper.params.optimizer.lr.low=0",
-         "error: hydra.sweeper.params.optimizer.lr: a log range must stay above 0, got low=0"),
-        ("hydra.sweeper.params.model.dropout.type=beta",
-         "error: hydra.sweeper.params.model.dropout: unknown distribution 'beta'; use type: float, int or categorical"),
-        ("hydra.sweeper.params.model.dropout.high=1.5",
-         "error: hydra.sweeper.params.model.dropout: model.dropout=1.5 (high) does not make a valid config: "
-         "model.dropout must be in [0, 1), got 1.5"),
-        ("optimizer.lr=tag(log, interval(0, 1e-2))",  # Hydra's grammar on the command line: named as typed
-         "error: optimizer.lr: a log range must stay above 0, got low=0.0; raise low, or drop log: true"),
-        ("model.dropout=interval(0.0, 1.5)",
-         "error: model.dropout: model.dropout=1.5 (high) does not make a valid config: model.dropout must be in [0, 1), got 1.5"),
+        (
+            "+hydra.sweeper.params.model.hiden_size={type: int, low: 8, high: 16}",
+            "error: hydra.sweeper.params.model.hiden_size: model.hiden_size is not a config key (model has: ",
+        ),
+        (
+            "hydra.sweeper.params.optimizer.lr.low=0.1",
+            "error: hydra.sweeper.params.optimizer.lr: empty range: low=0.1 must be below high=0.01",
+        ),
+        (
+            "hydra.sweeper.params.optimizer.lr.low=0",
+            "error: hydra.sweeper.params.optimizer.lr: a log range must stay above 0, got low=0",
+        ),
+        (
+            "hydra.sweeper.params.model.dropout.type=beta",
+            "error: hydra.sweeper.params.model.dropout: unknown distribution 'beta'; use type: float, int or categorical",
+        ),
+        (
+            "hydra.sweeper.params.model.dropout.high=1.5",
+            "error: hydra.sweeper.params.model.dropout: model.dropout=1.5 (high) does not make a valid config: "
+            "model.dropout must be in [0, 1), got 1.5",
+        ),
+        (
+            "optimizer.lr=tag(log, interval(0, 1e-2))",  # Hydra's grammar on the command line: named as typed
+            "error: optimizer.lr: a log range must stay above 0, got low=0.0; raise low, or drop log: true",
+        ),
+        (
+            "model.dropout=interval(0.0, 1.5)",
+            "error: model.dropout: model.dropout=1.5 (high) does not make a valid config: model.dropout must be in [0, 1), got 1.5",
+        ),
     ],
-    ids=["unknown-key", "empty-range", "log-through-zero", "unknown-distribution", "out-of-schema", "grammar-log-through-zero",
-         "grammar-out-of-schema"],
+    ids=[
+        "unknown-key",
+        "empty-range",
+        "log-through-zero",
+        "unknown-distribution",
+        "out-of-schema",
+        "grammar-log-through-zero",
+        "grammar-out-of-schema",
+    ],
 )
-def test_a_bad_search_space_entry_gets_one_line_before_anything_trains(run_cli, store, override, expected):
+def test_a_bad_search_space_entry_gets_one_line_before_anything_trains(
+    run_cli, store, override, expected
+):
     proc = run_cli("-m", "hparams_search=optuna", override, *TINY)
     assert proc.returncode == 1
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
@@ -316,27 +439,38 @@ def test_the_search_space_accepts_nested_and_dotted_keys_and_lists():
     from seqlab.sweeps.space import flatten_space, parse_space
     from seqlab.sweeps.study import overrides_for
 
-    space = parse_space(flatten_space({
-        "optimizer": {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
-        "model.hidden_size": {"type": "int", "low": 8, "high": 64, "step": 8},
-        "data": {"batch_size": [32, 64]},
-        "model": {"dropout": None},  # left out
-    }))
+    space = parse_space(
+        flatten_space(
+            {
+                "optimizer": {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+                "model.hidden_size": {"type": "int", "low": 8, "high": 64, "step": 8},
+                "data": {"batch_size": [32, 64]},
+                "model": {"dropout": None},  # left out
+            }
+        )
+    )
     assert sorted(space) == ["data.batch_size", "model.hidden_size", "optimizer.lr"]
     assert space["optimizer.lr"].log and space["model.hidden_size"].step == 8
-    assert overrides_for({"optimizer.lr": 1e-05, "optimizer": "adam", "notes": "a b", "x": None}) == [
-        "optimizer.lr=1e-05", "optimizer=adam", "notes='a b'", "x=null"]
+    assert overrides_for(
+        {"optimizer.lr": 1e-05, "optimizer": "adam", "notes": "a b", "x": None}
+    ) == ["optimizer.lr=1e-05", "optimizer=adam", "notes='a b'", "x=null"]
 
 
 @pytest.mark.parametrize(
     "spec, message",
     [
         ({"type": "float", "low": 1.0, "high": 1.0}, "empty range: low=1.0 must be below high=1.0"),
-        ({"type": "float", "low": -1.0, "high": 1.0, "log": True}, "a log range must stay above 0, got low=-1.0"),
+        (
+            {"type": "float", "low": -1.0, "high": 1.0, "log": True},
+            "a log range must stay above 0, got low=-1.0",
+        ),
         ({"type": "lognormal", "low": 1, "high": 2}, "unknown distribution 'lognormal'"),
         ({"type": "categorical", "choices": []}, "categorical needs a non-empty list of choices"),
         ({"type": "int", "low": 1, "high": 8, "lo": 2}, "int takes high, log, low, step; not lo"),
-        ({"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1}, "log: true and step cannot be combined"),
+        (
+            {"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1},
+            "log: true and step cannot be combined",
+        ),
         (42, "give {type: float|int|categorical, ...}, a list of choices or Hydra's sweep grammar"),
         ("interval(0.5, 0.5)", "empty range: low=0.5 must be below high=0.5"),
         ("tag(log, interval(0, 1))", "a log range must stay above 0, got low=0.0"),
@@ -389,8 +523,13 @@ def test_sweep_grammar_and_mappings_give_the_official_sweepers_distributions(ent
 
     (actual,) = parse_space({"key": entry}).values()
     if isinstance(expected, CategoricalDistribution):  # shuffle() orders its choices at random
-        assert isinstance(actual, CategoricalDistribution) and set(actual.choices) == set(expected.choices)
-        assert all(type(a) is type(b) for a, b in zip(sorted(actual.choices, key=str), sorted(expected.choices, key=str)))
+        assert isinstance(actual, CategoricalDistribution) and set(actual.choices) == set(
+            expected.choices
+        )
+        assert all(
+            type(a) is type(b)
+            for a, b in zip(sorted(actual.choices, key=str), sorted(expected.choices, key=str))
+        )
     else:
         assert actual == expected
 
@@ -403,14 +542,25 @@ def test_the_command_lines_sweeps_join_the_space_and_the_rest_hold_for_every_tri
     from seqlab.sweeps.space import split_arguments
     from seqlab.sweeps.study import SearchError
 
-    fixed, swept = split_arguments(["trainer.max_epochs=3", "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
-                                    "data.batch_size=choice(32,64)", "model.hidden_size=8,16", "optimizer=adam"])
+    fixed, swept = split_arguments(
+        [
+            "trainer.max_epochs=3",
+            "optimizer.lr=tag(log, interval(1e-4, 1e-2))",
+            "data.batch_size=choice(32,64)",
+            "model.hidden_size=8,16",
+            "optimizer=adam",
+        ]
+    )
     assert fixed == ["trainer.max_epochs=3", "optimizer=adam"]
-    assert swept == {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))", "data.batch_size": "choice(32,64)",
-                     "model.hidden_size": "8,16"}
-    with pytest.raises(SearchError, match=r"^\+model.extra=1,2: a search samples keys the config has; drop the \+"):
+    assert swept == {
+        "optimizer.lr": "tag(log, interval(1e-4, 1e-2))",
+        "data.batch_size": "choice(32,64)",
+        "model.hidden_size": "8,16",
+    }
+    with pytest.raises(
+        SearchError, match=r"^\+model.extra=1,2: a search samples keys the config has; drop the \+"
+    ):
         split_arguments(["+model.extra=1,2"])
-
 
 
 @pytest.mark.slow
@@ -424,31 +574,49 @@ def test_an_unreachable_study_database_is_one_line_with_its_password_masked(run_
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback" not in out and "pg-pass-4711" not in out
     (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert line.startswith("error: hydra.sweeper.storage=postgresql+psycopg://bob:***@127.0.0.1:"), line
+    assert line.startswith(
+        "error: hydra.sweeper.storage=postgresql+psycopg://bob:***@127.0.0.1:"
+    ), line
     assert "Connection refused" in line and "check that its server is up" in line, line
     assert [r.info.status for r in runs_of(store, "seqlab") if r.info.status == "RUNNING"] == []
 
 
 @pytest.mark.slow
-def test_a_search_on_a_postgresql_study_that_wants_a_password_shows_and_records_none(postgres, run_cli, store, tmp_path):
+def test_a_search_on_a_postgresql_study_that_wants_a_password_shows_and_records_none(
+    postgres, run_cli, store, tmp_path
+):
     # Issue 24, point 6: the study's URL was printed and stored as the optuna_storage tag, and
     # went to every trial's command line; the password must appear nowhere.
     from conftest import POSTGRES_PASSWORD
 
     url = postgres.replace("postgresql://", "postgresql+psycopg://").replace("/mlflow", "/optuna")
-    proc = run_cli("-m", "hparams_search=optuna", f"paths.optuna_storage={url}", "hydra.sweeper.n_trials=2",
-                   "hydra.sweeper.pruner.name=none", *TINY)
+    proc = run_cli(
+        "-m",
+        "hparams_search=optuna",
+        f"paths.optuna_storage={url}",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.pruner.name=none",
+        *TINY,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert POSTGRES_PASSWORD not in out
     assert "in postgresql+psycopg://seqlab:***@127.0.0.1:" in out
     (parent,), trials = _parent_and_trials(store)
-    assert len(trials) == 2 and parent.data.tags["optuna_storage"].startswith("postgresql+psycopg://seqlab:***@")
+    assert len(trials) == 2 and parent.data.tags["optuna_storage"].startswith(
+        "postgresql+psycopg://seqlab:***@"
+    )
     for run in [parent, *trials]:
-        assert [k for k, v in {**run.data.params, **run.data.tags}.items() if POSTGRES_PASSWORD in v] == []
-        downloaded = Path(store.download_artifacts(run.info.run_id, "", str(tmp_path / "dl" / run.info.run_id)))
+        assert [
+            k for k, v in {**run.data.params, **run.data.tags}.items() if POSTGRES_PASSWORD in v
+        ] == []
+        downloaded = Path(
+            store.download_artifacts(run.info.run_id, "", str(tmp_path / "dl" / run.info.run_id))
+        )
         files = [p for p in downloaded.rglob("*") if p.is_file()]
-        assert files and [p.name for p in files if POSTGRES_PASSWORD.encode() in p.read_bytes()] == []
+        assert (
+            files and [p.name for p in files if POSTGRES_PASSWORD.encode() in p.read_bytes()] == []
+        )
     # The trials reached the study through the environment, not their command lines.
     overrides = list((tmp_path / "logs").rglob("overrides.yaml"))
     assert overrides and [p for p in overrides if "SEQLAB_OPTUNA_STORAGE" in p.read_text()] == []

@@ -22,8 +22,15 @@ def _study(tmp_path, name: str) -> optuna.Study:
 @pytest.mark.slow
 def test_two_workers_started_together_share_one_study_up_to_n_trials(tmp_path, store):
     # 4 trials: both workers take one at once (started together, each trial trains for seconds).
-    preset = _preset(tmp_path, {"n_trials": 4, "study_name": "shared", "pruner": {"name": "none"},
-                                "params": {"optimizer": {"lr": LR}}})
+    preset = _preset(
+        tmp_path,
+        {
+            "n_trials": 4,
+            "study_name": "shared",
+            "pruner": {"name": "none"},
+            "params": {"optimizer": {"lr": LR}},
+        },
+    )
     workers = [start_cli(tmp_path, "-m", *preset, *TINY) for _ in range(2)]
     outs = []
     for proc in workers:
@@ -33,11 +40,19 @@ def test_two_workers_started_together_share_one_study_up_to_n_trials(tmp_path, s
     study = _study(tmp_path, "shared")
     states = [t.state.name for t in study.trials if t.state != optuna.trial.TrialState.WAITING]
     assert states == ["COMPLETE"] * 4  # no trial failed by the other worker, and no fifth
-    ran = [{int(line.split()[1]) for line in out.splitlines() if line.startswith("trial ") and " COMPLETE " in line}
-           for out in outs]
+    ran = [
+        {
+            int(line.split()[1])
+            for line in out.splitlines()
+            if line.startswith("trial ") and " COMPLETE " in line
+        }
+        for out in outs
+    ]
     assert ran[0] and ran[1] and not ran[0] & ran[1]  # both worked, never on the same trial
     assert ran[0] | ran[1] == {t.number for t in study.trials if t.state.name == "COMPLETE"}
-    assert sum("search: study 'shared': 4 complete" in out for out in outs) >= 1  # the last to finish reports
+    assert (
+        sum("search: study 'shared': 4 complete" in out for out in outs) >= 1
+    )  # the last to finish reports
     runs = [r for r in runs_of(store, "seqlab") if "optuna_trial" in r.data.tags]
     assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
 
@@ -46,7 +61,9 @@ def test_two_workers_started_together_share_one_study_up_to_n_trials(tmp_path, s
 def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(run_cli, tmp_path):
     """Issue 23, and issue 34's point 1: a report is written by whichever worker ends the study, and
     where the last one died, by the next command on that study."""
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2
+    )
     study = optuna.create_study(study_name="shared", storage=storage)
     dead, live = study.ask(), study.ask()
     for trial, host in ((dead, "node7"), (live, "node8")):  # two workers on other hosts
@@ -63,19 +80,33 @@ def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(
     thread.start()
     try:
         time.sleep(2.5)  # node7's heartbeat is now older than the grace period
-        preset = _preset(tmp_path, {"n_trials": 2, "study_name": "shared", "pruner": {"name": "none"},
-                                    "heartbeat_interval": 1, "grace_period": 2, "params": {"optimizer": {"lr": LR}}})
+        preset = _preset(
+            tmp_path,
+            {
+                "n_trials": 2,
+                "study_name": "shared",
+                "pruner": {"name": "none"},
+                "heartbeat_interval": 1,
+                "grace_period": 2,
+                "params": {"optimizer": {"lr": LR}},
+            },
+        )
         proc = run_cli("-m", *preset, *TINY)
         trials = {t.number: t for t in _study(tmp_path, "shared").trials}
     finally:
         beating.set()
         thread.join()
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert f"trial {dead.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again" in proc.stdout
+    assert (
+        f"trial {dead.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again"
+        in proc.stdout
+    )
     assert trials[dead.number].state.name == "FAIL" and trials[live.number].state.name == "RUNNING"
     (retry,) = [t for t in trials.values() if t.user_attrs.get("retry_of") == dead.number]
     assert retry.state.name == "COMPLETE" and retry.params == trials[dead.number].params
-    assert sum(t.state.name == "COMPLETE" for t in trials.values()) == 1  # with the live one: n_trials=2
+    assert (
+        sum(t.state.name == "COMPLETE" for t in trials.values()) == 1
+    )  # with the live one: n_trials=2
     assert f"trial(s) {live.number} still train in other workers on this study" in proc.stdout
     assert "search: study" not in proc.stdout  # node8's worker finishes last and reports
 
@@ -84,7 +115,10 @@ def test_a_dead_workers_trial_runs_again_and_a_live_one_elsewhere_is_left_alone(
     time.sleep(2.5)
     again = run_cli("-m", *preset, *TINY)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert f"trial {live.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again" in again.stdout
+    assert (
+        f"trial {live.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again"
+        in again.stdout
+    )
     assert "search: study 'shared': 2 complete" in again.stdout
 
 
@@ -99,17 +133,32 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
     from seqlab.store.ghosts import identity
     from seqlab.sweeps import workers
 
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2)
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path}/mlruns/optuna.db", heartbeat_interval=1, grace_period=2
+    )
     study = optuna.create_study(study_name="lost", storage=storage)
     study.set_user_attr("seqlab_pruner", {"name": "none"})
     study.set_user_attr("seqlab_heartbeat_s", 1)  # as the search sets it
     trial = study.ask()
     lr = trial.suggest_float("optimizer.lr", 1.0e-4, 1.0e-2, log=True)
-    trial.set_user_attr("seqlab_worker", {**identity(), "process_pid": "999999"})  # the sweeper: gone
+    trial.set_user_attr(
+        "seqlab_worker", {**identity(), "process_pid": "999999"}
+    )  # the sweeper: gone
     storage.record_heartbeat(trial._trial_id)
-    env = {"SEQLAB_OPTUNA_STORAGE": str(storage.url), "SEQLAB_OPTUNA_STUDY": "lost", "SEQLAB_OPTUNA_TRIAL": str(trial.number)}
-    job = start_cli(tmp_path, f"optimizer.lr={lr}", "data.n_samples=2000", "trainer.max_epochs=400",
-                    "trainer.max_time=00:00:00:06", "logger.system_metrics=false", env={**os.environ, **env})
+    env = {
+        "SEQLAB_OPTUNA_STORAGE": str(storage.url),
+        "SEQLAB_OPTUNA_STUDY": "lost",
+        "SEQLAB_OPTUNA_TRIAL": str(trial.number),
+    }
+    job = start_cli(
+        tmp_path,
+        f"optimizer.lr={lr}",
+        "data.n_samples=2000",
+        "trainer.max_epochs=400",
+        "trainer.max_time=00:00:00:06",
+        "logger.system_metrics=false",
+        env={**os.environ, **env},
+    )
     try:
         deadline = time.monotonic() + 60
         while not _trial(storage, trial).intermediate_values and time.monotonic() < deadline:
@@ -117,7 +166,9 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
         time.sleep(3)  # longer than the grace period since the sweeper's last beat
         optuna.storages.fail_stale_trials(study)  # another worker's check
         assert _trial(storage, trial).state.name == "RUNNING"
-        assert not workers.worker_gone(_trial(storage, trial))  # its sweeper is gone, its trainer is not
+        assert not workers.worker_gone(
+            _trial(storage, trial)
+        )  # its sweeper is gone, its trainer is not
         out, err = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
@@ -126,8 +177,14 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
     reports = _trial(storage, trial).intermediate_values
     (run,) = runs_of(store, "seqlab")
     assert run.info.status == "FINISHED"
-    epochs = int(next(line for line in out.splitlines() if line.startswith("done ")).split(": ")[1].split()[0])
-    assert sorted(reports) == list(range(1, epochs + 1)) and epochs > 20  # every epoch's report, well past the grace period
+    epochs = int(
+        next(line for line in out.splitlines() if line.startswith("done "))
+        .split(": ")[1]
+        .split()[0]
+    )
+    assert (
+        sorted(reports) == list(range(1, epochs + 1)) and epochs > 20
+    )  # every epoch's report, well past the grace period
     assert "ended by its study" not in out + err
 
 
@@ -148,13 +205,17 @@ def test_a_retry_two_workers_enqueued_at_once_runs_once(tmp_path):
     for _ in range(2):  # each worker saw it not retried yet, and enqueued it
         study.enqueue_trial(first.params, user_attrs={RETRY_OF: first.number})
     space = {"x": optuna.distributions.FloatDistribution(0, 1)}
-    b_asked = [study.ask(space)]  # worker B asks first: it takes the lowest-numbered retry, and runs it
+    b_asked = [
+        study.ask(space)
+    ]  # worker B asks first: it takes the lowest-numbered retry, and runs it
     a_asked = [study.ask(space)]
     assert workers.settle(study, b_asked, n_trials=3) == b_asked
     assert workers.settle(study, a_asked, n_trials=3) == []  # the second retry of trial 0: dropped
     trials = study.get_trials(deepcopy=False)
     assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "FAIL"]
-    assert workers.free_slots(study, 3) == 2  # trial 0 is retried, its duplicate holds no slot: only b's
+    assert (
+        workers.free_slots(study, 3) == 2
+    )  # trial 0 is retried, its duplicate holds no slot: only b's
 
 
 def test_a_trial_is_gone_only_when_its_search_process_and_its_trainer_both_are(tmp_path):
@@ -165,10 +226,19 @@ def test_a_trial_is_gone_only_when_its_search_process_and_its_trainer_both_are(t
 
     study = optuna.create_study(study_name="gone", storage=f"sqlite:///{tmp_path}/optuna.db")
     alive, dead = identity(), {**identity(), "process_pid": "999999"}
-    cases = [(alive, None, False), (dead, None, True), (alive, dead, False), (dead, alive, False), (dead, dead, True)]
+    cases = [
+        (alive, None, False),
+        (dead, None, True),
+        (alive, dead, False),
+        (dead, alive, False),
+        (dead, dead, True),
+    ]
     for worker, trainer, gone in cases:
         trial = study.ask()
         trial.set_user_attr(workers.WORKER, worker)
         if trainer is not None:
             trial.set_user_attr(workers.TRAINER, trainer)
-        assert workers.worker_gone(study.trials[trial.number]) is gone, (worker["process_pid"], trainer)
+        assert workers.worker_gone(study.trials[trial.number]) is gone, (
+            worker["process_pid"],
+            trainer,
+        )

@@ -21,19 +21,32 @@ def _forget_secrets(monkeypatch):
 
 
 def test_credentials_in_uris_and_under_secret_keys_are_masked():
-    text = ("logger.tracking_uri=http://alice:s3cret@127.0.0.1:5000 data.x_key=X +db.password=hunter22 "
-            "paths.optuna_storage=postgresql://bob:pg-pass@db:5432/optuna?sslmode=require https://h/x?token=t0ken&a=b")
+    text = (
+        "logger.tracking_uri=http://alice:s3cret@127.0.0.1:5000 data.x_key=X +db.password=hunter22 "
+        "paths.optuna_storage=postgresql://bob:pg-pass@db:5432/optuna?sslmode=require https://h/x?token=t0ken&a=b"
+    )
     assert secrets.mask_text(text) == (
         "logger.tracking_uri=http://alice:***@127.0.0.1:5000 data.x_key=X +db.password=*** "
         "paths.optuna_storage=postgresql://bob:***@db:5432/optuna?sslmode=require https://h/x?token=***&a=b"
     )
     yaml = "db:\n  password: hunter22\n  x_key: X\n  api_token: null\n- data.source.api_key=k3y-value\n"
-    assert secrets.mask_text(yaml) == "db:\n  password: ***\n  x_key: X\n  api_token: null\n- data.source.api_key=***\n"
-    assert secrets.mask_text('{"password": "hunter22", "author": "bob"}') == '{"password": "***", "author": "bob"}'
+    assert (
+        secrets.mask_text(yaml)
+        == "db:\n  password: ***\n  x_key: X\n  api_token: null\n- data.source.api_key=***\n"
+    )
+    assert (
+        secrets.mask_text('{"password": "hunter22", "author": "bob"}')
+        == '{"password": "***", "author": "bob"}'
+    )
     # Prose that names a setting is not a secret; a secret seen once is masked wherever it turns up.
-    assert secrets.mask_text("set MLFLOW_TRACKING_PASSWORD to the password: see the README") == \
-        "set MLFLOW_TRACKING_PASSWORD to the password: see the README"
-    assert secrets.mask_text("could not open /tmp/hunter22 with s3cret") == "could not open /tmp/*** with ***"
+    assert (
+        secrets.mask_text("set MLFLOW_TRACKING_PASSWORD to the password: see the README")
+        == "set MLFLOW_TRACKING_PASSWORD to the password: see the README"
+    )
+    assert (
+        secrets.mask_text("could not open /tmp/hunter22 with s3cret")
+        == "could not open /tmp/*** with ***"
+    )
 
 
 def test_a_config_tree_is_masked_by_key_and_value_without_changing_it():
@@ -52,7 +65,9 @@ def test_a_config_tree_is_masked_by_key_and_value_without_changing_it():
     }
     assert tree["credentials"]["password"] == "hunter22"  # the input is left as it was
     assert secrets.mask_flat({"data.source.api_key": "abcd1234", "data.x_key": "X"}) == {
-        "data.source.api_key": "***", "data.x_key": "X"}
+        "data.source.api_key": "***",
+        "data.x_key": "X",
+    }
 
 
 def test_log_records_and_their_tracebacks_are_masked():
@@ -86,7 +101,9 @@ def test_uploads_are_masked_copies_and_the_users_files_stay(tmp_path):
     (folder / "weights.ckpt").write_bytes(b"\x00\x01s3cret\xff")
     with secrets.masked_copy(folder) as copy:
         assert copy != folder and copy.name == ".hydra"
-        assert (copy / "overrides.yaml").read_text() == "- logger.tracking_uri=http://alice:***@host\n"
+        assert (
+            copy / "overrides.yaml"
+        ).read_text() == "- logger.tracking_uri=http://alice:***@host\n"
         assert (copy / "weights.ckpt").read_bytes() == b"\x00\x01s3cret\xff"  # not text: as it is
     assert not copy.exists()  # a temporary copy
     assert "s3cret" in (folder / "overrides.yaml").read_text()
@@ -100,16 +117,24 @@ def test_credentials_in_the_tracking_uri_go_to_mlflows_variables(monkeypatch):
         monkeypatch.delenv(name)
     assert client_credentials("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert "MLFLOW_TRACKING_PASSWORD" not in __import__("os").environ
-    assert client_credentials("https://alice:p%40ss%3Aword@mlflow.example:8443/base") == "https://mlflow.example:8443/base"
+    assert (
+        client_credentials("https://alice:p%40ss%3Aword@mlflow.example:8443/base")
+        == "https://mlflow.example:8443/base"
+    )
     import os
 
-    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "alice" and os.environ["MLFLOW_TRACKING_PASSWORD"] == "p@ss:word"
+    assert (
+        os.environ["MLFLOW_TRACKING_USERNAME"] == "alice"
+        and os.environ["MLFLOW_TRACKING_PASSWORD"] == "p@ss:word"
+    )
     # A database URI keeps its credentials: the driver needs them (they are masked where shown).
     assert client_credentials("postgresql://bob:pw@db/mlflow") == "postgresql://bob:pw@db/mlflow"
 
 
 @pytest.mark.slow
-def test_a_database_password_in_the_config_reaches_no_param_or_artifact(compose_cfg, store, tmp_path):
+def test_a_database_password_in_the_config_reaches_no_param_or_artifact(
+    compose_cfg, store, tmp_path
+):
     from seqlab.train import train
 
     password = "pg-pass-4711"
@@ -119,15 +144,21 @@ def test_a_database_password_in_the_config_reaches_no_param_or_artifact(compose_
     assert run.info.status == "FINISHED"
     assert run.data.params["paths.optuna_storage"] == "postgresql://bob:***@dbhost:5432/optuna"
     assert [k for k, v in {**run.data.params, **run.data.tags}.items() if password in v] == []
-    downloaded = Path(store.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path / "dl")))
+    downloaded = Path(
+        store.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path / "dl"))
+    )
     assert "optuna_storage: postgresql://bob:***@dbhost:5432/optuna" in downloaded.read_text()
-    assert password in (tmp_path / "out" / "config.yaml").read_text()  # the job's own folder is the user's
+    assert (
+        password in (tmp_path / "out" / "config.yaml").read_text()
+    )  # the job's own folder is the user's
 
 
 @pytest.mark.slow
 def test_a_sweep_shows_and_records_no_password(run_cli, store, tmp_path):
     password = "pg-pass-4711"
-    proc = run_cli("-m", *TINY, f"paths.optuna_storage=postgresql://bob:{password}@dbhost:5432/optuna")
+    proc = run_cli(
+        "-m", *TINY, f"paths.optuna_storage=postgresql://bob:{password}@dbhost:5432/optuna"
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     # Hydra's list of jobs and the sweep's summary table, both as Hydra escapes the value
@@ -137,7 +168,9 @@ def test_a_sweep_shows_and_records_no_password(run_cli, store, tmp_path):
     assert sorted(r.data.tags.get("sweep_role", "job") for r in runs) == ["job", "parent"]
     for run in runs:
         assert [k for k, v in {**run.data.params, **run.data.tags}.items() if password in v] == []
-        downloaded = Path(store.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
+        downloaded = Path(
+            store.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id))
+        )
         files = [p for p in downloaded.rglob("*") if p.is_file()]
         assert files and [p.name for p in files if password.encode() in p.read_bytes()] == []
 
@@ -153,11 +186,16 @@ def test_a_reopened_run_records_its_new_tags_masked(tmp_path, store):
     first.start("r", {"hydra_overrides": overrides})
     first.end("KILLED")
     again = MlflowTracker(uri, "reopen", step_writer="inline")
-    again.start("r", {"hydra_overrides": overrides + " resume=" + first.run_id}, resume_run_id=first.run_id)
+    again.start(
+        "r", {"hydra_overrides": overrides + " resume=" + first.run_id}, resume_run_id=first.run_id
+    )
     again.end("FINISHED")
     tags = store.get_run(first.run_id).data.tags
     assert "pg-pass-4711" not in tags["hydra_overrides"]
-    assert tags["hydra_overrides"] == f"logger.fallback_uri=postgresql://bob:***@db/mlflow resume={first.run_id}"
+    assert (
+        tags["hydra_overrides"]
+        == f"logger.fallback_uri=postgresql://bob:***@db/mlflow resume={first.run_id}"
+    )
 
 
 @pytest.mark.slow
@@ -182,9 +220,15 @@ def test_folders_holding_a_resolved_config_are_this_users_only(compose_cfg, run_
     assert single.returncode == 0, (single.stdout + single.stderr)[-2000:]
     (run,) = (tmp_path / "logs" / "runs").iterdir()
     assert stat.S_IMODE(run.stat().st_mode) == 0o700 and (run / "config.yaml").is_file()
-    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700 and (tmp_path / "fresh" / "mlflow.db").is_file()
+    assert (
+        stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700
+        and (tmp_path / "fresh" / "mlflow.db").is_file()
+    )
     assert stat.S_IMODE((tmp_path / "fresh" / "mlflow.db.lock").stat().st_mode) == 0o600
-    _another_user_reads(tmp_path, refused=[tmp_path / "fresh" / "mlflow.db", run / "config.yaml", sweep / "multirun.yaml"])
+    _another_user_reads(
+        tmp_path,
+        refused=[tmp_path / "fresh" / "mlflow.db", run / "config.yaml", sweep / "multirun.yaml"],
+    )
 
 
 def _another_user_reads(tmp_path, refused) -> None:
@@ -196,11 +240,18 @@ def _another_user_reads(tmp_path, refused) -> None:
     import subprocess
 
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("another OS user needs root and useradd here; the modes themselves are checked above")
+        pytest.skip(
+            "another OS user needs root and useradd here; the modes themselves are checked above"
+        )
     if subprocess.run(["id", "seqlab-other"], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "seqlab-other"], check=True)
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/bin/sh", "seqlab-other"], check=True
+        )
     opened = []
-    for folder in [tmp_path, *tmp_path.parents]:  # pytest's own folders are root's only: let the other user through
+    for folder in [
+        tmp_path,
+        *tmp_path.parents,
+    ]:  # pytest's own folders are root's only: let the other user through
         mode = folder.stat().st_mode
         if not mode & 0o001:
             opened.append((folder, mode))
@@ -212,13 +263,20 @@ def _another_user_reads(tmp_path, refused) -> None:
         tmp_path.chmod(0o755)
 
         def cat(path):
-            return subprocess.run(["runuser", "-u", "seqlab-other", "--", "cat", str(path)], capture_output=True, text=True)
+            return subprocess.run(
+                ["runuser", "-u", "seqlab-other", "--", "cat", str(path)],
+                capture_output=True,
+                text=True,
+            )
 
         assert cat(control).returncode == 0, cat(control).stderr
         for path in refused:
             assert path.is_file(), path
             got = cat(path)
-            assert got.returncode != 0 and "Permission denied" in got.stderr, (path, got.stdout[:200])
+            assert got.returncode != 0 and "Permission denied" in got.stderr, (
+                path,
+                got.stdout[:200],
+            )
     finally:
         for folder, mode in opened:
             folder.chmod(stat.S_IMODE(mode))

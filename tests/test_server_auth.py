@@ -24,8 +24,11 @@ ADMIN, PASSWORD = "alice", "s3cret-passw0rd"  # MLflow wants 12 characters or mo
 
 
 def _server_env(**extra: str) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items()
-            if not k.startswith(("MLFLOW_", "HYDRA_")) and k != "ALLOW_UNAUTHENTICATED"}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "HYDRA_")) and k != "ALLOW_UNAUTHENTICATED"
+    }
     return {**keep, **extra}
 
 
@@ -36,9 +39,23 @@ def auth_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("auth-server")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqlab.store.server", "--auth", "--admin-username", ADMIN, "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{base}/mlflow.db", "--artifacts-destination", str(base / "artifacts")],
-        stdout=open(base / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "seqlab.store.server",
+            "--auth",
+            "--admin-username",
+            ADMIN,
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{base}/mlflow.db",
+            "--artifacts-destination",
+            str(base / "artifacts"),
+        ],
+        stdout=open(base / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         env=_server_env(MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD),
     )
     uri = f"http://127.0.0.1:{port}"
@@ -59,9 +76,21 @@ def _signed_in(uri: str, monkeypatch) -> mlflow.MlflowClient:
 def test_a_shared_server_without_an_admin_password_refuses_to_start(tmp_path):
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "seqlab.store.server", "--host", "0.0.0.0", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path}/server/mlflow.db"],
-        capture_output=True, text=True, timeout=60, env=_server_env(),
+        [
+            sys.executable,
+            "-m",
+            "seqlab.store.server",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server/mlflow.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_server_env(),
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -76,15 +105,21 @@ def test_a_shared_server_without_an_admin_password_refuses_to_start(tmp_path):
 
 
 def test_sign_in_is_on_beyond_loopback_off_on_it_and_open_only_when_asked(tmp_path, monkeypatch):
-    for name in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_AUTH_ADMIN_USERNAME", "ALLOW_UNAUTHENTICATED",
-                 "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+    for name in (
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_AUTH_ADMIN_USERNAME",
+        "ALLOW_UNAUTHENTICATED",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert auth_environment("127.0.0.1", tmp_path) is None
     assert auth_environment("localhost", tmp_path) is None
     monkeypatch.setenv("ALLOW_UNAUTHENTICATED", "1")
     assert auth_environment("0.0.0.0", tmp_path) is None  # said outright: open
     with pytest.raises(SeqlabError, match="needs its admin's password"):
-        auth_environment("127.0.0.1", tmp_path, want_auth=True)  # asked for sign-in: a password is still needed
+        auth_environment(
+            "127.0.0.1", tmp_path, want_auth=True
+        )  # asked for sign-in: a password is still needed
     monkeypatch.delenv("ALLOW_UNAUTHENTICATED")
     with pytest.raises(SeqlabError, match="at least 12 characters"):
         monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "short")
@@ -93,34 +128,59 @@ def test_sign_in_is_on_beyond_loopback_off_on_it_and_open_only_when_asked(tmp_pa
     secret_file = tmp_path / "admin-password"
     secret_file.write_text(PASSWORD + "\n")
     env = auth_environment("0.0.0.0", tmp_path / "server", password_file=str(secret_file))
-    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == PASSWORD  # handed to the server through its environment
+    assert (
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] == PASSWORD
+    )  # handed to the server through its environment
     ini = Path(env["MLFLOW_AUTH_CONFIG_PATH"]).read_text()
     assert PASSWORD not in ini and "admin_username = admin" in ini
-    assert "auth_cache_ttl_seconds = 60" in ini  # a run's every request is not a 0.1 s password hash
+    assert (
+        "auth_cache_ttl_seconds = 60" in ini
+    )  # a run's every request is not a 0.1 s password hash
     assert f"database_uri = sqlite:///{tmp_path / 'server' / 'basic_auth.db'}" in ini
     key = env["MLFLOW_FLASK_SERVER_SECRET_KEY"]
     assert len(key) == 64 and (tmp_path / "server" / "flask_secret_key").stat().st_mode & 0o077 == 0
     # Once the admin exists (its user store is there), a restart needs no password, and keeps the key.
     (tmp_path / "server" / "basic_auth.db").touch()
     again = auth_environment("0.0.0.0", tmp_path / "server")
-    assert "MLFLOW_AUTH_ADMIN_PASSWORD" not in again and again["MLFLOW_FLASK_SERVER_SECRET_KEY"] == key
+    assert (
+        "MLFLOW_AUTH_ADMIN_PASSWORD" not in again and again["MLFLOW_FLASK_SERVER_SECRET_KEY"] == key
+    )
 
 
 @pytest.mark.slow
-def test_the_right_credentials_land_and_a_wrong_password_is_one_line(auth_server, run_cli, store, monkeypatch):
-    assert requests.get(f"{auth_server}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10).status_code == 401
+def test_the_right_credentials_land_and_a_wrong_password_is_one_line(
+    auth_server, run_cli, store, monkeypatch
+):
+    assert (
+        requests.get(
+            f"{auth_server}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10
+        ).status_code
+        == 401
+    )
     signed_in = {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": PASSWORD}
-    proc = run_cli(*TINY, "logger=mlflow_server", "logger.experiment_name=signed-in",
-                   f"logger.tracking_uri={auth_server}", env=signed_in)
+    proc = run_cli(
+        *TINY,
+        "logger=mlflow_server",
+        "logger.experiment_name=signed-in",
+        f"logger.tracking_uri={auth_server}",
+        env=signed_in,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = _signed_in(auth_server, monkeypatch)
     (run,) = runs_of(client, "signed-in")
     assert run.info.status == "FINISHED"
     assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
-    assert "checkpoints/last.ckpt" in artifact_paths(client, run.info.run_id)  # artifacts went through the sign-in too
+    assert "checkpoints/last.ckpt" in artifact_paths(
+        client, run.info.run_id
+    )  # artifacts went through the sign-in too
 
-    wrong = run_cli(*TINY, "logger=mlflow_server", "logger.experiment_name=wrong-password",
-                    f"logger.tracking_uri={auth_server}", env={**signed_in, "MLFLOW_TRACKING_PASSWORD": "not-the-password"})
+    wrong = run_cli(
+        *TINY,
+        "logger=mlflow_server",
+        "logger.experiment_name=wrong-password",
+        f"logger.tracking_uri={auth_server}",
+        env={**signed_in, "MLFLOW_TRACKING_PASSWORD": "not-the-password"},
+    )
     out = wrong.stdout + wrong.stderr
     assert wrong.returncode == 1
     assert [line for line in out.splitlines() if line.strip()] == [
@@ -132,10 +192,16 @@ def test_the_right_credentials_land_and_a_wrong_password_is_one_line(auth_server
 
 
 @pytest.mark.slow
-def test_a_password_in_the_tracking_uri_is_used_but_never_recorded(auth_server, run_cli, store, tmp_path, monkeypatch):
+def test_a_password_in_the_tracking_uri_is_used_but_never_recorded(
+    auth_server, run_cli, store, tmp_path, monkeypatch
+):
     with_password = auth_server.replace("http://", f"http://{ADMIN}:{PASSWORD}@")
-    proc = run_cli(*TINY, "logger=mlflow_server", "logger.experiment_name=uri-password",
-                   f"logger.tracking_uri={with_password}")
+    proc = run_cli(
+        *TINY,
+        "logger=mlflow_server",
+        "logger.experiment_name=uri-password",
+        f"logger.tracking_uri={with_password}",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert PASSWORD not in out
@@ -151,7 +217,13 @@ def test_a_password_in_the_tracking_uri_is_used_but_never_recorded(auth_server, 
 
     downloaded = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "downloaded")))
     files = {str(p.relative_to(downloaded)): p for p in downloaded.rglob("*") if p.is_file()}
-    assert {"config.yaml", "train.log", "hydra/overrides.yaml", "hydra/hydra.yaml", "hydra/config.yaml"} <= set(files)
+    assert {
+        "config.yaml",
+        "train.log",
+        "hydra/overrides.yaml",
+        "hydra/hydra.yaml",
+        "hydra/config.yaml",
+    } <= set(files)
     assert [name for name, p in files.items() if PASSWORD.encode() in p.read_bytes()] == []
     assert f"logger.tracking_uri={masked}" in files["hydra/overrides.yaml"].read_text()
     # The user's own files are left as they were: the masked copies are what was uploaded.
@@ -171,7 +243,22 @@ def test_compare_signs_in_too_and_a_wrong_password_is_one_line(auth_server, tmp_
         "check MLFLOW_TRACKING_PASSWORD (or the password in logger.tracking_uri)"
     ]
     assert "not-the-password" not in proc.stdout + proc.stderr
-    right = run_script(script, ["--tracking-uri", auth_server, "--experiment", "no-such", "--out", str(tmp_path / "cmp"),
-                                "--no-log"], env={"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": PASSWORD})
-    assert "refused the sign-in" not in right.stderr and "Traceback" not in right.stderr, right.stderr[-2000:]
-    assert right.returncode == 1 and "error: " in right.stderr  # signed in; the experiment is not there
+    right = run_script(
+        script,
+        [
+            "--tracking-uri",
+            auth_server,
+            "--experiment",
+            "no-such",
+            "--out",
+            str(tmp_path / "cmp"),
+            "--no-log",
+        ],
+        env={"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": PASSWORD},
+    )
+    assert "refused the sign-in" not in right.stderr and "Traceback" not in right.stderr, (
+        right.stderr[-2000:]
+    )
+    assert (
+        right.returncode == 1 and "error: " in right.stderr
+    )  # signed in; the experiment is not there

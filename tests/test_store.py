@@ -33,17 +33,22 @@ def test_a_half_created_store_is_told_apart_from_a_new_or_complete_one(tmp_path,
     assert half_created(db) == (
         f"the MLflow store {db} was left half-created by an interrupted set-up (an older seqlab, or runs that "
         f"created it at the same moment): table _alembic_tmp_experiments is a leftover of a migration; it holds "
-        f"no runs: delete it (rm {db}) and run again; the next run creates it afresh")
+        f"no runs: delete it (rm {db}) and run again; the next run creates it afresh"
+    )
 
     store.create_run(store.create_experiment("kept"))
-    assert f"it holds 1 run(s): keep a copy of it, then drop the leftover (sqlite3 {db} 'DROP TABLE " \
+    assert (
+        f"it holds 1 run(s): keep a copy of it, then drop the leftover (sqlite3 {db} 'DROP TABLE "
         f"_alembic_tmp_experiments') and run: mlflow db upgrade sqlite:///{db}" in half_created(db)
+    )
 
     _sql(db, "DROP TABLE _alembic_tmp_experiments", "DELETE FROM alembic_version")
     assert "it has no schema version; it holds 1 run(s)" in half_created(db)
 
     (tmp_path / "notes.db").write_text("not a database, but a long enough text " * 100)
-    assert half_created(tmp_path / "notes.db").startswith(f"{tmp_path / 'notes.db'} is not an MLflow store")
+    assert half_created(tmp_path / "notes.db").startswith(
+        f"{tmp_path / 'notes.db'} is not an MLflow store"
+    )
 
 
 def test_a_store_locked_too_long_is_one_line(tmp_path):
@@ -54,7 +59,9 @@ def test_a_store_locked_too_long_is_one_line(tmp_path):
         clock[0] += seconds
 
     with store_lock(db):  # another holder: flock excludes every other open of the lock file
-        with pytest.raises(StoreError, match=r"has been locked by another process for 300 s \(mlflow.db.lock\)"):
+        with pytest.raises(
+            StoreError, match=r"has been locked by another process for 300 s \(mlflow.db.lock\)"
+        ):
             with store_lock(db, clock=lambda: clock[0], sleep=sleep):
                 pass
     with store_lock(db, clock=lambda: clock[0], sleep=sleep):  # released: taken at once
@@ -92,8 +99,14 @@ def test_four_simultaneous_first_runs_on_a_new_store_all_finish(tmp_path):
 
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
     procs = [  # four processes of their own (tests/zygote.py), started within milliseconds of each other
-        start_cli(tmp_path, "data.n_samples=256", "trainer.max_epochs=1", f"logger.run_name=first-{i}",
-                  f"hydra.run.dir={tmp_path}/out-{i}", stderr=subprocess.STDOUT)
+        start_cli(
+            tmp_path,
+            "data.n_samples=256",
+            "trainer.max_epochs=1",
+            f"logger.run_name=first-{i}",
+            f"hydra.run.dir={tmp_path}/out-{i}",
+            stderr=subprocess.STDOUT,
+        )
         for i in range(4)
     ]
     outputs = [proc.communicate(timeout=600)[0] for proc in procs]
@@ -126,7 +139,9 @@ def test_a_process_opens_a_local_store_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(tmp_path, compose_cfg, monkeypatch):
+def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(
+    tmp_path, compose_cfg, monkeypatch
+):
     # Issue 34, point 7: SQLite's locking over NFS (and CIFS, Lustre, GPFS) is unreliable; compute nodes
     # sharing a store there corrupt it. The mount table says which filesystem the store is on (here a
     # mount table of the test's, since no NFS server can be started here).
@@ -135,15 +150,26 @@ def test_a_sqlite_store_on_a_network_filesystem_is_refused_in_one_line(tmp_path,
     from seqlab.train import train
 
     mounts = tmp_path / "mounts"
-    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nfileserver:/export/home {tmp_path} nfs4 rw,relatime 0 0\n")
+    mounts.write_text(
+        f"/dev/vda / ext4 rw 0 0\nfileserver:/export/home {tmp_path} nfs4 rw,relatime 0 0\n"
+    )
     monkeypatch.setattr(local, "MOUNTS", mounts)
-    monkeypatch.setattr(local, "_OPENED", {})  # this process has opened the test's store already: as a new process
+    monkeypatch.setattr(
+        local, "_OPENED", {}
+    )  # this process has opened the test's store already: as a new process
     assert local.filesystem_of(tmp_path / "mlruns" / "mlflow.db") == "nfs4"
     assert local.filesystem_of(Path("/")) not in local.NETWORK_FILESYSTEMS
     with pytest.raises(SeqlabError) as refused:
         train(compose_cfg(*TINY))
     line = str(refused.value)
-    assert line.startswith(f"the MLflow store {tmp_path}/mlruns/mlflow.db is on a nfs4 filesystem, where SQLite's file "
-                           "locking is unreliable") and "make server" in line and "postgresql://" in line and "\n" not in line
+    assert (
+        line.startswith(
+            f"the MLflow store {tmp_path}/mlruns/mlflow.db is on a nfs4 filesystem, where SQLite's file "
+            "locking is unreliable"
+        )
+        and "make server" in line
+        and "postgresql://" in line
+        and "\n" not in line
+    )
     monkeypatch.setattr(local, "MOUNTS", tmp_path / "no-mount-table")  # none to read: not judged
     open_client(f"sqlite:///{tmp_path}/elsewhere/mlflow.db").search_experiments()

@@ -17,8 +17,19 @@ from seqlab.train import train
 
 
 def _row(device, batch, samples, perf="fast", ttt=None, status="FINISHED", reached=None):
-    return RunRow(f"id-{device}-{batch}-{perf}", f"{device}-bs{batch}", status, device, batch, perf,
-                  samples / batch if samples else None, samples, ttt, reached, 0.1)
+    return RunRow(
+        f"id-{device}-{batch}-{perf}",
+        f"{device}-bs{batch}",
+        status,
+        device,
+        batch,
+        perf,
+        samples / batch if samples else None,
+        samples,
+        ttt,
+        reached,
+        0.1,
+    )
 
 
 @pytest.mark.parametrize(
@@ -26,7 +37,11 @@ def _row(device, batch, samples, perf="fast", ttt=None, status="FINISHED", reach
     [
         ({16: 100, 64: 400, 256: 900, 1024: 1000}, {16: 50, 64: 300, 256: 1200, 1024: 5000}, 256),
         ({16: 100, 64: 400}, {16: 50, 64: 300}, None),  # the GPU never overtakes
-        ({16: 100, 64: 400, 256: 900}, {16: 150, 64: 300, 256: 1200}, 256),  # an early win that does not last
+        (
+            {16: 100, 64: 400, 256: 900},
+            {16: 150, 64: 300, 256: 1200},
+            256,
+        ),  # an early win that does not last
         ({16: 100}, {}, None),  # no GPU runs
     ],
 )
@@ -36,15 +51,26 @@ def test_crossover_is_where_the_gpu_stays_ahead(cpu, gpu, expected):
 
 
 def test_verdict_table_and_failed_runs_shown():
-    rows = [_row("cpu", 64, 30000, ttt=4.0), _row("cpu", 256, 60000, ttt=2.5), _row("gpu", 64, 20000, ttt=9.0),
-            _row("gpu", 256, 90000, ttt=3.0), _row("gpu", 1024, None, status="FAILED", reached=None),
-            _row("cpu", 1024, 70000, reached=False)]
+    rows = [
+        _row("cpu", 64, 30000, ttt=4.0),
+        _row("cpu", 256, 60000, ttt=2.5),
+        _row("gpu", 64, 20000, ttt=9.0),
+        _row("gpu", 256, 90000, ttt=3.0),
+        _row("gpu", 1024, None, status="FAILED", reached=None),
+        _row("cpu", 1024, 70000, reached=False),
+    ]
     text = verdict(rows, 0.15)
     assert text.startswith("One run per configuration (n = 1): no intervals and no tests")
     assert "GPU beats CPU from batch 256 (perf=fast; single runs: no test)." in text
-    assert "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.5 s, n = 1); not tested against the other 3 (n = 1)." in text
+    assert (
+        "Fastest to RMSE 0.15: cpu, batch 256, perf=fast (2.5 s, n = 1); not tested against the other 3 (n = 1)."
+        in text
+    )
     assert "Highest throughput: gpu, batch 256" in text
-    assert "Repeats: 5 of 6 runs finished (gpu-bs1024: FAILED); 1 missed RMSE 0.15 (cpu, batch 1024, perf=fast: 1 of 1)." in text
+    assert (
+        "Repeats: 5 of 6 runs finished (gpu-bs1024: FAILED); 1 missed RMSE 0.15 (cpu, batch 1024, perf=fast: 1 of 1)."
+        in text
+    )
     assert fastest_to_target(rows).batch_size == 256
     out = table(rows)
     assert "0/1" in out and "FAILED" in out and len(out.splitlines()) == 1 + 6 + 1
@@ -52,8 +78,14 @@ def test_verdict_table_and_failed_runs_shown():
 
 @pytest.mark.slow
 def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(compose_cfg, store):
-    train(compose_cfg("data.n_samples=4096", "trainer.max_epochs=6", "metrics.target_rmse=0.25",
-                      "logger.system_metrics_interval_s=0.5"))
+    train(
+        compose_cfg(
+            "data.n_samples=4096",
+            "trainer.max_epochs=6",
+            "metrics.target_rmse=0.25",
+            "logger.system_metrics_interval_s=0.5",
+        )
+    )
     (run,) = runs_of(store, "seqlab")
     vals = store.get_metric_history(run.info.run_id, "val_rmse")
     first = next(m for m in vals if m.value <= 0.25)
@@ -79,36 +111,69 @@ def test_a_target_never_reached_is_said(compose_cfg, store):
 @pytest.mark.slow
 def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tmp_path):
     # replicas=1,2 in the place of the preset's 1,8,32: each perf=fast job also as a pack of 2.
-    proc = run_cli("-m", "sweep=device_batch", "seed=0", "data.batch_size=32,128", "replicas=1,2", "data.n_samples=1024",
-                   "trainer.max_time=00:00:00:01", "metrics.target_rmse=0.3", "logger.system_metrics=false")
+    proc = run_cli(
+        "-m",
+        "sweep=device_batch",
+        "seed=0",
+        "data.batch_size=32,128",
+        "replicas=1,2",
+        "data.n_samples=1024",
+        "trainer.max_time=00:00:00:01",
+        "metrics.target_rmse=0.3",
+        "logger.system_metrics=false",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "replicas  2 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed" in proc.stdout
+    assert (
+        "replicas  2 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed"
+        in proc.stdout
+    )
     assert "8 jobs, 0 failed" in proc.stdout
     assert "Only cpu runs finished: no CPU/GPU crossover to report." in proc.stdout
     runs = runs_of(store, "device-batch")
     parent = next(r for r in runs if r.data.tags.get("sweep_role") == "parent")
     members = [r for r in runs if "pack_id" in r.data.tags]
     # Each pack: the job's config twice, seeds 0, 1 (seed*2 + i of its seed 0).
-    assert sorted((r.data.params["data.batch_size"], r.data.params["seed"], r.data.params["perf.name"]) for r in members) == [
-        (b, s, "fast") for b in ("128", "32") for s in ("0", "1")]
+    assert sorted(
+        (r.data.params["data.batch_size"], r.data.params["seed"], r.data.params["perf.name"])
+        for r in members
+    ) == [(b, s, "fast") for b in ("128", "32") for s in ("0", "1")]
     assert len({r.data.tags["pack_id"] for r in members}) == 2
     # a pack's members are repeats (seeds 0, 1) of one configuration: one config tag each pack
     assert {r.data.tags["pack_id"]: r.data.tags["config"] for r in members} == {
-        r.data.tags["pack_id"]: r.data.tags["config"] for r in reversed(members)}
+        r.data.tags["pack_id"]: r.data.tags["config"] for r in reversed(members)
+    }
     assert len({r.data.tags["config"] for r in members}) == 2
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in members)
     verdict = parent.data.tags["verdict"]
-    assert "Most networks trained per second (a pack counts all its members; the machine used fully)" in verdict
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id and "pack_id" not in r.data.tags]
-    assert sorted((c.data.params["perf.name"], c.data.params["data.batch_size"]) for c in children) == [
-        ("fast", "128"), ("fast", "32"), ("naive", "128"), ("naive", "32")]
+    assert (
+        "Most networks trained per second (a pack counts all its members; the machine used fully)"
+        in verdict
+    )
+    children = [
+        r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+        and "pack_id" not in r.data.tags
+    ]
+    assert sorted(
+        (c.data.params["perf.name"], c.data.params["data.batch_size"]) for c in children
+    ) == [("fast", "128"), ("fast", "32"), ("naive", "128"), ("naive", "32")]
     # the preset sweeps the seed (given once here): names say it, as every swept key
-    assert {c.info.run_name for c in children} == {"cpu-bs32-seed=0-perf=naive-replicas=1", "cpu-bs32-seed=0-perf=fast-replicas=1",
-                                                   "cpu-bs128-seed=0-perf=naive-replicas=1", "cpu-bs128-seed=0-perf=fast-replicas=1"}
+    assert {c.info.run_name for c in children} == {
+        "cpu-bs32-seed=0-perf=naive-replicas=1",
+        "cpu-bs32-seed=0-perf=fast-replicas=1",
+        "cpu-bs128-seed=0-perf=naive-replicas=1",
+        "cpu-bs128-seed=0-perf=fast-replicas=1",
+    }
     files = artifact_paths(store, parent.info.run_id)
-    expected = {"comparison/comparison.csv", "comparison/comparison.md", "comparison/verdict.txt",
-                "comparison/throughput_vs_batch.png", "comparison/time_to_target_vs_batch.png",
-                "comparison/val_rmse_curves.png"}
+    expected = {
+        "comparison/comparison.csv",
+        "comparison/comparison.md",
+        "comparison/verdict.txt",
+        "comparison/throughput_vs_batch.png",
+        "comparison/time_to_target_vs_batch.png",
+        "comparison/val_rmse_curves.png",
+    }
     assert expected <= files
     local = store.download_artifacts(parent.info.run_id, "comparison", str(tmp_path / "dl"))
     for name in ("throughput_vs_batch.png", "time_to_target_vs_batch.png", "val_rmse_curves.png"):
@@ -116,15 +181,30 @@ def test_the_study_through_the_cli_compares_on_the_parent_run(run_cli, store, tm
     # The comparison's packed rows: K networks a step, counted whole (model-steps/s), labelled as packed.
     table = (Path(local) / "comparison.md").read_text()
     assert "model-steps/s" in table.splitlines()[0]
-    packed_rows = [line for line in table.splitlines() if line.startswith("| cpu | ") and "| fast, packed x2 |" in line]
+    packed_rows = [
+        line
+        for line in table.splitlines()
+        if line.startswith("| cpu | ") and "| fast, packed x2 |" in line
+    ]
     assert len(packed_rows) == 2, table
     # One run of each configuration alone, two members of each pack: the packs' seeds are repeats.
     assert parent.data.tags["verdict"].startswith("n = 1-2 repeats per configuration (seeds 0, 1)")
 
     # and on demand, from the script
-    again = run_script(ROOT / "scripts" / "compare.py", ["--experiment", "device-batch", "--sweep", "latest",
-                                                         "--tracking-uri", f"sqlite:///{tmp_path}/mlruns/mlflow.db",
-                                                         "--out", str(tmp_path / "cmp"), "--no-log"])
+    again = run_script(
+        ROOT / "scripts" / "compare.py",
+        [
+            "--experiment",
+            "device-batch",
+            "--sweep",
+            "latest",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+            "--out",
+            str(tmp_path / "cmp"),
+            "--no-log",
+        ],
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("FINISHED") == 8 and "perf" in again.stdout.splitlines()[0]
     assert "n: finished repeats" in again.stdout
@@ -137,10 +217,14 @@ def test_compare_shows_failed_runs_and_rejects_unknown_experiments(compose_cfg, 
     train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1"))
     if not torch.cuda.is_available():
         with pytest.raises(Exception):
-            train(compose_cfg("data.n_samples=256", "trainer.max_epochs=1", "trainer.accelerator=gpu"))
+            train(
+                compose_cfg("data.n_samples=256", "trainer.max_epochs=1", "trainer.accelerator=gpu")
+            )
     report = compare(store, "seqlab", tmp_path / "out", log_to_parent=False)
     statuses = sorted(r.status for r in report.rows)
     assert statuses == (["FINISHED"] if torch.cuda.is_available() else ["FAILED", "FINISHED"])
-    assert (tmp_path / "out" / "comparison_runs.csv").read_text().count("\n") == len(report.rows) + 1
+    assert (tmp_path / "out" / "comparison_runs.csv").read_text().count("\n") == len(
+        report.rows
+    ) + 1
     with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
         compare(store, "nope", tmp_path / "out")

@@ -16,20 +16,32 @@ def _by_name(client, experiment: str) -> dict:
 
 
 @pytest.mark.slow
-def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_path, mlflow_server):
+def test_sync_copies_a_local_stores_runs_into_a_server_once(
+    run_cli, store, tmp_path, mlflow_server
+):
     experiment = "synced-sweep"
-    proc = run_cli("-m", "seed=0", *TINY, "logger.system_metrics=false", f"logger.experiment_name={experiment}")
+    proc = run_cli(
+        "-m", "seed=0", *TINY, "logger.system_metrics=false", f"logger.experiment_name={experiment}"
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     local = _by_name(store, experiment)
     assert len(local) == 2  # the sweep's parent and its job
     # A job still training when the sync runs: it waits for the next one.
-    still = store.create_run(store.get_experiment_by_name(experiment).experiment_id, run_name="still-training")
+    still = store.create_run(
+        store.get_experiment_by_name(experiment).experiment_id, run_name="still-training"
+    )
     src = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
 
     first = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
     assert first.returncode == 0, first.stdout + first.stderr
-    assert f"sync      2 run(s) copied from {src} to {mlflow_server.uri}; 0 copied before" in first.stdout
-    assert f"1 run(s) still RUNNING in the source are left for the next sync: {still.info.run_id}" in first.stdout
+    assert (
+        f"sync      2 run(s) copied from {src} to {mlflow_server.uri}; 0 copied before"
+        in first.stdout
+    )
+    assert (
+        f"1 run(s) still RUNNING in the source are left for the next sync: {still.info.run_id}"
+        in first.stdout
+    )
 
     server = mlflow.MlflowClient(mlflow_server.uri)
     copied = _by_name(server, experiment)
@@ -38,20 +50,39 @@ def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_
     for name, run in local.items():
         copy = copied[name]
         assert copy.data.tags["seqlab_synced_from"] == run.info.run_id
-        assert (copy.info.status, copy.info.start_time, copy.info.end_time) == (run.info.status, run.info.start_time, run.info.end_time)
+        assert (copy.info.status, copy.info.start_time, copy.info.end_time) == (
+            run.info.status,
+            run.info.start_time,
+            run.info.end_time,
+        )
         assert copy.data.params == run.data.params and copy.data.metrics == run.data.metrics
-        history = lambda client, r: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(r.info.run_id, "train_loss")]  # noqa: E731
+
+        def history(client, r):
+            return [
+                (m.step, m.value, m.timestamp)
+                for m in client.get_metric_history(r.info.run_id, "train_loss")
+            ]
+
         assert history(server, copy) == history(store, run)
         assert artifact_paths(server, copy.info.run_id) == artifact_paths(store, run.info.run_id)
         if run.data.tags.get("sweep_role") != "parent":
-            assert copy.data.tags["mlflow.parentRunId"] == parent.info.run_id  # the parent's copy, not the source's
+            assert (
+                copy.data.tags["mlflow.parentRunId"] == parent.info.run_id
+            )  # the parent's copy, not the source's
             # the run's network, a logged model of the copy that loads and predicts
-            models = {m.name: m for m in server.search_logged_models(
-                [copy.info.experiment_id], filter_string=f"source_run_id = '{copy.info.run_id}'")}
+            models = {
+                m.name: m
+                for m in server.search_logged_models(
+                    [copy.info.experiment_id], filter_string=f"source_run_id = '{copy.info.run_id}'"
+                )
+            }
             assert set(models) == {"model", "model-onnx"}  # its ONNX copy too
             model = models["model"]
-            files = mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, tracking_uri=mlflow_server.uri,
-                                                        dst_path=str(tmp_path / "model" / name))
+            files = mlflow.artifacts.download_artifacts(
+                artifact_uri=model.artifact_location,
+                tracking_uri=mlflow_server.uri,
+                dst_path=str(tmp_path / "model" / name),
+            )
             network = mlflow.pytorch.load_model(files)
             assert sum(p.numel() for p in network.parameters()) > 0
 
@@ -68,31 +99,56 @@ def test_sync_copies_a_local_stores_runs_into_a_server_once(run_cli, store, tmp_
     from mlflow.entities import Metric
 
     resumed = store.create_run(experiment_id, run_name="resumed-later").info.run_id
-    store.log_batch(resumed, metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_000 + s, s) for s in range(1, 4)])
+    store.log_batch(
+        resumed,
+        metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_000 + s, s) for s in range(1, 4)],
+    )
     store.set_terminated(resumed, "KILLED")
-    sweep_parent = store.create_run(experiment_id, run_name="sweep-still-running", tags={"sweep_role": "parent"}).info.run_id
-    job = store.create_run(experiment_id, run_name="job-of-that-sweep", tags={"mlflow.parentRunId": sweep_parent}).info.run_id
+    sweep_parent = store.create_run(
+        experiment_id, run_name="sweep-still-running", tags={"sweep_role": "parent"}
+    ).info.run_id
+    job = store.create_run(
+        experiment_id, run_name="job-of-that-sweep", tags={"mlflow.parentRunId": sweep_parent}
+    ).info.run_id
     store.set_terminated(job, "FINISHED")
     third = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
     assert third.returncode == 0 and "2 run(s) copied" in third.stdout, third.stdout + third.stderr
     assert "mlflow.parentRunId" not in _by_name(server, experiment)["job-of-that-sweep"].data.tags
 
     store.update_run(resumed, "RUNNING")  # resume=: the same run continues
-    store.log_batch(resumed, metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_100 + s, s) for s in range(4, 7)])
+    store.log_batch(
+        resumed,
+        metrics=[Metric("train_loss", 1.0 / s, 1_700_000_000_100 + s, s) for s in range(4, 7)],
+    )
     store.set_tag(resumed, "output_network", "last")
     store.set_terminated(resumed, "FINISHED")
     store.set_terminated(sweep_parent, "FINISHED")
-    fourth = run_script(SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment])
+    fourth = run_script(
+        SYNC, ["--from", src, "--to", mlflow_server.uri, "--experiment", experiment]
+    )
     assert fourth.returncode == 0, fourth.stdout + fourth.stderr
-    assert "1 run(s) copied" in fourth.stdout and "1 brought up to date (resumed since)" in fourth.stdout
+    assert (
+        "1 run(s) copied" in fourth.stdout
+        and "1 brought up to date (resumed since)" in fourth.stdout
+    )
     assert "1 linked to their sweep's parent" in fourth.stdout, fourth.stdout
     copies = _by_name(server, experiment)
     follow = copies["resumed-later"]
     source = store.get_run(resumed)
     assert (follow.info.status, follow.info.end_time) == ("FINISHED", source.info.end_time)
-    assert [m.step for m in server.get_metric_history(follow.info.run_id, "train_loss")] == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in server.get_metric_history(follow.info.run_id, "train_loss")] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
     assert follow.data.tags["output_network"] == "last"
-    assert copies["job-of-that-sweep"].data.tags["mlflow.parentRunId"] == copies["sweep-still-running"].info.run_id
+    assert (
+        copies["job-of-that-sweep"].data.tags["mlflow.parentRunId"]
+        == copies["sweep-still-running"].info.run_id
+    )
     assert len(runs_of(server, experiment)) == 6  # each once
 
 
@@ -100,7 +156,15 @@ def test_sync_needs_a_destination_and_an_existing_store(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     nowhere = run_script(SYNC, ["--from", f"sqlite:///{tmp_path}/mlruns/mlflow.db"])
     assert nowhere.returncode == 1
-    assert nowhere.stderr.strip() == "error: say where the runs go: --to http://host:5000 (or set MLFLOW_TRACKING_URI)"
-    missing = run_script(SYNC, ["--from", f"sqlite:///{tmp_path}/none/mlflow.db", "--to", "http://127.0.0.1:9"])
+    assert (
+        nowhere.stderr.strip()
+        == "error: say where the runs go: --to http://host:5000 (or set MLFLOW_TRACKING_URI)"
+    )
+    missing = run_script(
+        SYNC, ["--from", f"sqlite:///{tmp_path}/none/mlflow.db", "--to", "http://127.0.0.1:9"]
+    )
     assert missing.returncode == 1
-    assert missing.stderr.strip() == f"error: --from sqlite:///{tmp_path}/none/mlflow.db: no such store"
+    assert (
+        missing.stderr.strip()
+        == f"error: --from sqlite:///{tmp_path}/none/mlflow.db: no such store"
+    )

@@ -31,7 +31,15 @@ def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp
     steps = [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")]
     assert steps == list(range(1, 15))
     assert len(store.get_metric_history(run.info.run_id, "lr")) == 14
-    for name in ("val_loss", "val_rmse", "val_mae", "val_r2", "epoch_time_s", "it_per_s", "samples_per_s"):
+    for name in (
+        "val_loss",
+        "val_rmse",
+        "val_mae",
+        "val_r2",
+        "epoch_time_s",
+        "it_per_s",
+        "samples_per_s",
+    ):
         history = store.get_metric_history(run.info.run_id, name)
         assert [m.step for m in history] == [7, 14], name
     epoch_s = store.get_metric_history(run.info.run_id, "epoch_time_s")
@@ -42,9 +50,12 @@ def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp
     assert it_per_s[1].value * epoch_s[1].value == pytest.approx(7)
     # The last validation and the final evaluation score the same network (no BatchNorm
     # finalisation here), and that network's RMSE, recomputed from its checkpoint, is the one recorded.
-    assert run.data.metrics["val_rmse"] == pytest.approx(run.data.metrics["final_val_rmse"], rel=1e-5)
+    assert run.data.metrics["val_rmse"] == pytest.approx(
+        run.data.metrics["final_val_rmse"], rel=1e-5
+    )
     assert run.data.metrics["final_val_rmse"] == pytest.approx(
-        val_rmse_of_checkpoint(cfg, tmp_path / "out" / "checkpoints" / "last.ckpt"), rel=1e-4)
+        val_rmse_of_checkpoint(cfg, tmp_path / "out" / "checkpoints" / "last.ckpt"), rel=1e-4
+    )
     assert result.val_rmse == run.data.metrics["final_val_rmse"]
 
     tags = run.data.tags
@@ -79,7 +90,9 @@ def test_training_beats_predicting_the_mean(compose_cfg, store):
 
 @pytest.mark.slow
 def test_schedule_and_optimizer_come_from_their_groups(compose_cfg, store):
-    cfg = compose_cfg(*TINY, "optimizer=sgdm", "optimizer.lr=0.05", "scheduler.step_size=1", "scheduler.gamma=0.5")
+    cfg = compose_cfg(
+        *TINY, "optimizer=sgdm", "optimizer.lr=0.05", "scheduler.step_size=1", "scheduler.gamma=0.5"
+    )
     train(cfg)
     (run,) = runs_of(store, "seqlab")
     lrs = {m.step: m.value for m in store.get_metric_history(run.info.run_id, "lr")}
@@ -90,7 +103,9 @@ def test_schedule_and_optimizer_come_from_their_groups(compose_cfg, store):
 
 @pytest.mark.slow
 def test_daily_profile_trains(compose_cfg, store):
-    cfg = compose_cfg("data=daily_profile", "data.n_samples=40", "trainer.max_epochs=1", "data.batch_size=16")
+    cfg = compose_cfg(
+        "data=daily_profile", "data.n_samples=40", "trainer.max_epochs=1", "data.batch_size=16"
+    )
     result = train(cfg)
     assert result.status == "FINISHED"
     (run,) = runs_of(store, "seqlab")
@@ -139,7 +154,9 @@ def test_a_file_that_does_not_load_ends_the_run_failed(compose_cfg, store, tmp_p
 def test_per_step_rmse_agrees_with_the_epochs_torchmetrics_rmse(compose_cfg, store, loss):
     """train_rmse per step comes from the loss value; train_rmse_epoch from torchmetrics over the
     same predictions. Squared and weighted by batch size, the steps must give the epoch."""
-    cfg = compose_cfg("data.n_samples=320", "trainer.max_epochs=1", "data.batch_size=64", f"module.loss={loss}")
+    cfg = compose_cfg(
+        "data.n_samples=320", "trainer.max_epochs=1", "data.batch_size=64", f"module.loss={loss}"
+    )
     train(cfg)
     (run,) = runs_of(store, "seqlab")
     steps = store.get_metric_history(run.info.run_id, "train_rmse")
@@ -181,7 +198,9 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     train(compose_cfg(*TINY, "perf.steps_per_call=2"))  # 4 steps an epoch: 2 training calls
     (run,) = runs_of(store, "seqlab")
     history = lambda name: [m.value for m in store.get_metric_history(run.info.run_id, name)]  # noqa: E731
-    assert clock["train_calls"] == 4 and clock["now"] >= 4 + 2 * 100  # both kinds of step ran on the clock
+    assert (
+        clock["train_calls"] == 4 and clock["now"] >= 4 + 2 * 100
+    )  # both kinds of step ran on the clock
     assert history("epoch_time_s") == [2.0, 2.0]  # the validations' 100 s are in neither
     assert history("it_per_s") == [2.0, 2.0]  # 4 steps in 2 s
 
@@ -190,7 +209,14 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
 def test_tiny_data_edge_cases_train(compose_cfg, store):
     """A last batch of one sample (BatchNorm cannot train on it) is dropped; a validation set
     is never a single sample (R2 needs two)."""
-    result = train(compose_cfg("data.n_samples=11", "data.val_fraction=0.1", "data.batch_size=4", "trainer.max_epochs=1"))
+    result = train(
+        compose_cfg(
+            "data.n_samples=11",
+            "data.val_fraction=0.1",
+            "data.batch_size=4",
+            "trainer.max_epochs=1",
+        )
+    )
     assert result.status == "FINISHED"
     (run,) = runs_of(store, "seqlab")
     # 11 samples -> 2 validation, 9 training: batches of 4, 4 and a dropped 1
@@ -222,18 +248,49 @@ def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, t
     repository of its own, so git_commit has a known value."""
     import subprocess
 
-    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True)  # noqa: E731
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True
+        )
+
     git("init", "-q")
-    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "x")
+    git(
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.com",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "x",
+    )
     head = git("rev-parse", "HEAD").stdout.strip()
-    train(compose_cfg(*TINY, "trainer.max_epochs=3", "data.batch_size=32", "metrics.target_rmse=1000"))
+    train(
+        compose_cfg(*TINY, "trainer.max_epochs=3", "data.batch_size=32", "metrics.target_rmse=1000")
+    )
     (run,) = runs_of(store, "seqlab")
     history = lambda name: store.get_metric_history(run.info.run_id, name)  # noqa: E731
-    for name in ("train_rmse_epoch", "train_mae_epoch", "train_r2_epoch", "val_loss", "val_mae", "val_r2"):
+    for name in (
+        "train_rmse_epoch",
+        "train_mae_epoch",
+        "train_r2_epoch",
+        "val_loss",
+        "val_mae",
+        "val_r2",
+    ):
         assert [m.step for m in history(name)] == [7, 14, 21], name  # 7 steps an epoch
     m = run.data.metrics
-    for name in ("final_val_rmse", "final_val_loss", "final_val_mae", "final_val_r2", "train_wall_s",
-                 "best_val_rmse", "best_val_rmse_step", "best_val_rmse_epoch"):
+    for name in (
+        "final_val_rmse",
+        "final_val_loss",
+        "final_val_mae",
+        "final_val_r2",
+        "train_wall_s",
+        "best_val_rmse",
+        "best_val_rmse_step",
+        "best_val_rmse_epoch",
+    ):
         assert name in m, name
     # medians over the epochs after the first: of epochs 2 and 3
     for key in ("it_per_s", "samples_per_s"):
@@ -249,7 +306,10 @@ def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, t
     import mlflow
     import pytorch_lightning
 
-    assert tags["lightning_version"] == pytorch_lightning.__version__ and tags["mlflow_version"] == mlflow.__version__
+    assert (
+        tags["lightning_version"] == pytorch_lightning.__version__
+        and tags["mlflow_version"] == mlflow.__version__
+    )
     assert tags["hydra_overrides"] == ""  # composed in-process: no command line
     assert tags["torch_threads"] == str(torch.get_num_threads())
 
@@ -257,8 +317,14 @@ def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, t
 @pytest.mark.slow
 @pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
 def test_logger_system_metrics_switches_the_system_metrics(compose_cfg, store, on):
-    train(compose_cfg(*TINY, f"logger.system_metrics={str(on).lower()}", "logger.system_metrics_interval_s=0.1",
-                      "trainer.max_epochs=4"))
+    train(
+        compose_cfg(
+            *TINY,
+            f"logger.system_metrics={str(on).lower()}",
+            "logger.system_metrics_interval_s=0.1",
+            "trainer.max_epochs=4",
+        )
+    )
     (run,) = runs_of(store, "seqlab")
     system = {k for k in run.data.metrics if k.startswith("system/")}
     assert ("system/cpu_utilization_percentage" in system) is on and bool(system) is on

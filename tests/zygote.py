@@ -53,8 +53,12 @@ def _warm_up() -> None:
     import seqlab.train  # noqa: F401
 
     Plugins.instance()  # Hydra's plugin discovery imports every installed launcher and sweeper
-    if threading.active_count() != 1:  # a fork copies only the forking thread: a lock another held stays held
-        raise SystemExit(f"zygote: {threading.active_count()} threads after the imports; a fork would not be safe")
+    if (
+        threading.active_count() != 1
+    ):  # a fork copies only the forking thread: a lock another held stays held
+        raise SystemExit(
+            f"zygote: {threading.active_count()} threads after the imports; a fork would not be safe"
+        )
 
 
 def _serve(sock: socket.socket) -> tuple[dict, list[int]]:
@@ -80,7 +84,9 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]]:
         if not message:
             sys.exit(0)  # the test process ended
         request = json.loads(message)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap() waits until the pid is known
+        signal.pthread_sigmask(
+            signal.SIG_BLOCK, {signal.SIGCHLD}
+        )  # reap() waits until the pid is known
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -117,7 +123,10 @@ def _become(request: dict, out: int, err: int) -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
     else:  # python -c CODE ARGS...
         sys.path[0] = ""
-        exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(
+            compile(request["code"], "<string>", "exec"),
+            {"__name__": "__main__", "__builtins__": __builtins__},
+        )
 
 
 # -- the tests' side --------------------------------------------------------------------------------
@@ -128,7 +137,9 @@ class Child:
     """The part of subprocess.Popen that the tests use, for a child of the zygote: pid, stdout,
     stderr, returncode, poll, wait, communicate, send_signal, terminate, kill."""
 
-    def __init__(self, pid: int, status_fd: int, stdout: Optional[IO], stderr: Optional[IO], args: list[str]) -> None:
+    def __init__(
+        self, pid: int, status_fd: int, stdout: Optional[IO], stderr: Optional[IO], args: list[str]
+    ) -> None:
         self.pid, self.args = pid, args
         self.stdout, self.stderr = stdout, stderr
         self.returncode: Optional[int] = None
@@ -197,16 +208,27 @@ class Zygote:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Its own environment reaches only what its imports read (OMP_NUM_THREADS): each child
         # gets the environment its request gives.
-        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self.lock = threading.Lock()
         ready = self.sock.recv(64)  # sent once the imports are done
         if ready != b"ready":
             raise RuntimeError(f"the zygote did not start (exit status {self.proc.wait()})")
 
-    def start(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Stream = None, stderr: Stream = None,
-              code: Optional[str] = None, new_session: bool = False) -> Child:
+    def start(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        stdout: Stream = None,
+        stderr: Stream = None,
+        code: Optional[str] = None,
+        new_session: bool = False,
+    ) -> Child:
         """Like Popen([sys.executable, *argv], ...) (or [sys.executable, "-c", code, *argv]); stdout and
         stderr: None (this process's), subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT (stderr
         only) or an open file."""
@@ -229,11 +251,18 @@ class Zygote:
         err_fd, err = (out_fd, None) if stderr == subprocess.STDOUT else target(stderr, 2)
         status_read, status_write = os.pipe()
         mine.append(status_write)
-        request = {"argv": argv if code is None else ["-c", *argv], "cwd": str(cwd), "env": env, "code": code,
-                   "new_session": new_session}
+        request = {
+            "argv": argv if code is None else ["-c", *argv],
+            "cwd": str(cwd),
+            "env": env,
+            "code": code,
+            "new_session": new_session,
+        }
         try:
             with self.lock:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [out_fd, err_fd, status_write])
+                socket.send_fds(
+                    self.sock, [json.dumps(request).encode()], [out_fd, err_fd, status_write]
+                )
                 pid = json.loads(self.sock.recv(64))
         finally:
             for fd in mine:
@@ -263,8 +292,13 @@ def start(argv: list[str], cwd: Path, env: dict[str, str], **kwargs) -> Child:
     return shared().start(argv, cwd, env, **kwargs)
 
 
-def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: Optional[float] = None,
-        code: Optional[str] = None) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: Optional[float] = None,
+    code: Optional[str] = None,
+) -> subprocess.CompletedProcess:
     """Like subprocess.run([sys.executable, *argv], capture_output=True, text=True)."""
     child = start(argv, cwd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, code=code)
     try:
@@ -281,7 +315,9 @@ if __name__ == "__main__":
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: ends with the tests
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+            1, signal.SIGTERM
+        )  # PR_SET_PDEATHSIG: ends with the tests
     except (OSError, AttributeError):
         pass
     _warm_up()

@@ -56,8 +56,11 @@ SHAPES = {
     # (16384 samples, 80% for training): the per-epoch work counts as it does in that study.
     "study": (["data=synthetic", "data.source.seq_len=1"], 4, 30),
 }
-SMOKE_SHAPES = {"seed": (["data=synthetic"], 4, 2), "profile": (["data=daily_profile"], 2, 2),
-                "study": (["data=synthetic"], 2, 2)}
+SMOKE_SHAPES = {
+    "seed": (["data=synthetic"], 4, 2),
+    "profile": (["data=daily_profile"], 2, 2),
+    "study": (["data=synthetic"], 2, 2),
+}
 LOOPS = ("plain", "bare", "naive", "default", "packed")
 DEFAULT_LOOPS = LOOPS[:4]
 
@@ -72,7 +75,9 @@ class Row:
     it_per_s: float
     samples_per_s: float
     ratio_to_plain: float = 0.0  # model-steps/s over plain's
-    ratio_to_bare: float = 0.0  # model-steps/s over bare's (for a pack: over K bare loops one after another)
+    ratio_to_bare: float = (
+        0.0  # model-steps/s over bare's (for a pack: over K bare loops one after another)
+    )
     runs: list[float] = field(default_factory=list)  # it/s of each repeat
     members: int = 1  # networks trained by each step (a pack's K)
     model_steps_per_s: float = 0.0  # members x it_per_s; samples_per_s is this x batch_size
@@ -94,31 +99,35 @@ def machine() -> dict[str, str]:
 
 def _compose(overrides: list[str]):
 
-
     with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
         return compose("train", overrides=overrides)
 
 
-def _overrides(shape: str, device: str, batch_size: int, smoke: bool, root: Path) -> tuple[list[str], int, int]:
+def _overrides(
+    shape: str, device: str, batch_size: int, smoke: bool, root: Path
+) -> tuple[list[str], int, int]:
     data, batches, epochs = (SMOKE_SHAPES if smoke else SHAPES)[shape]
     n = batches * batch_size
-    return [
-        *data,
-        f"data.n_samples={n}",
-        "data.val_fraction=0",
-        f"data.batch_size={batch_size}",
-        f"trainer.accelerator={device}",
-        f"trainer.max_epochs={epochs}",
-        "scheduler=none",
-        f"paths.root_dir={root}",
-        f"paths.output_dir={root}/out",
-        "logger.experiment_name=benchmark",
-    ], batches, epochs
+    return (
+        [
+            *data,
+            f"data.n_samples={n}",
+            "data.val_fraction=0",
+            f"data.batch_size={batch_size}",
+            f"trainer.accelerator={device}",
+            f"trainer.max_epochs={epochs}",
+            "scheduler=none",
+            f"paths.root_dir={root}",
+            f"paths.output_dir={root}/out",
+            "logger.experiment_name=benchmark",
+        ],
+        batches,
+        epochs,
+    )
 
 
 def _setup(cfg, device: str):
     """What both hand-written loops start from: the config's data and model on the device, its loss."""
-
 
     torch.manual_seed(cfg.seed)
     dev = torch.device("cuda" if device == "gpu" else device)
@@ -158,9 +167,10 @@ def bare_loop(cfg, device: str) -> list[float]:
     data on the device, an on-device permutation each epoch into a reused buffer. Returns it/s
     per epoch."""
 
-
     dev, x, y, model, loss_fn = _setup(cfg, device)
-    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
+    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(
+        model.parameters()
+    )
     grads = []
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -204,7 +214,6 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
     (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k.
     Returns the pack's steps/s per epoch, as the module times them (model-steps/s: members x that)."""
 
-
     quiet_libraries(cfg.perf.loader)
     dev, x, y, _, _ = _setup(cfg, device)
     nets = []
@@ -212,15 +221,44 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
         torch.manual_seed(cfg.seed + k)
         nets.append(instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]))
     model = PackedCNNLSTM(nets).to(dev)
-    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(model.parameters())
+    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(
+        model.parameters()
+    )
     bs = cfg.data.batch_size
-    data = PackData(x=x[:, 0] if x.shape[1] == 1 else x, y=y, train_rows=torch.arange(len(x), device=dev).expand(members, -1),
-                    val_rows=None, batch_size=bs, n_batches=len(x) // bs, shuffle=True)
-    pack = [Member(k, cfg=None, job=None, tracker=_NoRun(), order=torch.Generator(device=dev).manual_seed(cfg.seed + k))
-            for k in range(members)]
-    module = PackModule(model, optimizer, None, None, cfg.module.loss, float, data, pack, lr_scale=torch.ones(members),
-                        steps_per_call=cfg.perf.steps_per_call, flush_every_n_steps=cfg.logger.flush_every_n_steps,
-                        flush_every_s=cfg.logger.flush_every_s, exact_dropout=False)
+    data = PackData(
+        x=x[:, 0] if x.shape[1] == 1 else x,
+        y=y,
+        train_rows=torch.arange(len(x), device=dev).expand(members, -1),
+        val_rows=None,
+        batch_size=bs,
+        n_batches=len(x) // bs,
+        shuffle=True,
+    )
+    pack = [
+        Member(
+            k,
+            cfg=None,
+            job=None,
+            tracker=_NoRun(),
+            order=torch.Generator(device=dev).manual_seed(cfg.seed + k),
+        )
+        for k in range(members)
+    ]
+    module = PackModule(
+        model,
+        optimizer,
+        None,
+        None,
+        cfg.module.loss,
+        float,
+        data,
+        pack,
+        lr_scale=torch.ones(members),
+        steps_per_call=cfg.perf.steps_per_call,
+        flush_every_n_steps=cfg.logger.flush_every_n_steps,
+        flush_every_s=cfg.logger.flush_every_s,
+        exact_dropout=False,
+    )
     trainer = build_trainer(cfg, devices.resolve(device), [], False, True, False, None)
     trainer.fit(module)
     return [epoch["it_per_s"] for epoch in pack[0].epochs]
@@ -235,12 +273,13 @@ def framework_loop(cfg) -> list[float]:
 
     client = mlflow.MlflowClient(cfg.logger.tracking_uri)
     experiment = client.get_experiment_by_name(cfg.logger.experiment_name)
-    run = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    run = client.search_runs(
+        [experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1
+    )[0]
     return [m.value for m in client.get_metric_history(run.info.run_id, "it_per_s")]
 
 
 _BARE_LOOPS = {"plain": plain_loop, "bare": bare_loop}
-
 
 
 def run(
@@ -269,7 +308,10 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
         root = Path(tmp)
         for device, shape, batch_size in itertools.product(devices, shapes, batch_sizes):
             overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
-            configs = {loop: _compose([*overrides, "perf=naive"] if loop == "naive" else overrides) for loop in loops}
+            configs = {
+                loop: _compose([*overrides, "perf=naive"] if loop == "naive" else overrides)
+                for loop in loops
+            }
             # (loop, members): each pack size is a loop of its own.
             variants = [(loop, k) for loop in loops for k in (packs if loop == "packed" else (1,))]
             runs: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
@@ -279,16 +321,39 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
                     if loop == "packed":
                         rates = packed_loop(cfg, device, k)
                     else:
-                        rates = _BARE_LOOPS[loop](cfg, device) if loop in _BARE_LOOPS else framework_loop(cfg)
+                        rates = (
+                            _BARE_LOOPS[loop](cfg, device)
+                            if loop in _BARE_LOOPS
+                            else framework_loop(cfg)
+                        )
                     runs[(loop, k)].append(epoch_median(rates))
-                    progress(f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} repeat {repeat + 1}/{repeats}: "
-                             f"{runs[(loop, k)][-1]:,.1f} it/s")
+                    progress(
+                        f"  {device:4} {shape:8} bs{batch_size:<5} {_label(loop, k):9} repeat {repeat + 1}/{repeats}: "
+                        f"{runs[(loop, k)][-1]:,.1f} it/s"
+                    )
             medians = {v: statistics.median(values) for v, values in runs.items()}
-            plain, bare = medians.get(("plain", 1), float("nan")), medians.get(("bare", 1), float("nan"))
+            plain, bare = (
+                medians.get(("plain", 1), float("nan")),
+                medians.get(("bare", 1), float("nan")),
+            )
             for (loop, k), it in medians.items():
                 model_steps = it * k
-                rows.append(Row(device, shape, loop, batch_size, batches, it, model_steps * batch_size,
-                                model_steps / plain, model_steps / bare, runs[(loop, k)], k, model_steps))
+                rows.append(
+                    Row(
+                        device,
+                        shape,
+                        loop,
+                        batch_size,
+                        batches,
+                        it,
+                        model_steps * batch_size,
+                        model_steps / plain,
+                        model_steps / bare,
+                        runs[(loop, k)],
+                        k,
+                        model_steps,
+                    )
+                )
     return rows
 
 
@@ -297,32 +362,54 @@ def _label(loop: str, members: int) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'device':6} {'shape':8} {'batch':>5} {'loop':9} {'it/s':>9} {'model-steps/s':>13} {'samples/s':>11} "
-             f"{'vs plain':>8} {'vs bare':>8}"]
+    lines = [
+        f"{'device':6} {'shape':8} {'batch':>5} {'loop':9} {'it/s':>9} {'model-steps/s':>13} {'samples/s':>11} "
+        f"{'vs plain':>8} {'vs bare':>8}"
+    ]
     for r in rows:
         lines.append(
             f"{r.device:6} {r.shape:8} {r.batch_size:5} {_label(r.loop, r.members):9} {r.it_per_s:9,.1f} "
             f"{r.model_steps_per_s:13,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
         )
     if any(r.members > 1 for r in rows):
-        lines.append("packedK: K networks in one step; it/s is the pack's steps/s, model-steps/s K x that; "
-                     "vs bare: over K bare loops one after another")
+        lines.append(
+            "packedK: K networks in one step; it/s is the pack's steps/s, model-steps/s K x that; "
+            "vs bare: over K bare loops one after another"
+        )
     return "\n".join(lines)
 
 
 def to_json(rows: list[Row], settings: dict) -> str:
-    return json.dumps({"machine": machine(), "settings": settings, "rows": [asdict(r) for r in rows]}, indent=2)
+    return json.dumps(
+        {"machine": machine(), "settings": settings, "rows": [asdict(r) for r in rows]}, indent=2
+    )
 
 
-def log_to_mlflow(rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]) -> str:
+def log_to_mlflow(
+    rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]
+) -> str:
 
-    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline")
-    with tracker.run(f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}", {f"machine.{k}": v for k, v in machine().items()}):
+    tracker = MlflowTracker(
+        tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline"
+    )
+    with tracker.run(
+        f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}",
+        {f"machine.{k}": v for k, v in machine().items()},
+    ):
         tracker.log_params({k: str(v) for k, v in settings.items()})
         tracker.log_metrics(
-            {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.it_per_s": r.it_per_s for r in rows}
-            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_plain": r.ratio_to_plain for r in rows}
-            | {f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_bare": r.ratio_to_bare for r in rows},
+            {
+                f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.it_per_s": r.it_per_s
+                for r in rows
+            }
+            | {
+                f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_plain": r.ratio_to_plain
+                for r in rows
+            }
+            | {
+                f"{r.device}.{r.shape}.bs{r.batch_size}.{_label(r.loop, r.members)}.ratio_to_bare": r.ratio_to_bare
+                for r in rows
+            },
             step=0,
         )
         with tempfile.TemporaryDirectory() as tmp:

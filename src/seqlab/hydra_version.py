@@ -24,7 +24,14 @@ VERSION_BASE: dict[str, str] = {"version_base": "1.3"} if _line(hydra.__version_
 # What seqlab's configs name as _target_ (its own classes, Hydra's plugins, torch's optimizers and
 # schedulers, Lightning's callbacks): Hydra 1.4 asks for such a list before it calls a target a
 # config names (an execution whitelist; without one it warns, and 1.5 refuses).
-TRUSTED_TARGETS = ("seqlab.*", "hydra_plugins.*", "hydra.*", "torch.optim.*", "pytorch_lightning.*", "lightning.*")
+TRUSTED_TARGETS = (
+    "seqlab.*",
+    "hydra_plugins.*",
+    "hydra.*",
+    "torch.optim.*",
+    "pytorch_lightning.*",
+    "lightning.*",
+)
 
 
 def trusted_targets() -> Any:

@@ -36,7 +36,9 @@ def training_curves(history: Mapping[str, Series], path: Path, title: str = "") 
         fig.suptitle(title)
     # Fixed margins for this fixed layout: tight_layout measured every tick label first, half of
     # the picture's cost (about 0.15 s of every run, once per member of a pack).
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.06, top=0.94 if title else 0.97, hspace=0.08)
+    fig.subplots_adjust(
+        left=0.12, right=0.97, bottom=0.06, top=0.94 if title else 0.97, hspace=0.08
+    )
     return save_figure(fig, path, dpi=100, tight=False)
 
 

@@ -91,7 +91,6 @@ def _data(cfg: DictConfig) -> tuple[np.ndarray, Optional[np.ndarray], Optional[n
     """Inputs (samples, steps, features), targets (or None), lengths (or None), from the data
     group; an npz file without its y array is predicted on without targets."""
 
-
     d = cfg.data
     if d.name == "npz":
         with np.load(d.path) as archive:
@@ -106,7 +105,9 @@ def _data(cfg: DictConfig) -> tuple[np.ndarray, Optional[np.ndarray], Optional[n
         raise SeqlabError(f"data: {d.name} holds no samples")
     if not np.isfinite(data.x).all():
         first = int(np.argmax(~np.isfinite(data.x).all(axis=(1, 2))))
-        raise SeqlabError(f"data: inputs hold NaN or Inf (the first in sample {first}); clean the data")
+        raise SeqlabError(
+            f"data: inputs hold NaN or Inf (the first in sample {first}); clean the data"
+        )
     return data.x, data.y, data.lengths
 
 
@@ -135,20 +136,28 @@ def _training_run(model: Any, client: Any) -> Optional[str]:
 
 
 def _predict(model: Any, x: np.ndarray, lengths: Optional[np.ndarray]) -> np.ndarray:
-    onnx = "onnx" in model.metadata.flavors  # the run's model-onnx: its predictions come as {output name: array}
+    onnx = (
+        "onnx" in model.metadata.flavors
+    )  # the run's model-onnx: its predictions come as {output name: array}
     if lengths is None:
         chunks = [model.predict(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)]
         return np.concatenate([next(iter(c.values())) if onnx else c for c in chunks])
     if onnx:
-        raise SeqlabError("data: sequences of different lengths: the ONNX model takes sequences of one length; "
-                          "predict them with the run's PyTorch model (run=<run id>)")
+        raise SeqlabError(
+            "data: sequences of different lengths: the ONNX model takes sequences of one length; "
+            "predict them with the run's PyTorch model (run=<run id>)"
+        )
 
     net = model.get_raw_model()
     with torch.no_grad():
-        return np.concatenate([
-            net(torch.from_numpy(x[i : i + CHUNK]), torch.from_numpy(lengths[i : i + CHUNK])).numpy()
-            for i in range(0, len(x), CHUNK)
-        ])
+        return np.concatenate(
+            [
+                net(
+                    torch.from_numpy(x[i : i + CHUNK]), torch.from_numpy(lengths[i : i + CHUNK])
+                ).numpy()
+                for i in range(0, len(x), CHUNK)
+            ]
+        )
 
 
 def metrics(predicted: np.ndarray, actual: np.ndarray) -> dict[str, float]:
@@ -170,7 +179,14 @@ def _write(out: Path, predicted: np.ndarray, actual: Optional[np.ndarray]) -> tu
         names += ["target"] if r == 1 else [f"target_{j}" for j in range(r)]
         columns.append(actual)
     csv = out / "predictions.csv"
-    np.savetxt(csv, np.concatenate(columns, axis=1), delimiter=",", header=",".join(names), comments="", fmt="%.9g")
+    np.savetxt(
+        csv,
+        np.concatenate(columns, axis=1),
+        delimiter=",",
+        header=",".join(names),
+        comments="",
+        fmt="%.9g",
+    )
     npz = out / "predictions.npz"
     np.savez(npz, predictions=predicted, **({} if actual is None else {"targets": actual}))
     return csv, npz
@@ -179,9 +195,9 @@ def _write(out: Path, predicted: np.ndarray, actual: Optional[np.ndarray]) -> tu
 def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
     validate_predict(cfg)
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per download: noise here
-
-
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # a bar per download: noise here
 
     out = Path(output_dir or cfg.paths.output_dir)
     store_uri = client_credentials(cfg.tracking_uri)  # a user:password in it is sent, not shown
@@ -194,35 +210,59 @@ def predict(cfg: DictConfig, output_dir: Optional[Path] = None) -> Predictions:
     _check_shape(model, x, cfg.data.name)
     predicted = _predict(model, x, lengths).reshape(len(x), -1)
     if y is not None and y.shape[1] != predicted.shape[1]:
-        raise SeqlabError(f"data: {y.shape[1]} target(s) per sample, and the model predicts {predicted.shape[1]}")
+        raise SeqlabError(
+            f"data: {y.shape[1]} target(s) per sample, and the model predicts {predicted.shape[1]}"
+        )
     csv, npz = _write(out, predicted, y)
     result = Predictions(uri, len(x), csv, npz, training_run_id=_training_run(model, client))
     log.info("predicted %s samples of %s with %s", f"{len(x):,}", cfg.data.name, uri)
     if y is not None:
         result.metrics = metrics(predicted, y)
-        log.info("metrics   rmse %.4g, mae %.4g, r2 %s", result.metrics["rmse"], result.metrics["mae"],
-                 f"{result.metrics['r2']:.3f}" if "r2" in result.metrics else "-")
+        log.info(
+            "metrics   rmse %.4g, mae %.4g, r2 %s",
+            result.metrics["rmse"],
+            result.metrics["mae"],
+            f"{result.metrics['r2']:.3f}" if "r2" in result.metrics else "-",
+        )
         if cfg.evaluate:
             _record(cfg, client, model, result, x, predicted, y, out)
-    log.info("outputs   %s (predictions.csv, predictions.npz%s)", out, ", predicted_vs_actual.png" if result.plot else "")
+    log.info(
+        "outputs   %s (predictions.csv, predictions.npz%s)",
+        out,
+        ", predicted_vs_actual.png" if result.plot else "",
+    )
     return result
 
 
-def _record(cfg: DictConfig, client: Any, model: Any, result: Predictions, x: np.ndarray,
-            predicted: np.ndarray, actual: np.ndarray, out: Path) -> None:
+def _record(
+    cfg: DictConfig,
+    client: Any,
+    model: Any,
+    result: Predictions,
+    x: np.ndarray,
+    predicted: np.ndarray,
+    actual: np.ndarray,
+    out: Path,
+) -> None:
     """The evaluation as an MLflow run: metrics (also on the logged model, per dataset), the
     evaluation data as a dataset input, the predictions and the plot."""
-
 
     training = client.get_run(result.training_run_id) if result.training_run_id else None
     if training is not None:
         experiment_id, name = training.info.experiment_id, f"predict-{training.info.run_name}"
     else:
         experiment_id, name = ensure_experiment(client, cfg.experiment_name, None), "predict"
-    tags = {"run_type": "evaluation", "model_uri": result.model_uri, "data": cfg.data.name,
-            "mlflow.source.name": "predict.py", "mlflow.source.type": "LOCAL"}
+    tags = {
+        "run_type": "evaluation",
+        "model_uri": result.model_uri,
+        "data": cfg.data.name,
+        "mlflow.source.name": "predict.py",
+        "mlflow.source.type": "LOCAL",
+    }
     if training is not None:
-        tags.update({"training_run_id": training.info.run_id, "mlflow.parentRunId": training.info.run_id})
+        tags.update(
+            {"training_run_id": training.info.run_id, "mlflow.parentRunId": training.info.run_id}
+        )
     run = client.create_run(experiment_id, run_name=name, tags=tags)
     run_id = result.run_id = run.info.run_id
     result.experiment_id = experiment_id
@@ -234,21 +274,40 @@ def _record(cfg: DictConfig, client: Any, model: Any, result: Predictions, x: np
         values = {**result.metrics, "n_samples": float(len(x))}
         model_id = getattr(model.metadata, "model_id", None)
         # Linked to the logged model and the dataset: the model's page lists them per dataset.
-        client.log_batch(run_id, metrics=[
-            Metric(k, v, now, 0, model_id=model_id, dataset_name=data.name, dataset_digest=data.digest)
-            for k, v in values.items()
-        ])
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(
+                    k,
+                    v,
+                    now,
+                    0,
+                    model_id=model_id,
+                    dataset_name=data.name,
+                    dataset_digest=data.digest,
+                )
+                for k, v in values.items()
+            ],
+        )
         client.log_batch(run_id, tags=[RunTag("dataset_digest", data.digest)])
-        result.plot = predicted_vs_actual(predicted, actual, out / "predicted_vs_actual.png",
-                                          title=f"{name}: rmse {result.metrics['rmse']:.4g}")
+        result.plot = predicted_vs_actual(
+            predicted,
+            actual,
+            out / "predicted_vs_actual.png",
+            title=f"{name}: rmse {result.metrics['rmse']:.4g}",
+        )
         for path in (result.csv, result.npz, result.plot):
             client.log_artifact(run_id, str(path))
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status)
     linked = f" (linked to training run {training.info.run_id})" if training is not None else ""
-    log.info("mlflow    evaluation run %s%s in experiment '%s'", run_id, linked,
-             client.get_experiment(experiment_id).name)
+    log.info(
+        "mlflow    evaluation run %s%s in experiment '%s'",
+        run_id,
+        linked,
+        client.get_experiment(experiment_id).name,
+    )
     if cfg.tracking_uri.startswith("sqlite:"):
         log.info("          see it: make ui, then %s", run_link(experiment_id, run_id))
 

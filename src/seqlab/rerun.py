@@ -40,13 +40,18 @@ def check_code(run_id: str, tags: dict[str, str], root: Path) -> None:
     now = code_state(root)
     if tags.get("code_digest") and tags["code_digest"] == now.digest:
         return
-    then = _short(tags.get("git_commit")) + (" with uncommitted changes (its artifact code/diff.patch)"
-                                             if tags.get("git_dirty") == "true" else "")
+    then = _short(tags.get("git_commit")) + (
+        " with uncommitted changes (its artifact code/diff.patch)"
+        if tags.get("git_dirty") == "true"
+        else ""
+    )
     if "code_digest" not in tags:
         then += "; its uncommitted changes were not recorded"
     current = _short(now.commit) + (" with uncommitted changes" if now.dirty else "")
-    raise SeqlabError(f"rerun={run_id}: the code is not the run's (it ran at {then}; this is {current}): check out "
-                      f"its commit (and apply its code/diff.patch), or add rerun_code=current to train with this code")
+    raise SeqlabError(
+        f"rerun={run_id}: the code is not the run's (it ran at {then}; this is {current}): check out "
+        f"its commit (and apply its code/diff.patch), or add rerun_code=current to train with this code"
+    )
 
 
 def rerun_config(cfg: DictConfig, job: Job) -> tuple[DictConfig, Job]:
@@ -56,23 +61,36 @@ def rerun_config(cfg: DictConfig, job: Job) -> tuple[DictConfig, Job]:
     if job.multirun:
         raise SeqlabError(f"rerun={run_id} makes one run again: run it without -m")
     if cfg.resume:
-        raise SeqlabError(f"rerun={run_id} and resume={cfg.resume}: rerun trains anew, resume continues; give one")
+        raise SeqlabError(
+            f"rerun={run_id} and resume={cfg.resume}: rerun trains anew, resume continues; give one"
+        )
     client = open_client(client_credentials(cfg.logger.tracking_uri))
     try:
         run = client.get_run(run_id)
     except Exception:  # noqa: BLE001 - MLflow's not-found differs by store: one line either way
-        raise SeqlabError(f"rerun={run_id}: no such run in the store {cfg.logger.tracking_uri} (train.py prints a "
-                          f"run's id: mlflow run ...)") from None
+        raise SeqlabError(
+            f"rerun={run_id}: no such run in the store {cfg.logger.tracking_uri} (train.py prints a "
+            f"run's id: mlflow run ...)"
+        ) from None
     tags = run.data.tags
     if "hydra_overrides" not in tags:
-        raise SeqlabError(f"rerun={run_id}: the run has no hydra_overrides tag (not a training run of train.py)")
+        raise SeqlabError(
+            f"rerun={run_id}: the run has no hydra_overrides tag (not a training run of train.py)"
+        )
     if choice(RerunCode, cfg.rerun_code, "rerun_code") == RerunCode.recorded:
         check_code(run_id, tags, Path(cfg.paths.root_dir))
     mine = [o for o in job.overrides if key_of(o) not in OWN_KEYS]
-    given = {key_of(o) for o in mine}  # a key this command line sets again: its value, not the run's
-    overrides = [*(o for o in recorded_overrides(tags["hydra_overrides"]) if key_of(o) not in given), *mine]
-    again = compose(config_name=HydraConfig.get().job.config_name,
-                    overrides=[*overrides, f"rerun={run_id}", f"rerun_code={cfg.rerun_code}"])
+    given = {
+        key_of(o) for o in mine
+    }  # a key this command line sets again: its value, not the run's
+    overrides = [
+        *(o for o in recorded_overrides(tags["hydra_overrides"]) if key_of(o) not in given),
+        *mine,
+    ]
+    again = compose(
+        config_name=HydraConfig.get().job.config_name,
+        overrides=[*overrides, f"rerun={run_id}", f"rerun_code={cfg.rerun_code}"],
+    )
     with open_dict(again):
         again.paths.output_dir = cfg.paths.output_dir
     job.overrides = overrides

@@ -17,7 +17,9 @@ def accelerators_present() -> str:
     importing torch (this runs while Hydra composes)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     has_gpu = Path("/dev/nvidia0").exists() and visible not in ("", "-1")
-    has_gpu = has_gpu or (shutil.which("nvidia-smi") is not None and Path("/proc/driver/nvidia/gpus").is_dir())
+    has_gpu = has_gpu or (
+        shutil.which("nvidia-smi") is not None and Path("/proc/driver/nvidia/gpus").is_dir()
+    )
     return "cpu,gpu" if has_gpu else "cpu"
 
 

@@ -50,7 +50,9 @@ def choice(enum: type[StrEnum], value: Any, key: str) -> StrEnum:
     try:
         return enum[str(value)]
     except KeyError:
-        raise ConfigError(f"{key} must be one of {', '.join(enum.__members__)}; got {str(value)!r}") from None
+        raise ConfigError(
+            f"{key} must be one of {', '.join(enum.__members__)}; got {str(value)!r}"
+        ) from None
 
 
 @dataclass
@@ -61,13 +63,17 @@ class DataConfig:
     path: Optional[str] = None
     n_samples: Optional[int] = None  # null: use every sample; a number: the first n
     batch_size: int = 64
-    val_fraction: float = 0.2  # the share of samples held out for validation (a file's own X_val/y_val: none)
+    val_fraction: float = (
+        0.2  # the share of samples held out for validation (a file's own X_val/y_val: none)
+    )
     seed: int = 0
     shuffle: bool = True  # reshuffle every epoch, as MATLAB's Shuffle='every-epoch'
     drop_last: bool = False
     x_key: Optional[str] = None  # the input / response variable in a file (npz, mat)
     y_key: Optional[str] = None
-    drop_nonfinite: bool = False  # NaN/Inf in a sample: false refuses the data (one line), true drops those samples
+    drop_nonfinite: bool = (
+        False  # NaN/Inf in a sample: false refuses the data (one line), true drops those samples
+    )
 
 
 @dataclass
@@ -77,7 +83,9 @@ class ModelConfig:
     kernel_size: int = 5
     hidden_size: int = 24  # the LSTM's units
     dropout: float = 0.1
-    init: Init = Init.pytorch  # pytorch: PyTorch's; matlab: He-normal conv/LSTM, unit forget-gate bias, Glorot FC
+    init: Init = (
+        Init.pytorch
+    )  # pytorch: PyTorch's; matlab: He-normal conv/LSTM, unit forget-gate bias, Glorot FC
 
 
 @dataclass
@@ -92,10 +100,18 @@ class ModuleConfig:
     # MATLAB's L2Regularization: coupled (gradient += l2 * w), weights and BatchNorm scale/offset, no biases
     l2_regularization: float = 0.0
     gradient_threshold: Optional[float] = None  # MATLAB's GradientThreshold; null: no clipping
-    gradient_threshold_method: ThresholdMethod = ThresholdMethod.l2norm  # l2norm (a tensor's) | global-l2norm | absolute-value
-    bn_statistics: BnStatistics = BnStatistics.moving  # moving: running averages; population: one pass after training
-    output_network: OutputNetworkChoice = OutputNetworkChoice.last  # MATLAB's OutputNetwork: last | best (val_rmse)
-    validation_patience: Optional[int] = None  # MATLAB's ValidationPatience: validations without a new best; null: Inf
+    gradient_threshold_method: ThresholdMethod = (
+        ThresholdMethod.l2norm
+    )  # l2norm (a tensor's) | global-l2norm | absolute-value
+    bn_statistics: BnStatistics = (
+        BnStatistics.moving
+    )  # moving: running averages; population: one pass after training
+    output_network: OutputNetworkChoice = (
+        OutputNetworkChoice.last
+    )  # MATLAB's OutputNetwork: last | best (val_rmse)
+    validation_patience: Optional[int] = (
+        None  # MATLAB's ValidationPatience: validations without a new best; null: Inf
+    )
 
 
 @dataclass
@@ -103,11 +119,15 @@ class TrainerConfig:
     _target_: str = "pytorch_lightning.Trainer"
     accelerator: Accelerator = Accelerator.auto  # auto | cpu | gpu | mps
     devices: Any = 1  # N > 1: one process per device, e.g. trainer.devices=2 trainer.strategy=ddp
-    strategy: Strategy = Strategy.auto  # auto | ddp (gloo on CPU, NCCL on GPUs); one MLflow run a job, by rank 0
+    strategy: Strategy = (
+        Strategy.auto
+    )  # auto | ddp (gloo on CPU, NCCL on GPUs); one MLflow run a job, by rank 0
     num_nodes: int = 1  # machines in a multi-node DDP job (SLURM: one task per device)
     max_epochs: int = 30
     max_steps: int = -1  # -1: no step limit
-    max_time: Optional[str] = None  # a budget of wall time, "DD:HH:MM:SS" (sweep=device_batch uses one)
+    max_time: Optional[str] = (
+        None  # a budget of wall time, "DD:HH:MM:SS" (sweep=device_batch uses one)
+    )
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed | 64-true
     gradient_clip_val: Optional[float] = None
     # null with val_check_interval=N: validate every N iterations across epochs (MATLAB's
@@ -130,20 +150,30 @@ class LoggerConfig:
     # each send costs the training loop a little (the rest at the end; under DDP by steps only).
     flush_every_n_steps: int = 50
     flush_every_s: float = 1.0
-    log_checkpoint: bool = True  # the run's last.ckpt file as an artifact (checkpoints/), for resume= from elsewhere
+    log_checkpoint: bool = (
+        True  # the run's last.ckpt file as an artifact (checkpoints/), for resume= from elsewhere
+    )
     # Networks as MLflow logged models (the run's Models tab; predict.py model=models:/m-<id>) besides
     # the network kept (`model`): best (the lowest val_rmse's, if it is not the one kept), all (also one
     # at each new best, logged as training goes), none.
     log_checkpoints: str = "best"
-    synchronous: bool = False  # false: MLflow writes in the background (flushed before the run ends)
-    system_metrics: bool = True  # system/cpu_utilization_percentage, memory; GPU utilisation, memory, power
+    synchronous: bool = (
+        False  # false: MLflow writes in the background (flushed before the run ends)
+    )
+    system_metrics: bool = (
+        True  # system/cpu_utilization_percentage, memory; GPU utilisation, memory, power
+    )
     system_metrics_interval_s: float = 2.0
-    outage_wait_s: float = 60.0  # a server away at the end of a run: wait this long, then copy the run
+    outage_wait_s: float = (
+        60.0  # a server away at the end of a run: wait this long, then copy the run
+    )
     fallback_uri: Optional[str] = None  # where that copy goes (a local store)
     # A local store's per-step metrics: by a helper process (process: MLflow's per-row cost off the
     # training process, tracking/step_writer.py) or MLflow's own thread (inline); not for a server.
     step_writer: StepWriterKind = StepWriterKind.process
-    register_as: Optional[str] = None  # also register the logged model as a new version: models:/NAME/VERSION
+    register_as: Optional[str] = (
+        None  # also register the logged model as a new version: models:/NAME/VERSION
+    )
     log_onnx: bool = True  # the network kept also as ONNX (`model-onnx`: MATLAB's importNetworkFromONNX, onnxruntime)
 
 
@@ -210,13 +240,21 @@ class TrainConfig:
     notes: str = ""
     # An MLflow run id: continue that interrupted run; in a multirun, `latest` or a sweep id (seqlab.sweeps.job).
     resume: Optional[str] = None
-    resume_data: ResumeData = ResumeData.same  # a resumed run's data changed since its stop: refused unless `changed`
+    resume_data: ResumeData = (
+        ResumeData.same
+    )  # a resumed run's data changed since its stop: refused unless `changed`
     ckpt_path: Optional[str] = None  # a checkpoint file: start from its weights and training state
-    rerun: Optional[str] = None  # an MLflow run id: train it again from its recorded overrides (seqlab.rerun)
-    rerun_code: RerunCode = RerunCode.recorded  # recorded: only with the run's code (commit and diff); current: as it is
+    rerun: Optional[str] = (
+        None  # an MLflow run id: train it again from its recorded overrides (seqlab.rerun)
+    )
+    rerun_code: RerunCode = (
+        RerunCode.recorded
+    )  # recorded: only with the run's code (commit and diff); current: as it is
     pack: Any = "off"  # a multirun's jobs as packs of at most N members (seqlab.packing); pack_job: set by its sweeper
     pack_job: Optional[int] = None
-    replicas: int = 1  # a multirun's job as N networks of its config in one pack (seeds seed*N .. seed*N+N-1)
+    replicas: int = (
+        1  # a multirun's job as N networks of its config in one pack (seeds seed*N .. seed*N+N-1)
+    )
 
 
 def register() -> None:
@@ -237,9 +275,13 @@ class PredictConfig:
     # command line: conf/model/ is train.py's model group, so Hydra would read model= as that group)
     model_uri: Optional[str] = None
     tracking_uri: str = MISSING
-    experiment_name: str = "seqlab"  # the evaluation run's experiment when the model has no training run
+    experiment_name: str = (
+        "seqlab"  # the evaluation run's experiment when the model has no training run
+    )
     seed: int = 0
-    evaluate: bool = True  # data with targets: RMSE, MAE, R2 and a plot, recorded as an MLflow evaluation run
+    evaluate: bool = (
+        True  # data with targets: RMSE, MAE, R2 and a plot, recorded as an MLflow evaluation run
+    )
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)

@@ -30,13 +30,17 @@ _SECRET_KEY = re.compile(rf"(?:^|[._\-])(?:{_SECRET_WORDS})(?:$|[._\-])|^key$", 
 
 # scheme://user:password@host -> scheme://user:***@host (the user name says whose, not how); also
 # as Hydra writes a multirun's overrides, with its colons escaped (http\://user\:password@host).
-_URI_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s:/@'\"\\]*\\?):(?P<secret>[^\s@/'\"]+)@")
+_URI_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s:/@'\"\\]*\\?):(?P<secret>[^\s@/'\"]+)@"
+)
 # Where text gives a key and its value, in the three shapes a run's text has: an override or a
 # query (`logger.token=abc`, `?token=abc`), a YAML line (`  password: abc`), JSON
 # (`"password": "abc"`); masked when the key names a secret. Prose is left alone.
 _KEY_VALUE = (
     re.compile(r"(?P<head>(?<![\w.])[+~]*(?P<key>[\w.\-]+)=)(?P<secret>[^\s'\",&;]+)"),
-    re.compile(r"(?P<head>^[ \t]*(?:-[ \t]+)?(?P<key>[\w.\-]+):[ \t]+)(?P<secret>\S[^\n]*)", re.MULTILINE),
+    re.compile(
+        r"(?P<head>^[ \t]*(?:-[ \t]+)?(?P<key>[\w.\-]+):[ \t]+)(?P<secret>\S[^\n]*)", re.MULTILINE
+    ),
     re.compile(r"(?P<head>\"(?P<key>[\w.\-]+)\"\s*:\s*\")(?P<secret>[^\"]+)"),
 )
 
@@ -84,7 +88,9 @@ def mask_text(text: str) -> str:
     text = mask_uris(text)
     for pattern in _KEY_VALUE:
         text = pattern.sub(_mask_key_value, text)
-    for secret in sorted(_known, key=len, reverse=True):  # the longest first: one may contain another
+    for secret in sorted(
+        _known, key=len, reverse=True
+    ):  # the longest first: one may contain another
         if secret in text:
             text = text.replace(secret, MASK)
     return text
@@ -120,8 +126,14 @@ def remember_tree(tree: Any, key: str = "") -> None:
 
 
 # Credentials a process may be given through its environment rather than its config.
-_SECRET_VARIABLES = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_AUTH_ADMIN_PASSWORD",
-                     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD")
+_SECRET_VARIABLES = (
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_AUTH_ADMIN_PASSWORD",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "PGPASSWORD",
+)
 
 
 def guard(cfg: Any) -> None:
@@ -185,7 +197,19 @@ def _mask_every_record() -> None:
 
 # Artifacts that are text and may quote the config or the command line; anything else
 # (checkpoints, images) is uploaded as it is.
-_TEXT_SUFFIXES = {".yaml", ".yml", ".log", ".txt", ".json", ".csv", ".md", ".ini", ".cfg", ".toml", ""}
+_TEXT_SUFFIXES = {
+    ".yaml",
+    ".yml",
+    ".log",
+    ".txt",
+    ".json",
+    ".csv",
+    ".md",
+    ".ini",
+    ".cfg",
+    ".toml",
+    "",
+}
 
 
 def _masked_file(source: Path, target: Path) -> None:

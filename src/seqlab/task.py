@@ -28,12 +28,22 @@ def main(cfg: DictConfig) -> Optional[float]:
 
 def _task(cfg: DictConfig) -> Optional[float]:
     job = Job.from_hydra(cfg)
-    if cfg.get("replicas", 1) != 1 and not job.multirun:  # the sweeper makes the replicas of a multirun's jobs
-        log.error("error: replicas=%s trains a job's config as a pack, which a multirun makes: python train.py -m "
-                  "replicas=%s ...", cfg.replicas, cfg.replicas)
+    if (
+        cfg.get("replicas", 1) != 1 and not job.multirun
+    ):  # the sweeper makes the replicas of a multirun's jobs
+        log.error(
+            "error: replicas=%s trains a job's config as a pack, which a multirun makes: python train.py -m "
+            "replicas=%s ...",
+            cfg.replicas,
+            cfg.replicas,
+        )
         raise SystemExit(1)
-    if cfg.get("pack_job") is not None:  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
-        from seqlab.packing.task import run_pack  # heavy (torch, Lightning, MLflow): only for a pack's job
+    if (
+        cfg.get("pack_job") is not None
+    ):  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
+        from seqlab.packing.task import (  # heavy (torch, Lightning, MLflow): only for a pack's job
+            run_pack,
+        )
 
         return run_pack(cfg, job, alone=_main_job)
     return _main_job(cfg, job)
@@ -42,27 +52,40 @@ def _task(cfg: DictConfig) -> Optional[float]:
 def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
     try:
         if cfg.get("rerun"):
-            from seqlab.rerun import rerun_config  # MLflow and git: only a rerun reads its run first
+            from seqlab.rerun import (  # MLflow and git: only a rerun reads its run first
+                rerun_config,
+            )
 
             cfg, job = rerun_config(cfg, job)
-        result = ready(cfg, job)  # light: a job a resumed sweep's plan says is done is skipped without torch
+        result = ready(
+            cfg, job
+        )  # light: a job a resumed sweep's plan says is done is skipped without torch
         if result is None:
-            from seqlab.train import fit_job  # heavy (torch, Lightning, MLflow): only for a job that trains
+            from seqlab.train import (  # heavy (torch, Lightning, MLflow): only for a job that trains
+                fit_job,
+            )
 
             result = fit_job(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported
-        status = ending_status(error)[0]  # as its run ended: KILLED also for a full disk (resumable)
+        status = ending_status(error)[
+            0
+        ]  # as its run ended: KILLED also for a full disk (resumable)
         result = job.result or JobResult(status, job.num, job.sweep_info().sweep_id, job.overrides)
         result.status, result.reason = status, one_line(error)
         job.write(result)
         if isinstance(error, Preempted):
-            log.error("preempted: MLflow run %s ended KILLED; the job is requeued and continues it", result.run_id)
+            log.error(
+                "preempted: MLflow run %s ended KILLED; the job is requeued and continues it",
+                result.run_id,
+            )
             error.requeue()  # submitit requeues the job and ends this process
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             log.error("interrupted: MLflow run %s ended KILLED", result.run_id or "(none yet)")
             # The shell's convention, 128 + the signal: Lightning turns SIGTERM into an exit
             # with status 0, which would read as success.
-            sigterm = type(error).__name__ == "SIGTERMException" or (isinstance(error, SystemExit) and error.code == 143)
+            sigterm = type(error).__name__ == "SIGTERMException" or (
+                isinstance(error, SystemExit) and error.code == 143
+            )
             raise SystemExit(143 if sigterm else 130) from None
         if isinstance(error, SeqlabError):
             log.error("error: %s", result.reason)

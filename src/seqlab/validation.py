@@ -22,8 +22,19 @@ def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> O
     the nearest keys (Hydra's refusal has none); None if all are known. Keys under untyped nodes
     (optimizer.*, data.source.*, trainer.extra.*), `+`/`~` overrides and hydra.* are left to Hydra, and so
     is every key when the command line names another config or folder; `groups`: conf/'s groups."""
-    other_sources = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "hydra.searchpath")
-    if any(arg.split("=", 1)[0] in other_sources or arg.startswith("+hydra.searchpath") for arg in overrides):
+    other_sources = (
+        "-cd",
+        "--config-dir",
+        "-cp",
+        "--config-path",
+        "-cn",
+        "--config-name",
+        "hydra.searchpath",
+    )
+    if any(
+        arg.split("=", 1)[0] in other_sources or arg.startswith("+hydra.searchpath")
+        for arg in overrides
+    ):
         return None  # configs from elsewhere may add groups and keys: Hydra checks them
     for override in overrides:
         key = override.partition("=")[0]
@@ -42,7 +53,11 @@ def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> O
                 where = f"{prefix} has" if prefix else "the keys are"
                 hint = f"; did you mean {'.'.join([*parts[:depth], near[0]])}?" if near else ""
                 return f"{key} is not a config key{hint} ({where}: {', '.join(known)})"
-            field_type = fields[part].default_factory if fields[part].default_factory is not dataclasses.MISSING else None
+            field_type = (
+                fields[part].default_factory
+                if fields[part].default_factory is not dataclasses.MISSING
+                else None
+            )
             if not (isinstance(field_type, type) and dataclasses.is_dataclass(field_type)):
                 break  # a value, or an untyped node whose keys Hydra checks
             node = field_type
@@ -56,17 +71,29 @@ def bad_choice(overrides: list[str]) -> Optional[str]:
 
     for override in overrides:
         key, _, value = override.partition("=")
-        if not value or override.startswith(("-", "+", "~")) or "/" in key or "@" in key or value[:1] in "[{$":
+        if (
+            not value
+            or override.startswith(("-", "+", "~"))
+            or "/" in key
+            or "@" in key
+            or value[:1] in "[{$"
+        ):
             continue
         node: Any = TrainConfig
         for part in key.split("."):
-            fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+            fields = (
+                {f.name: f for f in dataclasses.fields(node)}
+                if dataclasses.is_dataclass(node)
+                else {}
+            )
             if part not in fields:
                 node = None
                 break
             f = fields[part]
             node = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
-        enum = vars(schema_module).get(node) if isinstance(node, str) else node  # annotations are strings here
+        enum = (
+            vars(schema_module).get(node) if isinstance(node, str) else node
+        )  # annotations are strings here
         if isinstance(enum, type) and issubclass(enum, StrEnum):
             for one in value.split(","):
                 try:
@@ -98,10 +125,18 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_start(cfg: DictConfig) -> None:
-    _require(cfg.replicas >= 1, f"replicas must be a positive integer (1: one network a job), got {cfg.replicas}")
-    _require(cfg.checkpoint.interval_s >= 0,
-             f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}")
-    _require(not (cfg.resume and cfg.ckpt_path), "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one")
+    _require(
+        cfg.replicas >= 1,
+        f"replicas must be a positive integer (1: one network a job), got {cfg.replicas}",
+    )
+    _require(
+        cfg.checkpoint.interval_s >= 0,
+        f"checkpoint.interval_s must be >= 0 seconds (0: off), got {cfg.checkpoint.interval_s}",
+    )
+    _require(
+        not (cfg.resume and cfg.ckpt_path),
+        "resume=RUN_ID and ckpt_path=FILE are two ways to say where to continue from: give one",
+    )
     if cfg.ckpt_path:
         _require(Path(cfg.ckpt_path).is_file(), f"ckpt_path={cfg.ckpt_path}: no such file")
 
@@ -126,7 +161,10 @@ def _check_model(cfg: DictConfig) -> None:
     for key in ("filters", "kernel_size", "hidden_size"):
         _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    _require(u.l2_regularization >= 0, f"module.l2_regularization must be >= 0, got {u.l2_regularization}")
+    _require(
+        u.l2_regularization >= 0,
+        f"module.l2_regularization must be >= 0, got {u.l2_regularization}",
+    )
     _require(
         u.gradient_threshold is None or u.gradient_threshold > 0,
         f"module.gradient_threshold must be positive (or null for none), got {u.gradient_threshold}",
@@ -136,16 +174,24 @@ def _check_model(cfg: DictConfig) -> None:
         f"module.validation_patience must be a positive integer (or null: never stop early), got {u.validation_patience}",
     )
     _require(
-        not (str(t.precision) == "16-mixed" and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)),
+        not (
+            str(t.precision) == "16-mixed"
+            and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)
+        ),
         "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
         "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
     )
 
 
 def _check_perf(p: DictConfig) -> None:
-    _require(str(p.cuda_graph).lower() in CUDA_GRAPH,  # YAML reads a bare off/on as a bool
-             f"perf.cuda_graph must be one of {', '.join(CUDA_GRAPH)}; got {p.cuda_graph!r}")
-    _require(p.steps_per_call > 0, f"perf.steps_per_call must be a positive integer, got {p.steps_per_call}")
+    _require(
+        str(p.cuda_graph).lower() in CUDA_GRAPH,  # YAML reads a bare off/on as a bool
+        f"perf.cuda_graph must be one of {', '.join(CUDA_GRAPH)}; got {p.cuda_graph!r}",
+    )
+    _require(
+        p.steps_per_call > 0,
+        f"perf.steps_per_call must be a positive integer, got {p.steps_per_call}",
+    )
     _require(
         p.checkpoint_every_n_epochs >= 0,
         f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
@@ -178,43 +224,66 @@ def _check_optimizer(cfg: DictConfig) -> None:
     _require(_number(lr) and lr > 0, f"optimizer.lr must be a positive number, got {lr}")
     for key, value in (cfg.optimizer or {}).items():
         if key in ("momentum", "eps", "alpha", "weight_decay"):
-            _require(_number(value) and value >= 0, f"optimizer.{key} must be a number >= 0, got {value}")
+            _require(
+                _number(value) and value >= 0, f"optimizer.{key} must be a number >= 0, got {value}"
+            )
     if cfg.scheduler and "_target_" in cfg.scheduler:
         step_size, gamma = cfg.scheduler.get("step_size"), cfg.scheduler.get("gamma")
         _require(
             isinstance(step_size, int) and not isinstance(step_size, bool) and step_size > 0,
             f"scheduler.step_size must be a positive whole number of epochs, got {step_size}",
         )
-        _require(_number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}")
-
+        _require(
+            _number(gamma) and gamma > 0, f"scheduler.gamma must be a positive number, got {gamma}"
+        )
 
 
 def _check_metrics_and_logger(cfg: DictConfig) -> None:
     target = cfg.metrics.target_rmse
-    _require(target is None or target > 0, f"metrics.target_rmse must be positive (or null), got {target}")
+    _require(
+        target is None or target > 0,
+        f"metrics.target_rmse must be positive (or null), got {target}",
+    )
     _require(
         cfg.logger.system_metrics_interval_s > 0,
         f"logger.system_metrics_interval_s must be positive, got {cfg.logger.system_metrics_interval_s}",
     )
     name = cfg.logger.register_as
-    _require(name is None or (str(name).strip() != "" and "/" not in str(name)),
-             f"logger.register_as must be a model name without '/' (or null: do not register), got {name!r}")
-    _require(cfg.logger.outage_wait_s >= 0, f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}")
+    _require(
+        name is None or (str(name).strip() != "" and "/" not in str(name)),
+        f"logger.register_as must be a model name without '/' (or null: do not register), got {name!r}",
+    )
+    _require(
+        cfg.logger.outage_wait_s >= 0,
+        f"logger.outage_wait_s must be >= 0, got {cfg.logger.outage_wait_s}",
+    )
     _require(
         cfg.logger.flush_every_n_steps > 0,
         f"logger.flush_every_n_steps must be positive, got {cfg.logger.flush_every_n_steps}",
     )
-    _require(cfg.logger.flush_every_s >= 0, f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}")
-    _require(cfg.logger.log_checkpoints in ("best", "all", "none"),
-             f"logger.log_checkpoints must be one of best, all, none; got {cfg.logger.log_checkpoints!r}")
+    _require(
+        cfg.logger.flush_every_s >= 0,
+        f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}",
+    )
+    _require(
+        cfg.logger.log_checkpoints in ("best", "all", "none"),
+        f"logger.log_checkpoints must be one of best, all, none; got {cfg.logger.log_checkpoints!r}",
+    )
 
 
 def validate_predict(cfg: DictConfig) -> None:
     """predict.py's one-line checks, before any model or data is loaded."""
-    _require((cfg.run is None) != (cfg.model_uri is None),
-             "say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them")
+    _require(
+        (cfg.run is None) != (cfg.model_uri is None),
+        "say which model: run=RUN_ID (a training run's) or model=models:/NAME/VERSION, one of them",
+    )
     if "path" in cfg.data.source:
-        _require(cfg.data.path not in (None, "???"), f"data={cfg.data.name} needs a file: add data.path=FILE")
+        _require(
+            cfg.data.path not in (None, "???"),
+            f"data={cfg.data.name} needs a file: add data.path=FILE",
+        )
         _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path}: no such file")
-    _require(cfg.data.n_samples is None or cfg.data.n_samples > 0,
-             f"data.n_samples must be positive (or null for all), got {cfg.data.n_samples}")
+    _require(
+        cfg.data.n_samples is None or cfg.data.n_samples > 0,
+        f"data.n_samples must be positive (or null for all), got {cfg.data.n_samples}",
+    )

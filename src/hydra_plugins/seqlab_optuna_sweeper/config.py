@@ -31,9 +31,15 @@ class SeqlabOptunaSweeperConf:
     _target_: str = "hydra_plugins.seqlab_optuna_sweeper.sweeper.SeqlabOptunaSweeper"
     objective: str = "best_val_rmse"  # best_val_rmse | final_val_rmse, minimised
     n_trials: int = 20  # in total: a rerun of the same command continues the study up to this many
-    n_jobs: Optional[int] = None  # trials launched at once; null: as many as the launcher runs side by side
-    study_name: Optional[str] = None  # null: named for the experiment and a hash of the command and space
-    storage: Optional[str] = None  # an SQLAlchemy URL (the preset: paths.optuna_storage), or journal:///path/file.log; the jobs reach their trials through it
+    n_jobs: Optional[int] = (
+        None  # trials launched at once; null: as many as the launcher runs side by side
+    )
+    study_name: Optional[str] = (
+        None  # null: named for the experiment and a hash of the command and space
+    )
+    storage: Optional[str] = (
+        None  # an SQLAlchemy URL (the preset: paths.optuna_storage), or journal:///path/file.log; the jobs reach their trials through it
+    )
     # Many workers on one study (the same command run N times): each renews its trials' heartbeat
     # every heartbeat_interval s; a trial silent for grace_period s (its worker died) fails and its
     # values run again. Database storages only (Optuna's journal files have no heartbeat).
@@ -45,4 +51,6 @@ class SeqlabOptunaSweeperConf:
     params: Dict[str, Any] = field(default_factory=dict)
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="seqlab_optuna", node=SeqlabOptunaSweeperConf, provider="seqlab")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="seqlab_optuna", node=SeqlabOptunaSweeperConf, provider="seqlab"
+)

@@ -28,14 +28,23 @@ class SeqlabOptunaSweeper(Sweeper):
         grace_period: int = 120,
     ) -> None:
         self.settings = dict(
-            objective=objective, n_trials=n_trials, n_jobs=n_jobs, study_name=study_name, storage=storage,
-            sampler=sampler, pruner=pruner, params=params, heartbeat=(heartbeat_interval, grace_period),
+            objective=objective,
+            n_trials=n_trials,
+            n_jobs=n_jobs,
+            study_name=study_name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            params=params,
+            heartbeat=(heartbeat_interval, grace_period),
         )
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None
         self.launcher = None
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         from hydra.core.plugins import Plugins
 
         self.hydra_context = hydra_context
@@ -45,6 +54,8 @@ class SeqlabOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: List[str]) -> Any:
-        from seqlab.sweeps.search import Search  # Optuna: only once a search runs (Hydra imports every plugin)
+        from seqlab.sweeps.search import (  # Optuna: only once a search runs (Hydra imports every plugin)
+            Search,
+        )
 
         return Search(self, arguments, **self.settings).run()

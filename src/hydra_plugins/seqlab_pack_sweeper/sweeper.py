@@ -24,6 +24,7 @@ log = logging.getLogger("seqlab")
 @dataclass
 class PackingSweeperConf:
     """Hydra's BasicSweeperConf, this class as its target."""
+
     _target_: str = "hydra_plugins.seqlab_pack_sweeper.sweeper.PackingSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[Dict[str, str]] = None
@@ -35,7 +36,9 @@ class PackingSweeperConf:
 # Hydra 1.4 asks that a replacement say so (replace=True; unsaid, it warns, and 1.5 refuses); 1.3
 # has no such parameter and replaces.
 _replace = {"replace": True} if "replace" in inspect.signature(ConfigStore.store).parameters else {}
-ConfigStore.instance().store(group="hydra/sweeper", name="basic", node=PackingSweeperConf, provider="seqlab", **_replace)
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="basic", node=PackingSweeperConf, provider="seqlab", **_replace
+)
 
 
 class PackingSweeper(BasicSweeper):
@@ -63,8 +66,11 @@ class PackingSweeper(BasicSweeper):
             print(line, flush=True)
         if packs:
             PackPlan(packs).write(sweep_dir)
-            print(f"pack      {len(jobs)} jobs as {len(launches)} launches: "
-                  f"{len(packs)} pack(s) of {_sizes(packs)} members", flush=True)
+            print(
+                f"pack      {len(jobs)} jobs as {len(launches)} launches: "
+                f"{len(packs)} pack(s) of {_sizes(packs)} members",
+                flush=True,
+            )
         batches = self.split_overrides_to_chunks(numbered(launches), self.max_batch_size)
         returns, first = [], 0
         for batch in batches:

@@ -35,11 +35,20 @@ def build(nodes: DictConfig, **objects: Any) -> dict[str, Any]:
         if isinstance(made, functools.partial):
             available = {**objects, **built}
             params = inspect.signature(made).parameters
-            missing = [p for p, spec in params.items() if spec.default is inspect.Parameter.empty
-                       and spec.kind is not inspect.Parameter.VAR_KEYWORD and p not in available]
+            missing = [
+                p
+                for p, spec in params.items()
+                if spec.default is inspect.Parameter.empty
+                and spec.kind is not inspect.Parameter.VAR_KEYWORD
+                and p not in available
+            ]
             if missing:
-                raise SeqlabError(f"callbacks.{name} needs {missing[0]!r}, which no callback above it is named and "
-                                  f"the run does not provide: keep callbacks.{missing[0]}, or switch off callbacks.{name}")
-            made = made(**{p: available[p] for p in params if p in available and p not in made.keywords})
+                raise SeqlabError(
+                    f"callbacks.{name} needs {missing[0]!r}, which no callback above it is named and "
+                    f"the run does not provide: keep callbacks.{missing[0]}, or switch off callbacks.{name}"
+                )
+            made = made(
+                **{p: available[p] for p in params if p in available and p not in made.keywords}
+            )
         built[name] = made
     return built

@@ -33,7 +33,11 @@ class BestSoFar:
             self.since_best += 1
             return False
         # the epoch counted from 1, as epochs_to_target
-        self.best = {f"best_{METRIC}": value, f"best_{METRIC}_step": float(step), f"best_{METRIC}_epoch": float(epoch)}
+        self.best = {
+            f"best_{METRIC}": value,
+            f"best_{METRIC}_step": float(step),
+            f"best_{METRIC}_epoch": float(epoch),
+        }
         self.since_best = 0
         return True
 

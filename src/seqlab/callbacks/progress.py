@@ -17,7 +17,13 @@ class ProgressLine(pl.Callback):
     """style: perf.progress; only "line" draws (Lightning's bar is the other style). Only the
     process that reports a job (rank 0) draws."""
 
-    def __init__(self, timer: EpochTimer, style: str = "line", stream: Optional[TextIO] = None, refresh_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        timer: EpochTimer,
+        style: str = "line",
+        stream: Optional[TextIO] = None,
+        refresh_s: float = 0.5,
+    ) -> None:
         self.enabled = style == "line"
         self.timer = timer
         self.stream = stream or sys.stderr
@@ -30,7 +36,14 @@ class ProgressLine(pl.Callback):
         self.stream.write(("\r\033[K" if self.live else "") + text + end)
         self.stream.flush()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         if not self.enabled or not trainer.is_global_zero:
             return
         self.last_loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs

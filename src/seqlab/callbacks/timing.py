@@ -20,7 +20,11 @@ class EpochTimer(pl.Callback):
     epoch's end. Validation, and the epoch-end work that follows a validation closing the
     epoch, are left out."""
 
-    def __init__(self, tracker: Optional[MlflowTracker] = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        tracker: Optional[MlflowTracker] = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.tracker = tracker
         self.clock = clock  # seconds; tests pass a fake one
         self.start: Optional[float] = None  # the epoch's start (the progress line's clock too)
@@ -47,7 +51,9 @@ class EpochTimer(pl.Callback):
         self.epoch_s = 0.0
         self.start = self.segment_start = self._now(pl_module)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.segment_start is None:  # training resumes after a validation
             self.segment_start = self._now(pl_module)
 
@@ -57,7 +63,11 @@ class EpochTimer(pl.Callback):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning marks the trainer as validating here, even inside fit.
-        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.start is not None:
+        if (
+            trainer.state.fn == TrainerFn.FITTING
+            and not trainer.sanity_checking
+            and self.start is not None
+        ):
             self._pause(pl_module)
             self.trained_s_at_val = self.trained_s + self.epoch_s
 
@@ -68,7 +78,9 @@ class EpochTimer(pl.Callback):
             "epoch_time_s": seconds,
             "it_per_s": self.steps(trainer) / seconds,
             # Every process trains as many samples as this one (DDP shards are equal).
-            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample) * trainer.world_size / seconds,
+            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample)
+            * trainer.world_size
+            / seconds,
         }
         self.epochs.append(row)
         self.trained_s += seconds
@@ -86,7 +98,9 @@ class EpochTimer(pl.Callback):
     def median(self, key: str, skip_first: bool = True) -> Optional[float]:
         """Median over epochs (`epoch_median`); skip_first=False keeps the first epoch in."""
         values = [r[key] for r in self.epochs]
-        return epoch_median(values) if skip_first else (statistics.median(values) if values else None)
+        return (
+            epoch_median(values) if skip_first else (statistics.median(values) if values else None)
+        )
 
 
 def epoch_median(values: list[float]) -> Optional[float]:
@@ -102,7 +116,12 @@ class TimeToTarget(pl.Callback):
     also the step and epoch. Runs that never reach it are tagged target_reached=false. A target
     of None: nothing is tracked."""
 
-    def __init__(self, timer: EpochTimer, target_rmse: Optional[float], tracker: Optional[MlflowTracker] = None) -> None:
+    def __init__(
+        self,
+        timer: EpochTimer,
+        target_rmse: Optional[float],
+        tracker: Optional[MlflowTracker] = None,
+    ) -> None:
         self.timer = timer
         self.target = target_rmse
         self.tracker = tracker
@@ -115,12 +134,22 @@ class TimeToTarget(pl.Callback):
         self.reached = state.get("reached")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.target is None or self.reached is not None or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+        if (
+            self.target is None
+            or self.reached is not None
+            or trainer.sanity_checking
+            or trainer.state.fn != TrainerFn.FITTING
+        ):
             return
         value = trainer.callback_metrics.get("val_rmse")
         if value is not None:
-            self.reached = reached(self.target, float(value), self.timer.trained_s_at_val, trainer.global_step,
-                                   trainer.current_epoch + 1)
+            self.reached = reached(
+                self.target,
+                float(value),
+                self.timer.trained_s_at_val,
+                trainer.global_step,
+                trainer.current_epoch + 1,
+            )
             if self.reached is not None and self.tracker is not None:
                 self.tracker.log_metrics(self.reached, trainer.global_step)
 
@@ -129,11 +158,17 @@ class TimeToTarget(pl.Callback):
             self.tracker.set_tags(target_tags(self.target, self.reached))
 
 
-def reached(target: Optional[float], val_rmse: float, trained_s: float, step: int, epoch: int) -> Optional[dict[str, float]]:
+def reached(
+    target: Optional[float], val_rmse: float, trained_s: float, step: int, epoch: int
+) -> Optional[dict[str, float]]:
     """Time, step and epoch to the target where this validation reached it (a run alone's, a pack member's)."""
     if target is None or not val_rmse <= target:
         return None
-    return {"time_to_target_s": trained_s, "steps_to_target": float(step), "epochs_to_target": float(epoch)}
+    return {
+        "time_to_target_s": trained_s,
+        "steps_to_target": float(step),
+        "epochs_to_target": float(epoch),
+    }
 
 
 def target_tags(target: float, reached: Optional[dict[str, float]]) -> dict[str, Any]:

@@ -68,7 +68,9 @@ def _read_v73(path: str) -> dict[str, Value]:
 
     def convert(ds: "h5py.Dataset", f: "h5py.File") -> Value:
         matlab_class = ds.attrs.get("MATLAB_class", b"")
-        matlab_class = matlab_class.decode() if isinstance(matlab_class, bytes) else str(matlab_class)
+        matlab_class = (
+            matlab_class.decode() if isinstance(matlab_class, bytes) else str(matlab_class)
+        )
         if "MATLAB_empty" in ds.attrs and ds.attrs["MATLAB_empty"]:
             return np.zeros((0, 0))
         data = ds[()]
@@ -100,7 +102,9 @@ def _sequence(item: np.ndarray, path: str, key: str, index: int) -> np.ndarray:
     )
 
 
-def _inputs(value: Value, n: int, path: str, key: str) -> tuple[np.ndarray, Optional[np.ndarray], str]:
+def _inputs(
+    value: Value, n: int, path: str, key: str
+) -> tuple[np.ndarray, Optional[np.ndarray], str]:
     if isinstance(value, Cell):
         if len(value.shape) != 2 or 1 not in value.shape or len(value.items) != n:
             raise SeqlabError(
@@ -111,10 +115,16 @@ def _inputs(value: Value, n: int, path: str, key: str) -> tuple[np.ndarray, Opti
         sequences = [_sequence(item, path, key, i) for i, item in enumerate(value.items)]
         x, lengths = pad_sequences(sequences)
         first = _shape(value.items[0])
-        return x, lengths, f"{_shape(value)} cell array of {first}{' ...' if lengths.min() != lengths.max() else ''} arrays"
+        return (
+            x,
+            lengths,
+            f"{_shape(value)} cell array of {first}{' ...' if lengths.min() != lengths.max() else ''} arrays",
+        )
     a = np.asarray(value)
     if a.dtype.kind not in "fiub":
-        raise SeqlabError(f"{path}: {key} is {a.dtype.kind!r} data, not numbers; expected {X_EXPECTED}")
+        raise SeqlabError(
+            f"{path}: {key} is {a.dtype.kind!r} data, not numbers; expected {X_EXPECTED}"
+        )
     if a.ndim == 2:
         if a.shape[0] == n:
             return a[:, None, :], None, f"{_shape(a)} matrix (N x C)"
@@ -122,7 +132,9 @@ def _inputs(value: Value, n: int, path: str, key: str) -> tuple[np.ndarray, Opti
             return a.T[:, None, :], None, f"{_shape(a)} matrix (C x N)"
     if a.ndim == 4 and a.shape[3] == n:  # h x w x c x N, one step each
         return a.reshape(-1, n, order="F").T[:, None, :], None, f"{_shape(a)} array (h x w x c x N)"
-    raise SeqlabError(f"{path}: {key} is a {_shape(a)} array; expected {X_EXPECTED}, with N={n} as in the responses")
+    raise SeqlabError(
+        f"{path}: {key} is a {_shape(a)} array; expected {X_EXPECTED}, with N={n} as in the responses"
+    )
 
 
 def _responses(value: Value, path: str, key: str) -> np.ndarray:
@@ -130,7 +142,9 @@ def _responses(value: Value, path: str, key: str) -> np.ndarray:
     if a is None or a.dtype.kind not in "fiub" or a.ndim != 2:
         shape = _shape(value)
         kind = "cell array" if isinstance(value, Cell) else "array"
-        raise SeqlabError(f"{path}: {key} is a {shape} {kind}; expected a numeric N-by-1 vector or N-by-R matrix")
+        raise SeqlabError(
+            f"{path}: {key} is a {shape} {kind}; expected a numeric N-by-1 vector or N-by-R matrix"
+        )
     if a.shape[0] == 1 and a.shape[1] > 1:
         return a.T  # a row vector: one response per column
     return a
@@ -140,10 +154,21 @@ def _pair(variables: dict[str, Value], path: str, x_key: str, y_key: str) -> Seq
     y = _responses(variables[y_key], path, y_key)
     x, lengths, what = _inputs(variables[x_key], len(y), path, x_key)
     data = as_sequences(x, y, path, lengths)
-    steps = f"{data.x.shape[1]}" if lengths is None else f"{lengths.min()}..{lengths.max()} (padded right)"
+    steps = (
+        f"{data.x.shape[1]}"
+        if lengths is None
+        else f"{lengths.min()}..{lengths.max()} (padded right)"
+    )
     log.info(
         "mat       %s: %s = %s -> N=%d, %d feature(s), steps %s; %s = %s",
-        Path(path).name, x_key, what, len(data), data.x.shape[2], steps, y_key, _shape(variables[y_key]),
+        Path(path).name,
+        x_key,
+        what,
+        len(data),
+        data.x.shape[2],
+        steps,
+        y_key,
+        _shape(variables[y_key]),
     )
     return data
 

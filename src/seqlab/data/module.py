@@ -19,7 +19,9 @@ from seqlab.schema import DataConfig as _Defaults
 from seqlab.training.lightning_private import batches_done_in_epoch
 from seqlab.training.profiling import phase
 
-EXAMPLE_SAMPLES = 8  # the first training samples kept as an input example (a logged model takes a few)
+EXAMPLE_SAMPLES = (
+    8  # the first training samples kept as an input example (a logged model takes a few)
+)
 
 log = logging.getLogger("seqlab")
 
@@ -56,7 +58,9 @@ class TensorBatches:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not one of the {world_size} processes")
         if len(x) < world_size:
-            raise SeqlabError(f"{len(x)} training samples cannot be shared by {world_size} processes")
+            raise SeqlabError(
+                f"{len(x)} training samples cannot be shared by {world_size} processes"
+            )
         tensors = (x, y) if lengths is None else (x, y, lengths)
         self.tensors = tuple(t.to(device) for t in tensors) if device is not None else tensors
         self.batch_size = batch_size
@@ -80,7 +84,11 @@ class TensorBatches:
         return torch.index_select(tensor, 0, order, out=buffer)
 
     def state_dict(self) -> dict:
-        return {"generator": self.pass_start_state if self.pass_start_state is not None else self.generator.get_state()}
+        return {
+            "generator": self.pass_start_state
+            if self.pass_start_state is not None
+            else self.generator.get_state()
+        }
 
     def resume(self, generator_state: torch.Tensor, items_done: int) -> None:
         """The next pass replays the interrupted one's order and skips the items it trained on."""
@@ -104,7 +112,9 @@ class TensorBatches:
         self.pass_start_state = self.generator.get_state()
         if self.shuffle:
             with phase("data"):
-                order = torch.randperm(len(tensors[0]), generator=self.generator, device=tensors[0].device)
+                order = torch.randperm(
+                    len(tensors[0]), generator=self.generator, device=tensors[0].device
+                )
                 if self.world_size > 1:
                     order = order[self.rank :: self.world_size][: len(order) // self.world_size]
                 tensors = tuple(self._gathered(i, t, order) for i, t in enumerate(tensors))
@@ -158,7 +168,9 @@ class SeqDataModule(pl.LightningDataModule):
         seed: int = _Defaults.seed,
         shuffle: bool = _Defaults.shuffle,
         drop_last: bool = _Defaults.drop_last,
-        x_key: Optional[str] = _Defaults.x_key,  # path, x_key, y_key: read by the source through ${..}
+        x_key: Optional[
+            str
+        ] = _Defaults.x_key,  # path, x_key, y_key: read by the source through ${..}
         y_key: Optional[str] = _Defaults.y_key,
         drop_nonfinite: bool = _Defaults.drop_nonfinite,
     ) -> None:
@@ -174,9 +186,13 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_nonfinite = drop_nonfinite
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
-        self.samples: Optional[SeqData] = None  # a pack member's samples before the split (setup, release)
+        self.samples: Optional[SeqData] = (
+            None  # a pack member's samples before the split (setup, release)
+        )
         self.example_x: Optional[np.ndarray] = None
-        self.columns: Optional[str] = None  # a table's index and target columns, as the source took them
+        self.columns: Optional[str] = (
+            None  # a table's index and target columns, as the source took them
+        )
         self.drop_single = False
         self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
@@ -200,7 +216,9 @@ class SeqDataModule(pl.LightningDataModule):
     def setup(self, stage: Optional[str] = None, samples: Optional[SeqData] = None) -> None:
         """The split (Lightning calls this). `samples`: what load() gave, kept by reference for a
         split again after release() (a pack's members, which share their samples, seqlab.packing)."""
-        again = samples is None and self.samples is not None  # split again after release(): said once already
+        again = (
+            samples is None and self.samples is not None
+        )  # split again after release(): said once already
         if samples is not None:
             self.samples = samples
         if self.train is not None:
@@ -210,18 +228,24 @@ class SeqDataModule(pl.LightningDataModule):
         if data.val is not None:
             self.train, self.val = data, data.val
             if not again:
-                log.info("data      validation: the set that came with the data (data.val_fraction not used)")
+                log.info(
+                    "data      validation: the set that came with the data (data.val_fraction not used)"
+                )
         else:
             train_rows, val_rows = self.split(len(data))
             self.train, self.val = data.take(train_rows), data.take(val_rows)
-        self.example_x = self.train.x[:EXAMPLE_SAMPLES].copy()  # a logged model's input example, kept by release()
+        self.example_x = self.train.x[
+            :EXAMPLE_SAMPLES
+        ].copy()  # a logged model's input example, kept by release()
         if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
             raise SeqlabError(
                 f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
             )
         n_train = len(self.train)
         if n_train < 2:
-            raise SeqlabError(f"data: {n_train} training sample(s): BatchNorm needs 2 or more; use more data")
+            raise SeqlabError(
+                f"data: {n_train} training sample(s): BatchNorm needs 2 or more; use more data"
+            )
         if n_train < self.batch_size:
             raise SeqlabError(
                 f"data: {n_train} training samples are fewer than one batch of data.batch_size={self.batch_size}; "
@@ -230,7 +254,9 @@ class SeqDataModule(pl.LightningDataModule):
         # BatchNorm cannot train on a batch of one sample: drop such a last batch.
         self.drop_single = self._last_batch_single(n_train)
         if self.drop_single:
-            log.info("data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped")
+            log.info(
+                "data      the last batch of each epoch would hold 1 sample (BatchNorm needs 2): it is dropped"
+            )
 
     def release(self) -> None:
         """Drops the split's copies: a pack trains its members on their shared samples, and a member
@@ -255,7 +281,12 @@ class SeqDataModule(pl.LightningDataModule):
                 f"{what}: {int(bad.sum())} of {len(data)} samples hold NaN or Inf (the first is sample {first}); "
                 "clean the data, or set data.drop_nonfinite=true to drop them"
             )
-        log.info("data      dropped %d of %d %s samples holding NaN or Inf", int(bad.sum()), len(data), what)
+        log.info(
+            "data      dropped %d of %d %s samples holding NaN or Inf",
+            int(bad.sum()),
+            len(data),
+            what,
+        )
         kept = data.take(np.flatnonzero(~bad))
         kept.val = data.val
         return kept
@@ -274,7 +305,9 @@ class SeqDataModule(pl.LightningDataModule):
 
     @property
     def _shaped(self) -> SeqData:
-        return self.train if self.train is not None else self.samples  # after release(): the samples' shapes
+        return (
+            self.train if self.train is not None else self.samples
+        )  # after release(): the samples' shapes
 
     def baseline_val_rmse(self) -> Optional[float]:
         """RMSE on validation of predicting the training mean: the score to beat."""
@@ -286,7 +319,9 @@ class SeqDataModule(pl.LightningDataModule):
     def describe(self) -> str:
         steps = f"{self.n_steps} step(s)"
         if self.train.lengths is not None:
-            steps = f"{self.train.lengths.min()}..{self.n_steps} steps (padded right to {self.n_steps})"
+            steps = (
+                f"{self.train.lengths.min()}..{self.n_steps} steps (padded right to {self.n_steps})"
+            )
         n_val = 0 if self.val is None else len(self.val)
         return (
             f"{self.name}: {len(self.train)} train / {n_val} val samples, "
@@ -297,7 +332,9 @@ class SeqDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> Iterable[Batch]:
         x, y, lengths = _tensors(self.train)
         drop_last = self.drop_last or self.drop_single
-        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        rank, world_size = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        )
         if world_size > 1 and len(x) // world_size < self.batch_size:
             raise SeqlabError(
                 f"data: {len(x)} training samples give each of the {world_size} processes {len(x) // world_size}, "
@@ -308,8 +345,13 @@ class SeqDataModule(pl.LightningDataModule):
             # each step. Kept for comparison (perf=naive).
             tensors = (x, y) if lengths is None else (x, y, lengths)
             generator = torch.Generator().manual_seed(self.seed)
-            loader = DataLoader(TensorDataset(*tensors), self.batch_size, shuffle=self.shuffle,
-                                drop_last=drop_last, generator=generator)
+            loader = DataLoader(
+                TensorDataset(*tensors),
+                self.batch_size,
+                shuffle=self.shuffle,
+                drop_last=drop_last,
+                generator=generator,
+            )
             # Under DDP, Lightning swaps in a DistributedSampler, which it can do only on a DataLoader
             # it sees: no profiling wrapper there.
             return loader if world_size > 1 else _Marked(loader)
@@ -317,9 +359,19 @@ class SeqDataModule(pl.LightningDataModule):
         # Under DDP each process trains on its share.
         if world_size > 1:
             drop_last = self.drop_last or self._last_batch_single(len(x) // world_size)
-        self._train_batches = TensorBatches(x, y, self.batch_size, self.shuffle, drop_last, self.seed, lengths,
-                                            device=device, batches_per_item=self.batches_per_item,
-                                            rank=rank, world_size=world_size)
+        self._train_batches = TensorBatches(
+            x,
+            y,
+            self.batch_size,
+            self.shuffle,
+            drop_last,
+            self.seed,
+            lengths,
+            device=device,
+            batches_per_item=self.batches_per_item,
+            rank=rank,
+            world_size=world_size,
+        )
         state = getattr(self, "_resume_state", None)
         if state and "train_order" in state:
             self._train_batches.resume(state["train_order"], state["items_done"])
@@ -331,7 +383,11 @@ class SeqDataModule(pl.LightningDataModule):
         the start of the current epoch and how many of its items are done, so that a resumed run
         trains on exactly the samples the interrupted one had left."""
         batches = getattr(self, "_train_batches", None)
-        if self.loader != "tensor" or not isinstance(batches, TensorBatches) or self.trainer is None:
+        if (
+            self.loader != "tensor"
+            or not isinstance(batches, TensorBatches)
+            or self.trainer is None
+        ):
             return {}  # a DataLoader's order is not saved: Lightning warns on a mid-epoch resume
         done = batches_done_in_epoch(self.trainer)
         if done >= len(batches):  # the epoch is over: the next one draws a new order
@@ -352,7 +408,9 @@ class SeqDataModule(pl.LightningDataModule):
         # so it runs in large batches.
         x, y, lengths = _tensors(data)
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
-        return TensorBatches(x, y, max(self.batch_size, 1024), False, False, self.seed, lengths, device=device)
+        return TensorBatches(
+            x, y, max(self.batch_size, 1024), False, False, self.seed, lengths, device=device
+        )
 
     def train_eval_batches(self) -> TensorBatches:
         """Every training sample once, in order (BatchNorm's population pass)."""

@@ -22,7 +22,9 @@ class SeqData:
     y: np.ndarray  # (N, responses) float32
     lengths: Optional[np.ndarray] = None  # (N,) int64 real steps, only where they differ
     val: Optional["SeqData"] = None  # a validation set that came with the data
-    columns: Optional[str] = None  # what a table's columns were taken for (its index, the target): the data line says it
+    columns: Optional[str] = (
+        None  # what a table's columns were taken for (its index, the target): the data line says it
+    )
 
     def __len__(self) -> int:
         return len(self.x)
@@ -47,7 +49,9 @@ def as_sequences(
     if x.ndim == 2:
         x = x[:, None, :]  # one step per sample
     if x.ndim != 3:
-        raise SeqlabError(f"{origin}: X must be (N, features) or (N, steps, features), got shape {x.shape}")
+        raise SeqlabError(
+            f"{origin}: X must be (N, features) or (N, steps, features), got shape {x.shape}"
+        )
     if y.ndim not in (1, 2) or y.shape[0] != x.shape[0]:
         raise SeqlabError(
             f"{origin}: y must be (N,) or (N, responses) with N={x.shape[0]} as in X, got shape {y.shape}"
@@ -134,7 +138,9 @@ def load_npz(
     try:
         archive = np.load(path)
     except (ValueError, OSError, EOFError) as error:
-        raise SeqlabError(f"{path}: not a NumPy .npz file ({' '.join(str(error).split()) or 'empty file'})") from None
+        raise SeqlabError(
+            f"{path}: not a NumPy .npz file ({' '.join(str(error).split()) or 'empty file'})"
+        ) from None
     if not hasattr(archive, "files"):
         raise SeqlabError(f"{path}: a single .npy array, not a .npz archive with X and y")
     with archive as f:
@@ -144,7 +150,9 @@ def load_npz(
                 f"{path}: no array named {', '.join(missing)} (found: {', '.join(f.files) or 'none'}); "
                 "set data.x_key / data.y_key"
             )
-        data = as_sequences(f[x_key], f[y_key], path, f["lengths"] if "lengths" in f.files else None)
+        data = as_sequences(
+            f[x_key], f[y_key], path, f["lengths"] if "lengths" in f.files else None
+        )
         if "X_val" in f.files and "y_val" in f.files:
             lengths_val = f["lengths_val"] if "lengths_val" in f.files else None
             data.val = as_sequences(f["X_val"], f["y_val"], f"{path} (X_val, y_val)", lengths_val)

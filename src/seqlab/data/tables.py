@@ -49,13 +49,26 @@ def load_csv(
     if header == AUTO:
         header = not all(_is_number(cell) for cell in first.rstrip("\r\n").split(delimiter))
     try:
-        frame = pd.read_csv(path, sep=delimiter, header=0 if header else None, skip_blank_lines=True)
+        frame = pd.read_csv(
+            path, sep=delimiter, header=0 if header else None, skip_blank_lines=True
+        )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise SeqlabError(f"{path}: not a CSV table ({' '.join(str(error).split())})") from None
     if not header:
         frame.columns = [str(c) for c in frame.columns]
-    unnamed = bool(header) and str(frame.columns[0]).startswith("Unnamed: 0")  # pandas' name for an empty header cell
-    return _from_frame(frame, path, n_samples, seq_len, target, index_col, unnamed_first=unnamed, first_row=2 if header else 1)
+    unnamed = bool(header) and str(frame.columns[0]).startswith(
+        "Unnamed: 0"
+    )  # pandas' name for an empty header cell
+    return _from_frame(
+        frame,
+        path,
+        n_samples,
+        seq_len,
+        target,
+        index_col,
+        unnamed_first=unnamed,
+        first_row=2 if header else 1,
+    )
 
 
 def load_parquet(
@@ -74,15 +87,30 @@ def load_parquet(
     except FileNotFoundError:
         raise SeqlabError(f"{path}: no such file; set data.path") from None
     except Exception as error:  # noqa: BLE001 - pyarrow's errors have no common base worth naming
-        raise SeqlabError(f"{path}: not a Parquet file ({' '.join(str(error).split())[:200]})") from None
-    note = None if isinstance(frame.index, pd.RangeIndex) else f"index {_name(frame.index.name)} (pandas' index: not a feature)"
+        raise SeqlabError(
+            f"{path}: not a Parquet file ({' '.join(str(error).split())[:200]})"
+        ) from None
+    note = (
+        None
+        if isinstance(frame.index, pd.RangeIndex)
+        else f"index {_name(frame.index.name)} (pandas' index: not a feature)"
+    )
     frame.columns = [str(c) for c in frame.columns]
-    return _from_frame(frame.reset_index(drop=True), path, n_samples, seq_len, target, index_col, index_note=note)
+    return _from_frame(
+        frame.reset_index(drop=True), path, n_samples, seq_len, target, index_col, index_note=note
+    )
 
 
 def _from_frame(
-    frame: pd.DataFrame, path: str, n_samples: Optional[int], seq_len: int, target: Optional[str],
-    index_col: Union[str, bool, None], *, unnamed_first: bool = False, first_row: int = 1,
+    frame: pd.DataFrame,
+    path: str,
+    n_samples: Optional[int],
+    seq_len: int,
+    target: Optional[str],
+    index_col: Union[str, bool, None],
+    *,
+    unnamed_first: bool = False,
+    first_row: int = 1,
     index_note: Optional[str] = None,
 ) -> SeqData:
     import pandas as pd
@@ -97,26 +125,38 @@ def _from_frame(
     target = target if target is not None else str(frame.columns[-1])
     if target not in frame.columns:
         shown = ", ".join(map(str, frame.columns[:8])) + (", ..." if len(frame.columns) > 8 else "")
-        raise SeqlabError(f"{path}: data.source.target={target!r} is not a column (columns: {shown})")
+        raise SeqlabError(
+            f"{path}: data.source.target={target!r} is not a column (columns: {shown})"
+        )
     notes.append(f"target {_name(target)}")
     features = frame.drop(columns=[target])
     for name in [*features.columns, target]:
         column = frame[name]
         if not pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
             bad = column[pd.to_numeric(column, errors="coerce").isna() & column.notna()]
-            where = f"{path}:{bad.index[0] + first_row}: not a number: {str(bad.iloc[0]).strip()!r} in" if len(bad) else f"{path}:"
-            raise SeqlabError(f"{where} column {_name(name)}, which is not numeric: drop it, make it the index "
-                              "(data.source.index_col=...), or encode it as numbers")
+            where = (
+                f"{path}:{bad.index[0] + first_row}: not a number: {str(bad.iloc[0]).strip()!r} in"
+                if len(bad)
+                else f"{path}:"
+            )
+            raise SeqlabError(
+                f"{where} column {_name(name)}, which is not numeric: drop it, make it the index "
+                "(data.source.index_col=...), or encode it as numbers"
+            )
     n_inputs = features.shape[1]
     if n_inputs < 1 or n_inputs % seq_len:
-        raise SeqlabError(f"{path}: {n_inputs} input columns cannot be split into data.source.seq_len={seq_len} steps")
+        raise SeqlabError(
+            f"{path}: {n_inputs} input columns cannot be split into data.source.seq_len={seq_len} steps"
+        )
     x = features.to_numpy(dtype=np.float32).reshape(len(frame), seq_len, n_inputs // seq_len)
     data = as_sequences(x, frame[target].to_numpy(dtype=np.float32), path).first(n_samples)
     data.columns = ", ".join(notes)
     return data
 
 
-def _index_column(frame: pd.DataFrame, path: str, index_col: Union[str, bool, None], unnamed_first: bool) -> Optional[str]:
+def _index_column(
+    frame: pd.DataFrame, path: str, index_col: Union[str, bool, None], unnamed_first: bool
+) -> Optional[str]:
     """Which column is the index: the one named, none (null/false), or auto: an unnamed first
     column (how pandas writes its index) or a first column of dates."""
     import pandas as pd
@@ -125,8 +165,10 @@ def _index_column(frame: pd.DataFrame, path: str, index_col: Union[str, bool, No
         return None
     if index_col != AUTO:
         if str(index_col) not in frame.columns:
-            raise SeqlabError(f"{path}: data.source.index_col={index_col!r} is not a column "
-                              f"(columns: {', '.join(map(str, frame.columns[:8]))}{', ...' if len(frame.columns) > 8 else ''})")
+            raise SeqlabError(
+                f"{path}: data.source.index_col={index_col!r} is not a column "
+                f"(columns: {', '.join(map(str, frame.columns[:8]))}{', ...' if len(frame.columns) > 8 else ''})"
+            )
         return str(index_col)
     first = frame.columns[0]
     if unnamed_first:

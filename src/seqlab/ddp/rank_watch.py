@@ -63,7 +63,9 @@ class RankWatch(pl.Callback):
         rank 0 stays stuck after a death, it ends `tracker`'s run itself."""
         from functools import partial
 
-        from seqlab.training.lightning_private import set_ddp_process_observer  # Lightning: only under DDP
+        from seqlab.training.lightning_private import (  # Lightning: only under DDP
+            set_ddp_process_observer,
+        )
 
         watch = cls(output_dir, on_stuck=partial(end_stuck_job, tracker))
         set_ddp_process_observer(watch.start)
@@ -72,7 +74,9 @@ class RankWatch(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.close()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self.close()  # rank 0 is not stuck: the job's own error handling takes over (rank_that_died)
 
     def start(self, procs: list[subprocess.Popen]) -> None:
@@ -90,7 +94,11 @@ class RankWatch(pl.Callback):
                 return  # every rank finished
         if self.failure is None:
             return
-        if not self.handled.wait(self.grace_s) and self.on_stuck is not None and not self._stop.is_set():
+        if (
+            not self.handled.wait(self.grace_s)
+            and self.on_stuck is not None
+            and not self._stop.is_set()
+        ):
             self.on_stuck(self.failure)  # rank 0 is stuck in a collective that never returns
 
     def check(self) -> bool:
@@ -101,11 +109,15 @@ class RankWatch(pl.Callback):
             code = proc.poll()
             if code:  # None: running; 0: done
                 log_file = self.output_dir / f"train_ddp_process_{rank}.log"
-                self.failure = (f"DDP process rank {rank} (pid {proc.pid}) {describe_exit(code)}, so the job "
-                                f"stopped; its output: {log_file}")
+                self.failure = (
+                    f"DDP process rank {rank} (pid {proc.pid}) {describe_exit(code)}, so the job "
+                    f"stopped; its output: {log_file}"
+                )
                 for other in self.procs:
                     if other.poll() is None:
-                        other.send_signal(signal.SIGKILL)  # they would wait for it in a collective forever
+                        other.send_signal(
+                            signal.SIGKILL
+                        )  # they would wait for it in a collective forever
                 return True
         return False
 
@@ -115,7 +127,9 @@ class RankWatch(pl.Callback):
         of rank 0's own (bad data, divergence) or an interruption stays as it is."""
         if isinstance(error, (SeqlabError, KeyboardInterrupt)) or not self.procs:
             return None
-        deadline = time.monotonic() + wait_s  # the peer's death may reach rank 0 before its exit status does
+        deadline = (
+            time.monotonic() + wait_s
+        )  # the peer's death may reach rank 0 before its exit status does
         while not self.check() and time.monotonic() < deadline:
             time.sleep(0.1)
         if self.failure is None:

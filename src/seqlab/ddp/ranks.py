@@ -80,7 +80,9 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
     overrides, in the job's output folder."""
     from hydra.core.hydra_config import HydraConfig
 
-    from seqlab.training.lightning_private import set_ddp_process_command  # Lightning: only under DDP
+    from seqlab.training.lightning_private import (  # Lightning: only under DDP
+        set_ddp_process_command,
+    )
 
     if not HydraConfig.initialized():
         raise SeqlabError(
@@ -88,12 +90,17 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
             "python train.py trainer.devices=N trainer.strategy=ddp ..."
         )
     hc = HydraConfig.get()
-    entry = os.environ.get("SEQLAB_ENTRY") or str(Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py")
+    entry = os.environ.get("SEQLAB_ENTRY") or str(
+        Path(os.environ.get("SEQLAB_ROOT", ".")) / "train.py"
+    )
     # The same config: its name, where it was found, and any added search path.
     config = ["--config-name", hc.job.config_name]
     for source in hc.runtime.config_sources:
         if source.schema == "file" and source.provider in ("main", "command-line"):
-            config += ["--config-path" if source.provider == "main" else "--config-dir", source.path]
+            config += [
+                "--config-path" if source.provider == "main" else "--config-dir",
+                source.path,
+            ]
     config += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
 
     # The job's overrides go to the ranks in their environment (inherited: Lightning copies this
@@ -103,7 +110,9 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
 
     def command(local_rank: int) -> tuple[list[str], str]:
         return [
-            sys.executable, entry, *config,
+            sys.executable,
+            entry,
+            *config,
             f'hydra.run.dir="{output_dir}"',
             f"hydra.job.name=train_ddp_process_{local_rank}",
             "hydra.output_subdir=null",  # rank 0 wrote .hydra/

@@ -20,7 +20,9 @@ from seqlab.tracking.connect import open_tracker
 log = logging.getLogger("seqlab")
 
 
-def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member], list[JobResult], Optional[list[str]]]:
+def planned_resume(
+    cfg: DictConfig, members: list[Member]
+) -> tuple[list[Member], list[JobResult], Optional[list[str]]]:
     """(members to train, results of members done before, the run ids the pack continues or None),
     from the resumed sweep's plan, member by member as continue_job decides for a job alone. A
     member that FAILED in the pack before its checkpoint goes on with it, in its slot, FAILED."""
@@ -29,9 +31,13 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
         m.cfg.resume = cfg.resume
         m.job.overrides.append(f"resume={cfg.resume}")
         entry = planned(m.cfg, m.job)
-        done = continue_job(m.cfg, m.job)  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
+        done = continue_job(
+            m.cfg, m.job
+        )  # FINISHED before: its result; KILLED with a checkpoint: m.cfg.resume = its run
         if done is not None and done.status == "FINISHED" and done.run_id:
-            finished.append(m)  # it may have ended inside the pack (it stopped early): it may keep its slot (below)
+            finished.append(
+                m
+            )  # it may have ended inside the pack (it stopped early): it may keep its slot (below)
             continue
         if done is not None:
             results.append(done)
@@ -48,7 +54,12 @@ def planned_resume(cfg: DictConfig, members: list[Member]) -> tuple[list[Member]
     # The pack continues from its checkpoint: a member that stopped early and FINISHED in it keeps its
     # slot, frozen, its run as it ended (its result is the one the plan gave: m.job.result).
     for m in finished:
-        m.resume_run_id, m.ended_before, m.status, m.name = m.job.result.run_id, True, "FINISHED", m.job.result.run_name or ""
+        m.resume_run_id, m.ended_before, m.status, m.name = (
+            m.job.result.run_id,
+            True,
+            "FINISHED",
+            m.job.result.run_name or "",
+        )
     slots = [m for m in members if m in finished or m in to_train]
     return slots, results, [m.resume_run_id for m in slots]
 
@@ -66,15 +77,27 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
     sweep = job.sweep_info()
     client = open_tracker(members[0].cfg.logger, members[0].job, sweep).connect()
     # A member that FINISHED in the last attempt (it stopped early) keeps its run as it ended.
-    run_ids = [b.run_id if b.status == "FINISHED" else run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any)
-               for m, b in zip(members, before)]
+    run_ids = [
+        b.run_id
+        if b.status == "FINISHED"
+        else run_of_last_attempt(m.job.output_dir, sweep.sweep_id, client, JobResult.read_if_any)
+        for m, b in zip(members, before)
+    ]
     if None in run_ids:
-        log.info("requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew", members[0].job.pack_id)
+        log.info(
+            "requeue   pack %s: not every member's run has the pack's checkpoint: the pack trains anew",
+            members[0].job.pack_id,
+        )
         return None
     for m, b, run_id in zip(members, before, run_ids):
         m.resume_run_id = run_id
-        if b.status in ("FAILED", "FINISHED"):  # it ended in the pack (diverged, stopped early): its slot stays as it ended
+        if b.status in (
+            "FAILED",
+            "FINISHED",
+        ):  # it ended in the pack (diverged, stopped early): its slot stays as it ended
             m.ended_before, m.status, m.name = True, b.status, b.run_name or ""
             if b.status == "FINISHED":
-                m.job.result = b  # its result stays the one its end wrote (packing.member_runs.ended)
+                m.job.result = (
+                    b  # its result stays the one its end wrote (packing.member_runs.ended)
+                )
     return run_ids

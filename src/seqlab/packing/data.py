@@ -34,6 +34,7 @@ class PackData:
     (samples, features): members whose samples are the same (one file, split and shuffled by each
     member's own seed; or one data config) share them, and each member has its own training and
     validation rows into them, in its split's order (data.module.SeqDataModule.split)."""
+
     x: torch.Tensor  # (rows, features) for one-step data, (rows, steps, features) otherwise
     y: torch.Tensor  # (rows, responses)
     train_rows: torch.Tensor  # (K, training samples) long
@@ -69,19 +70,33 @@ class PackData:
         def rows(what: str, one_step: bool) -> torch.Tensor:
             # One block on the CPU is the samples' own memory (from_numpy, .to: no copy).
             arrays = [getattr(b, what)[:, 0] if one_step else getattr(b, what) for b in blocks]
-            joined = torch.from_numpy(arrays[0]) if len(arrays) == 1 else torch.cat([torch.from_numpy(a) for a in arrays])
+            joined = (
+                torch.from_numpy(arrays[0])
+                if len(arrays) == 1
+                else torch.cat([torch.from_numpy(a) for a in arrays])
+            )
             return joined.to(device)
 
         dm = members[0].datamodule
         n, bs = len(train_rows[0]), dm.batch_size
         drop = dm.drop_last or dm.drop_single
-        one_step = blocks[0].x.shape[1] == 1  # the packed network's one-step shortcut takes (K, batch, features)
-        data = cls(x=rows("x", one_step), y=rows("y", False), train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
-                   val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
-                   batch_size=bs, n_batches=n // bs if drop else -(-n // bs), shuffle=dm.shuffle)
+        one_step = (
+            blocks[0].x.shape[1] == 1
+        )  # the packed network's one-step shortcut takes (K, batch, features)
+        data = cls(
+            x=rows("x", one_step),
+            y=rows("y", False),
+            train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
+            val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
+            batch_size=bs,
+            n_batches=n // bs if drop else -(-n // bs),
+            shuffle=dm.shuffle,
+        )
         if data.val_rows is not None and len(offsets) == len(members):
             k, n_val = data.val_rows.shape
-            data.val_x = data.x.index_select(0, data.val_rows.reshape(-1)).view(k, n_val, *data.x.shape[1:])
+            data.val_x = data.x.index_select(0, data.val_rows.reshape(-1)).view(
+                k, n_val, *data.x.shape[1:]
+            )
         return data
 
     @property
@@ -113,9 +128,9 @@ class PackData:
         chunk = max(1, VAL_ROWS // (k * self.steps))
         for i in range(0, n, chunk):
             if self.val_x is not None:
-                yield self.val_x[:, i:i + chunk]
+                yield self.val_x[:, i : i + chunk]
                 continue
-            idx = self.val_rows[:, i:i + chunk]
+            idx = self.val_rows[:, i : i + chunk]
             yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], *self.x.shape[1:])
 
     def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:

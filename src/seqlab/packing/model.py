@@ -29,13 +29,19 @@ from seqlab.training.gradients import l2_parameters
 
 # A CNNLSTM state dict key -> this module's packed parameter or buffer.
 _KEYS = {
-    "conv.weight": "conv_weight", "conv.bias": "conv_bias",
-    "bn.weight": "bn_weight", "bn.bias": "bn_bias",
-    "bn.running_mean": "bn_running_mean", "bn.running_var": "bn_running_var",
+    "conv.weight": "conv_weight",
+    "conv.bias": "conv_bias",
+    "bn.weight": "bn_weight",
+    "bn.bias": "bn_bias",
+    "bn.running_mean": "bn_running_mean",
+    "bn.running_var": "bn_running_var",
     "bn.num_batches_tracked": "bn_num_batches_tracked",
-    "lstm.weight_ih_l0": "lstm_weight_ih", "lstm.weight_hh_l0": "lstm_weight_hh",
-    "lstm.bias_ih_l0": "lstm_bias_ih", "lstm.bias_hh_l0": "lstm_bias_hh",
-    "fc.weight": "fc_weight", "fc.bias": "fc_bias",
+    "lstm.weight_ih_l0": "lstm_weight_ih",
+    "lstm.weight_hh_l0": "lstm_weight_hh",
+    "lstm.bias_ih_l0": "lstm_bias_ih",
+    "lstm.bias_hh_l0": "lstm_bias_hh",
+    "fc.weight": "fc_weight",
+    "fc.bias": "fc_bias",
 }
 _BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
 
@@ -59,8 +65,12 @@ class PackedCNNLSTM(nn.Module):
         states = [m.state_dict() for m in members]
         shapes = [{k: tuple(v.shape) for k, v in s.items()} for s in states]
         if any(s != shapes[0] for s in shapes[1:]):
-            raise ValueError("members of a pack must have one shape (filters, hidden size, features, outputs)")
-        self.n_members = len(members)  # the training loop's member dimension (training.loop.FusedLoop)
+            raise ValueError(
+                "members of a pack must have one shape (filters, hidden size, features, outputs)"
+            )
+        self.n_members = len(
+            members
+        )  # the training loop's member dimension (training.loop.FusedLoop)
         self.kernel_size = first.conv.kernel_size[0]
         self.dropout = [m.drop.p for m in members]  # model.dropout may differ between members
         self.bn_eps, self.bn_momentum = first.bn.eps, first.bn.momentum
@@ -69,12 +79,16 @@ class PackedCNNLSTM(nn.Module):
         chosen = {id(p) for p in l2_parameters(first)}
         self._l2_names = [_KEYS[key] for key, p in named.items() if id(p) in chosen]
         for key, name in _KEYS.items():
-            stacked = torch.stack([s[key] for s in states])  # a new tensor: the members stay as they are
+            stacked = torch.stack(
+                [s[key] for s in states]
+            )  # a new tensor: the members stay as they are
             if key in _BUFFERS:
                 self.register_buffer(name, stacked)
             else:
                 # A parameter frozen in the members (MATLAB's second LSTM bias) stays frozen.
-                self.register_parameter(name, nn.Parameter(stacked, requires_grad=named[key].requires_grad))
+                self.register_parameter(
+                    name, nn.Parameter(stacked, requires_grad=named[key].requires_grad)
+                )
 
         # The members' LSTM as a module of one member's shape, called with member k's packed slices
         # (functional_call): each member's sequences through nn.LSTM's own kernel. Not a submodule:
@@ -95,27 +109,41 @@ class PackedCNNLSTM(nn.Module):
         for key, name in _KEYS.items():
             getattr(self, name)[k].copy_(state[key])
 
-    def forward(self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None
+    ) -> torch.Tensor:
         """x: (K, batch, features) for one-step data, (K, batch, steps, features) otherwise; returns
         (K, batch, outputs): member k's output is its own network's on x[k] (CNNLSTM.forward)."""
         if x.dim() == 3:
             return self.forward_one_step(x, generators)
         k, n, steps, features = x.shape
         # Every member's convolution at once: its features are its own group of channels.
-        h = nn.functional.conv1d(x.permute(1, 0, 3, 2).reshape(n, k * features, steps),
-                                 self.conv_weight.reshape(-1, features, self.kernel_size), self.conv_bias.reshape(-1),
-                                 padding="same", groups=k)  # (batch, K x filters, steps)
+        h = nn.functional.conv1d(
+            x.permute(1, 0, 3, 2).reshape(n, k * features, steps),
+            self.conv_weight.reshape(-1, features, self.kernel_size),
+            self.conv_bias.reshape(-1),
+            padding="same",
+            groups=k,
+        )  # (batch, K x filters, steps)
         h = torch.relu(self._batch_norm_channels(h)).view(n, k, -1, steps)
         lstm, last = self._lstm[0].to(x.device), []
         for m in range(k):
-            weights = {"weight_ih_l0": self.lstm_weight_ih[m], "weight_hh_l0": self.lstm_weight_hh[m],
-                       "bias_ih_l0": self.lstm_bias_ih[m], "bias_hh_l0": self.lstm_bias_hh[m]}
-            out, _ = functional_call(lstm, weights, (h[:, m].transpose(1, 2),))  # (batch, steps, hidden)
+            weights = {
+                "weight_ih_l0": self.lstm_weight_ih[m],
+                "weight_hh_l0": self.lstm_weight_hh[m],
+                "bias_ih_l0": self.lstm_bias_ih[m],
+                "bias_hh_l0": self.lstm_bias_hh[m],
+            }
+            out, _ = functional_call(
+                lstm, weights, (h[:, m].transpose(1, 2),)
+            )  # (batch, steps, hidden)
             last.append(out[:, -1])
         h = self._dropout(torch.stack(last), generators)
         return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
 
-    def forward_one_step(self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+    def forward_one_step(
+        self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None
+    ) -> torch.Tensor:
         """x: (K, batch, features), one step per sample; returns (K, batch, outputs). Member k's
         output is CNNLSTM.forward_one_step of its own network on x[k] (see that method for why
         one step needs only the convolution's centre tap and the LSTM's first step). In training,
@@ -130,7 +158,9 @@ class PackedCNNLSTM(nn.Module):
         h = torch.baddbmm(self.conv_bias.unsqueeze(2), centre, x.transpose(1, 2)).transpose(1, 2)
         h = torch.relu(self._batch_norm(h))
         bias = self.lstm_bias_ih + self.lstm_bias_hh
-        z = torch.baddbmm(bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2))  # gates i, f, g, o
+        z = torch.baddbmm(
+            bias.unsqueeze(1), h, self.lstm_weight_ih.transpose(1, 2)
+        )  # gates i, f, g, o
         hidden = z.shape[2] // 4
         # One sigmoid over all four gates (f's is not used: c0 = 0) instead of one each for i and o
         # on strided slices: 10% of a K=8 packed step here (3.38 vs 3.77 ms, one process, alternating).
@@ -148,20 +178,36 @@ class PackedCNNLSTM(nn.Module):
         flat = h.transpose(0, 1).reshape(n, k * c)
         if self.training:
             self.bn_num_batches_tracked.add_(1)
-        out = nn.functional.batch_norm(flat, self.bn_running_mean.view(-1), self.bn_running_var.view(-1),
-                                       self.bn_weight.view(-1), self.bn_bias.view(-1), self.training,
-                                       self.bn_momentum, self.bn_eps)
+        out = nn.functional.batch_norm(
+            flat,
+            self.bn_running_mean.view(-1),
+            self.bn_running_var.view(-1),
+            self.bn_weight.view(-1),
+            self.bn_bias.view(-1),
+            self.training,
+            self.bn_momentum,
+            self.bn_eps,
+        )
         return out.view(n, k, c).transpose(0, 1)
 
     def _batch_norm_channels(self, h: torch.Tensor) -> torch.Tensor:
         """BatchNorm1d per member over its batch and steps: h is (batch, K x channels, steps)."""
         if self.training:
             self.bn_num_batches_tracked.add_(1)
-        return nn.functional.batch_norm(h, self.bn_running_mean.view(-1), self.bn_running_var.view(-1),
-                                        self.bn_weight.view(-1), self.bn_bias.view(-1), self.training,
-                                        self.bn_momentum, self.bn_eps)
+        return nn.functional.batch_norm(
+            h,
+            self.bn_running_mean.view(-1),
+            self.bn_running_var.view(-1),
+            self.bn_weight.view(-1),
+            self.bn_bias.view(-1),
+            self.training,
+            self.bn_momentum,
+            self.bn_eps,
+        )
 
-    def _dropout(self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]) -> torch.Tensor:
+    def _dropout(
+        self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]
+    ) -> torch.Tensor:
         if not self.training or not any(self.dropout):
             return h
         if generators is not None:

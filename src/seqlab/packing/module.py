@@ -36,10 +36,14 @@ from seqlab.training.loop import FusedLoop, lightning_steps
 
 log = logging.getLogger("seqlab")
 
-DIVERGED = ("the training loss became {value} at step {step}: training diverged; lower optimizer.lr, "
-            "set module.gradient_threshold, or check the data")
+DIVERGED = (
+    "the training loss became {value} at step {step}: training diverged; lower optimizer.lr, "
+    "set module.gradient_threshold, or check the data"
+)
 
-Item = tuple[torch.Tensor, int, int]  # every member's order this epoch (K, samples), its first and end batch
+Item = tuple[
+    torch.Tensor, int, int
+]  # every member's order this epoch (K, samples), its first and end batch
 
 
 class PackItems:
@@ -49,7 +53,9 @@ class PackItems:
 
     def __init__(self, data: PackData, members: list[Member], per_item: int) -> None:
         self.data, self.members, self.per_item = data, members, max(per_item, 1)
-        self.pass_start: Optional[list[torch.Tensor]] = None  # the members' order states at this pass's start
+        self.pass_start: Optional[list[torch.Tensor]] = (
+            None  # the members' order states at this pass's start
+        )
         self.resume_at: Optional[tuple[list[torch.Tensor], int]] = None
 
     def __len__(self) -> int:
@@ -72,13 +78,30 @@ class PackModule(pl.LightningModule):
     """Built by seqlab.packing.task with the packed network, its optimizer, schedule and gradient
     treatment (packing.optim), the members' data and the members."""
 
-    def __init__(self, model: PackedCNNLSTM, optimizer: torch.optim.Optimizer, scheduler: Any, gradients: Any,
-                 loss: str, loss_to_mse: Callable[[float], float], data: PackData, members: list[Member], *,
-                 lr_scale: torch.Tensor, steps_per_call: int, flush_every_n_steps: int, flush_every_s: float,
-                 exact_dropout: bool, cuda_graph: str = "auto", progress: Optional[TextIO] = None,
-                 end_member: Optional[Callable[[Member], Any]] = None) -> None:
+    def __init__(
+        self,
+        model: PackedCNNLSTM,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        gradients: Any,
+        loss: str,
+        loss_to_mse: Callable[[float], float],
+        data: PackData,
+        members: list[Member],
+        *,
+        lr_scale: torch.Tensor,
+        steps_per_call: int,
+        flush_every_n_steps: int,
+        flush_every_s: float,
+        exact_dropout: bool,
+        cuda_graph: str = "auto",
+        progress: Optional[TextIO] = None,
+        end_member: Optional[Callable[[Member], Any]] = None,
+    ) -> None:
         super().__init__()
-        self.automatic_optimization = False  # the item's steps are this module's own (as the fused loop's)
+        self.automatic_optimization = (
+            False  # the item's steps are this module's own (as the fused loop's)
+        )
         self.model = model
         self.packed_optimizer, self.scheduler, self.gradients = optimizer, scheduler, gradients
         self.loss_fn, self.loss_to_mse = MEMBER_LOSSES[loss], loss_to_mse
@@ -91,7 +114,9 @@ class PackModule(pl.LightningModule):
         self.end_member = end_member  # a member's run ended where it stopped (packing.member_runs.finish_or_fail: its job alone's end)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
         self.streams = [m.dropout_stream for m in members] if exact_dropout else None
-        self.loop: Optional[FusedLoop] = None  # a run alone's loop, with the member dimension; built as training starts
+        self.loop: Optional[FusedLoop] = (
+            None  # a run alone's loop, with the member dimension; built as training starts
+        )
         self.trained = 0  # optimizer steps trained: the step each member's run records
         self.step_log = StepLog()  # each step's (K,) losses, until flushed to the members' runs
         self.last_flush = time.monotonic()
@@ -103,21 +128,35 @@ class PackModule(pl.LightningModule):
         if self.scheduler is None:
             return self.packed_optimizer
         # Saved and restored with the checkpoint by Lightning; stepped here each epoch (manual optimisation).
-        return {"optimizer": self.packed_optimizer, "lr_scheduler": {"scheduler": self.scheduler, "interval": "epoch"}}
+        return {
+            "optimizer": self.packed_optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler, "interval": "epoch"},
+        }
 
     def train_dataloader(self) -> PackItems:
         return self.items
 
     def val_dataloader(self) -> list:
-        return [0] if self.data.val_rows is not None else []  # one call: the members' sets a chunk at a time
+        return (
+            [0] if self.data.val_rows is not None else []
+        )  # one call: the members' sets a chunk at a time
 
     def on_train_start(self) -> None:
         self.trained = self.trainer.global_step
         # The loop a run alone trains with (training.loop), over the packed network: (K,) losses, each
         # member's dropout stream, and its frozen members put back after each step.
-        self.loop = FusedLoop(self.model, self.packed_optimizer, self.loss_fn, self.step_log, self.data.batch_size,
-                              gradients=self.gradients, cuda_graph=self.cuda_graph, dropout_streams=self.streams,
-                              after_step=self.after_step, **lightning_steps(self))
+        self.loop = FusedLoop(
+            self.model,
+            self.packed_optimizer,
+            self.loss_fn,
+            self.step_log,
+            self.data.batch_size,
+            gradients=self.gradients,
+            cuda_graph=self.cuda_graph,
+            dropout_streams=self.streams,
+            after_step=self.after_step,
+            **lightning_steps(self),
+        )
 
     def on_validation_model_zero_grad(self) -> None:
         pass  # Lightning would free the gradients before validation; the loop keeps them (zeroed in place)
@@ -131,9 +170,13 @@ class PackModule(pl.LightningModule):
             self.on_train_epoch_start()
         if self.trainer.max_steps > 0:
             stop = min(stop, first + self.trainer.max_steps - self.trained)
-        n, _ = self.loop.run_batches(((*self.data.batch(orders, b), None) for b in range(first, stop)), self.trained + 1)
+        n, _ = self.loop.run_batches(
+            ((*self.data.batch(orders, b), None) for b in range(first, stop)), self.trained + 1
+        )
         if not self.loop.counts_steps:  # Lightning's optimizer wrapper counts its own steps
-            count_optimizer_steps(self.optimizers(), n)  # Lightning's global_step, max_steps, validation interval
+            count_optimizer_steps(
+                self.optimizers(), n
+            )  # Lightning's global_step, max_steps, validation interval
         self._epoch["steps"] += n
 
     def after_step(self) -> None:
@@ -145,16 +188,24 @@ class PackModule(pl.LightningModule):
                 self.model.load_member(m.k, m.last_weights)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if len(self.step_log) >= self.flush_every_n_steps and time.monotonic() - self.last_flush >= self.flush_every_s:
+        if (
+            len(self.step_log) >= self.flush_every_n_steps
+            and time.monotonic() - self.last_flush >= self.flush_every_s
+        ):
             self.flush()
         # The epoch's training part ends with its last item, at max_steps, or when Lightning stops
         # (trainer.max_time): before the validation Lightning then runs.
-        if (batch_idx + 1 >= self.trainer.num_training_batches or 0 < self.trainer.max_steps <= self.trained
-                or self.trainer.should_stop):
+        if (
+            batch_idx + 1 >= self.trainer.num_training_batches
+            or 0 < self.trainer.max_steps <= self.trained
+            or self.trainer.should_stop
+        ):
             self._close_epoch()
 
     def on_validation_start(self) -> None:
-        if self._epoch and not self._epoch["closed"]:  # inside an epoch (every N iterations): not its training time
+        if (
+            self._epoch and not self._epoch["closed"]
+        ):  # inside an epoch (every N iterations): not its training time
             synchronize(self.data.x.device)
             self._epoch["val_from"] = time.perf_counter()
 
@@ -190,14 +241,24 @@ class PackModule(pl.LightningModule):
             return
         losses, steps, lrs, times = self.step_log.take()
         table = torch.stack(losses).t().tolist()  # (K, steps): the one synchronisation
-        group_lrs = torch.stack(lrs).tolist() if isinstance(lrs[0], torch.Tensor) else [float(lr) for lr in lrs]
+        group_lrs = (
+            torch.stack(lrs).tolist()
+            if isinstance(lrs[0], torch.Tensor)
+            else [float(lr) for lr in lrs]
+        )
         for m, values in zip(self.members, table):
-            if not m.active and m not in also:  # `also`: members stopped at the last step flushed, ending now
+            if (
+                not m.active and m not in also
+            ):  # `also`: members stopped at the last step flushed, ending now
                 continue
-            rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values]
+            rmse = [
+                math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values
+            ]
             lr = [group_lr * self.lr_scale[m.k] for group_lr in group_lrs]
             with m.own_failure("its step metrics", steps[0]):
-                m.tracker.log_series({"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times)
+                m.tracker.log_series(
+                    {"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times
+                )
             bad = next(((s, v) for s, v in zip(steps, values) if not math.isfinite(v)), None)
             if bad is not None:
                 m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
@@ -241,7 +302,9 @@ class PackModule(pl.LightningModule):
                 m.tracker.log_metrics({f"val_{k}": v[m.k] for k, v in val.items()}, step)
                 m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
             if m.status != "FAILED":
-                m.reported(val["rmse"][m.k], step, epoch)  # a search's trial: its pruner may stop it here
+                m.reported(
+                    val["rmse"][m.k], step, epoch
+                )  # a search's trial: its pruner may stop it here
                 if not m.active:  # stopped early or pruned: its network is the one of this step
                     m.last_weights = self.model.member(m.k)
                     stopped.append(m)
@@ -253,8 +316,12 @@ class PackModule(pl.LightningModule):
 
     def _progress_line(self) -> None:
         training = [m.k for m in self.members if m.active]
-        parts = [f"epoch {self.current_epoch + 1}/{self.trainer.max_epochs}", f"step {self.trained}",
-                 f"{self._epoch.get('rate', 0.0):,.0f} it/s", f"{len(training)} of {len(self.members)} members training"]
+        parts = [
+            f"epoch {self.current_epoch + 1}/{self.trainer.max_epochs}",
+            f"step {self.trained}",
+            f"{self._epoch.get('rate', 0.0):,.0f} it/s",
+            f"{len(training)} of {len(self.members)} members training",
+        ]
         if self.last_val is not None and training:
             rmse = [self.last_val["rmse"][k] for k in training]
             parts.append(f"val_rmse {min(rmse):.4g}-{max(rmse):.4g}")
@@ -267,20 +334,31 @@ class PackModule(pl.LightningModule):
         # send again what a run already holds, so a step trained before it must not be left unsent.
         self.flush()
         done = batches_done_in_epoch(self.trainer)
-        if done >= len(self.items) or self.items.pass_start is None:  # the epoch is over: the next draws anew
+        if (
+            done >= len(self.items) or self.items.pass_start is None
+        ):  # the epoch is over: the next draws anew
             starts, done = None, 0
         else:
             starts = self.items.pass_start
-        checkpoint["pack"] = {"run_ids": [m.run_id for m in self.members], "members": [m.state() for m in self.members],
-                              "epoch_start_orders": starts, "items_done": done, "torch_rng": torch.get_rng_state()}
+        checkpoint["pack"] = {
+            "run_ids": [m.run_id for m in self.members],
+            "members": [m.state() for m in self.members],
+            "epoch_start_orders": starts,
+            "items_done": done,
+            "torch_rng": torch.get_rng_state(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         pack = checkpoint.get("pack")
         if pack is None or pack["run_ids"] != [m.run_id for m in self.members]:
-            raise SeqlabError("the pack's checkpoint is another pack's: run the sweep again without resume=")
+            raise SeqlabError(
+                "the pack's checkpoint is another pack's: run the sweep again without resume="
+            )
         for m, state in zip(self.members, pack["members"]):
             m.load_state(state)
-            if m.ended_before and m.active:  # its run ended after this checkpoint: it stays as it ended, frozen
+            if (
+                m.ended_before and m.active
+            ):  # its run ended after this checkpoint: it stays as it ended, frozen
                 m.active = False
                 if m.status == "FAILED":
                     m.reason = m.reason or "failed in an earlier start of its pack"
@@ -288,8 +366,12 @@ class PackModule(pl.LightningModule):
             self.items.resume_at = (pack["epoch_start_orders"], pack["items_done"])
         torch.set_rng_state(pack["torch_rng"])
         pack_id = self.members[0].job.pack_id if self.members[0].job is not None else "-"
-        log.info("resume    pack %s continues its %d members from step %d", pack_id, len(self.members),
-                 checkpoint.get("global_step", 0))
+        log.info(
+            "resume    pack %s continues its %d members from step %d",
+            pack_id,
+            len(self.members),
+            checkpoint.get("global_step", 0),
+        )
 
 
 def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
@@ -299,5 +381,8 @@ def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, li
     target = target.double()
     sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
     r2 = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1)
-    return {"rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(), "mae": err.abs().mean(dim=(1, 2)).tolist(),
-            "r2": r2.tolist()}
+    return {
+        "rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(),
+        "mae": err.abs().mean(dim=(1, 2)).tolist(),
+        "r2": r2.tolist(),
+    }

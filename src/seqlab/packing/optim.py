@@ -19,9 +19,13 @@ from seqlab import SeqlabError
 from seqlab.schema import ThresholdMethod, choice
 
 
-def per_member(values: Sequence[Optional[float]], like: torch.Tensor, missing: float) -> torch.Tensor:
+def per_member(
+    values: Sequence[Optional[float]], like: torch.Tensor, missing: float
+) -> torch.Tensor:
     """A (K,) tensor of a setting, on `like`'s device; a member without one gets `missing`."""
-    return torch.tensor([missing if v is None else float(v) for v in values], dtype=like.dtype, device=like.device)
+    return torch.tensor(
+        [missing if v is None else float(v) for v in values], dtype=like.dtype, device=like.device
+    )
 
 
 def _along(values: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
@@ -38,15 +42,29 @@ class _PackedOptimizer(torch.optim.Optimizer):
     Adam, SGD and RMSprop; decoupled for AdamW. MATLAB's L2 is another thing, coupled into the
     gradient before the step, never on biases (PackedGradientTreatment)."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], weight_decay: float = 0.0,
-                 **defaults: float) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: Sequence[float],
+        weight_decay: float = 0.0,
+        **defaults: float,
+    ) -> None:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} needs parameters")
         if any(p.shape[0] != len(lr) for p in params):
-            raise ValueError(f"every packed parameter's first dimension must be the {len(lr)} members")
-        super().__init__(params, dict(lr=1.0, member_lr=per_member(lr, params[0], math.nan),
-                                      weight_decay=float(weight_decay), **defaults))
+            raise ValueError(
+                f"every packed parameter's first dimension must be the {len(lr)} members"
+            )
+        super().__init__(
+            params,
+            dict(
+                lr=1.0,
+                member_lr=per_member(lr, params[0], math.nan),
+                weight_decay=float(weight_decay),
+                **defaults,
+            ),
+        )
 
     @staticmethod
     def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -78,8 +96,14 @@ class PackedAdam(_PackedOptimizer):
 
     decoupled = False
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: Sequence[float],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr, weight_decay=weight_decay, betas=betas, eps=eps)
 
     @torch.no_grad()
@@ -91,7 +115,9 @@ class PackedAdam(_PackedOptimizer):
                 continue
             beta1, beta2 = group["betas"]
             if self.decoupled and group["weight_decay"]:
-                for p in params:  # torch.optim.AdamW: param.mul_(1 - lr * weight_decay), before the moments
+                for p in (
+                    params
+                ):  # torch.optim.AdamW: param.mul_(1 - lr * weight_decay), before the moments
                     p.mul_(1 - self._rate(group, p) * group["weight_decay"])
                 grads = [p.grad for p in params]
             else:
@@ -111,10 +137,10 @@ class PackedAdam(_PackedOptimizer):
             torch._foreach_mul_(v, beta2)
             torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
             denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, math.sqrt(1 - beta2 ** step))
+            torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
             torch._foreach_add_(denom, group["eps"])
             for p, exp_avg, d in zip(params, m, denom):
-                p.sub_(self._rate(group, p, 1 / (1 - beta1 ** step)) * exp_avg / d)
+                p.sub_(self._rate(group, p, 1 / (1 - beta1**step)) * exp_avg / d)
         return loss
 
 
@@ -123,16 +149,27 @@ class PackedAdamW(PackedAdam):
 
     decoupled = True
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: Sequence[float],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
         super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 class PackedSGDM(_PackedOptimizer):
     """torch.optim.SGD's update with momentum (no dampening, no Nesterov), member by member."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], momentum: float = 0.9,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: Sequence[float],
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr, weight_decay=weight_decay, momentum=momentum)
 
     def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
@@ -147,28 +184,54 @@ class PackedSGDM(_PackedOptimizer):
 class PackedRMSProp(_PackedOptimizer):
     """torch.optim.RMSprop's update (not centered, no momentum), member by member."""
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: Sequence[float], alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: Sequence[float],
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr, weight_decay=weight_decay, alpha=alpha, eps=eps)
 
     def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
         if not state:
             state["square_avg"] = torch.zeros_like(p)
         grad = self._grad(group, p)
-        square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(grad, grad, value=1 - group["alpha"])
+        square_avg = (
+            state["square_avg"].mul_(group["alpha"]).addcmul_(grad, grad, value=1 - group["alpha"])
+        )
         p.sub_(self._rate(group, p) * grad / square_avg.sqrt().add_(group["eps"]))
 
 
 # The config's optimizer class -> its packed form and the settings it carries over.
 _PACKED = {
-    torch.optim.Adam: (PackedAdam, ("betas", "eps", "weight_decay"), {"amsgrad": False, "maximize": False}),
-    torch.optim.AdamW: (PackedAdamW, ("betas", "eps", "weight_decay"), {"amsgrad": False, "maximize": False}),
-    torch.optim.SGD: (PackedSGDM, ("momentum", "weight_decay"), {"dampening": 0, "nesterov": False, "maximize": False}),
-    torch.optim.RMSprop: (PackedRMSProp, ("alpha", "eps", "weight_decay"), {"centered": False, "momentum": 0, "maximize": False}),
+    torch.optim.Adam: (
+        PackedAdam,
+        ("betas", "eps", "weight_decay"),
+        {"amsgrad": False, "maximize": False},
+    ),
+    torch.optim.AdamW: (
+        PackedAdamW,
+        ("betas", "eps", "weight_decay"),
+        {"amsgrad": False, "maximize": False},
+    ),
+    torch.optim.SGD: (
+        PackedSGDM,
+        ("momentum", "weight_decay"),
+        {"dampening": 0, "nesterov": False, "maximize": False},
+    ),
+    torch.optim.RMSprop: (
+        PackedRMSProp,
+        ("alpha", "eps", "weight_decay"),
+        {"centered": False, "momentum": 0, "maximize": False},
+    ),
 }
 
 
-def packed_optimizer(members: Sequence[torch.optim.Optimizer], params: Iterable[nn.Parameter]) -> _PackedOptimizer:
+def packed_optimizer(
+    members: Sequence[torch.optim.Optimizer], params: Iterable[nn.Parameter]
+) -> _PackedOptimizer:
     """The packed form of the members' optimizers over the packed tensors: each member's optimizer
     is built as its run alone builds it (conf/optimizer/ instantiated, over its own network), and its
     packed form takes the settings from torch's own (`defaults`; each member's rate from its
@@ -176,16 +239,24 @@ def packed_optimizer(members: Sequence[torch.optim.Optimizer], params: Iterable[
     first = members[0]
     found = _PACKED.get(type(first))
     if found is None:
-        raise SeqlabError(f"optimizer {type(first).__name__} cannot be packed: pack=off, or optimizer=adam|adamw|sgdm|rmsprop")
+        raise SeqlabError(
+            f"optimizer {type(first).__name__} cannot be packed: pack=off, or optimizer=adam|adamw|sgdm|rmsprop"
+        )
     cls, carried, required = found
     given = first.defaults
     for key, value in required.items():
         if given.get(key, value) != value:
-            raise SeqlabError(f"optimizer.{key}={given[key]} cannot be packed (only {value}): pack=off to train it")
+            raise SeqlabError(
+                f"optimizer.{key}={given[key]} cannot be packed (only {value}): pack=off to train it"
+            )
     differ = sorted({key for o in members[1:] for key in carried if o.defaults[key] != given[key]})
     if differ:  # the sweeper packs jobs that differ in packable keys only: optimizer.lr, not these
-        raise SeqlabError(f"a pack's members differ in optimizer.{differ[0]}: only optimizer.lr can differ in a pack")
-    return cls(params, [o.param_groups[0]["lr"] for o in members], **{key: given[key] for key in carried})
+        raise SeqlabError(
+            f"a pack's members differ in optimizer.{differ[0]}: only optimizer.lr can differ in a pack"
+        )
+    return cls(
+        params, [o.param_groups[0]["lr"] for o in members], **{key: given[key] for key in carried}
+    )
 
 
 class PackedGradientTreatment:
@@ -195,8 +266,15 @@ class PackedGradientTreatment:
     trainer.gradient_clip_val (`clip`), as the fused loop clips a run alone's gradients after them:
     torch's clip_grad_norm_ over each member's parameters, by that member's own total norm."""
 
-    def __init__(self, l2_params: Sequence[nn.Parameter], params: Sequence[nn.Parameter], l2: Sequence[float],
-                 threshold: Sequence[Optional[float]], method: str = "l2norm", clip: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        l2_params: Sequence[nn.Parameter],
+        params: Sequence[nn.Parameter],
+        l2: Sequence[float],
+        threshold: Sequence[Optional[float]],
+        method: str = "l2norm",
+        clip: Optional[float] = None,
+    ) -> None:
         self.method = choice(ThresholdMethod, method, "module.gradient_threshold_method")
         self.params, self.l2_params = list(params), list(l2_params)
         self.l2 = per_member(l2, self.params[0], 0.0)

@@ -55,7 +55,9 @@ def member_config(overrides: list[str], output_dir: Path) -> DictConfig:
     """A member's own config, composed by Hydra from its job's overrides: what its job alone composes
     (the pack job's own keys are its members' shared ones), in its folder inside the pack's. Hydra's
     own overrides (the launcher, a trial's environment) are the pack job's."""
-    mine = [o for o in overrides if not key_of(o).startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    mine = [
+        o for o in overrides if not key_of(o).startswith(("hydra.", "hydra/", "+hydra", "~hydra"))
+    ]
     member = compose(config_name=HydraConfig.get().job.config_name, overrides=mine)
     with open_dict(member):
         member.paths.output_dir = str(output_dir)
@@ -72,9 +74,18 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
     for k, overrides in enumerate(plan.packs[cfg.pack_job]):
         overrides = [o for o in overrides if key_of(o) != "resume"]
         out = member_dir(job.output_dir, k)
-        member_job = Job(out, overrides, job.sweep_dir, job.num, concurrent_jobs=job.concurrent_jobs,
-                         member=k, pack_id=pack_id)
-        members.append(Member(k, member_config(overrides, out), member_job, trial_link=member_link(overrides)))
+        member_job = Job(
+            out,
+            overrides,
+            job.sweep_dir,
+            job.num,
+            concurrent_jobs=job.concurrent_jobs,
+            member=k,
+            pack_id=pack_id,
+        )
+        members.append(
+            Member(k, member_config(overrides, out), member_job, trial_link=member_link(overrides))
+        )
     return members
 
 
@@ -95,10 +106,21 @@ def run_pack(cfg: DictConfig, job: Job, alone: Callable[[DictConfig, Job], Any])
         status = ending_status(error)[0]
         for m in members:
             if m.job.result is None or m.job.result.status == "RUNNING":
-                m.job.write(JobResult(status, job.num, job.sweep_info().sweep_id, m.job.overrides,
-                                      m.run_id, m.name or None, reason=one_line(error)))
+                m.job.write(
+                    JobResult(
+                        status,
+                        job.num,
+                        job.sweep_info().sweep_id,
+                        m.job.overrides,
+                        m.run_id,
+                        m.name or None,
+                        reason=one_line(error),
+                    )
+                )
         if isinstance(error, Preempted):
-            log.error("preempted: the pack's runs ended KILLED; the job is requeued and continues them")
+            log.error(
+                "preempted: the pack's runs ended KILLED; the job is requeued and continues them"
+            )
             error.requeue()  # submitit requeues the job and ends this process
         if isinstance(error, SystemExit):
             raise
@@ -121,17 +143,23 @@ def train_pack(cfg: DictConfig, job: Job, members: list[Member]) -> list[JobResu
     checkpoint = None
     if cfg.resume:
         to_train, results, checkpoint = planned_resume(cfg, members)
-    elif job.multirun:  # started again by a cluster (a requeue): the pack continues its members' runs
+    elif (
+        job.multirun
+    ):  # started again by a cluster (a requeue): the pack continues its members' runs
         checkpoint = previous_attempt(job, members)
     left = [m for m in to_train if not m.ended_before]
-    if checkpoint is not None and not left:  # every member left FAILED in an earlier start: nothing to train
+    if (
+        checkpoint is not None and not left
+    ):  # every member left FAILED in an earlier start: nothing to train
         return results + [ended(m) for m in to_train]
     if to_train:
         results += _train(cfg, job, to_train, checkpoint)
     return results
 
 
-def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]) -> list[JobResult]:
+def _train(
+    cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Optional[list[str]]
+) -> list[JobResult]:
     quiet_libraries(cfg.perf.loader)
     device = devices.resolve(cfg.trainer.accelerator)
     devices.use_cores(device, cfg.deterministic, job.cpu_share())
@@ -148,16 +176,22 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
         if key not in samples:
             samples[key] = m.datamodule.load()
         m.datamodule.setup("fit", samples=samples[key])
-        m.network = instantiate(m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs)
+        m.network = instantiate(
+            m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
+        )
         m.dropout_stream = torch.Generator()
         m.dropout_stream.set_state(torch.get_rng_state())
         m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
         steps.add(m.datamodule.n_steps)
         m.datamodule.release()
     if len(steps) > 1:
-        raise Unpackable(f"the members' data differ in steps per sample ({', '.join(map(str, sorted(steps)))})")
+        raise Unpackable(
+            f"the members' data differ in steps per sample ({', '.join(map(str, sorted(steps)))})"
+        )
     if any(m.datamodule.samples.lengths is not None for m in members):
-        raise Unpackable("the data's sequences differ in length (packs train sequences of one length)")
+        raise Unpackable(
+            "the data's sequences differ in length (packs train sequences of one length)"
+        )
     with ExitStack() as stack:
         # Whatever ends this block, no member's run stays RUNNING.
         stack.push(lambda kind, error, tb: close(members, error))
@@ -165,28 +199,54 @@ def _train(cfg: DictConfig, job: Job, members: list[Member], resume_run_ids: Opt
         return _fit(cfg, job, members, device, resume_run_ids, checkpoint)
 
 
-def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_ids: Optional[list[str]],
-         checkpoint: Optional[Path]) -> list[JobResult]:
+def _fit(
+    cfg: DictConfig,
+    job: Job,
+    members: list[Member],
+    device,
+    resume_run_ids: Optional[list[str]],
+    checkpoint: Optional[Path],
+) -> list[JobResult]:
     """The pack trained by Lightning's Trainer (packing.module.PackModule), with a run alone's graceful
     stop and time-based checkpoint; then each member's end."""
     first = members[0]
     tracked = next(m for m in members if m.tracker is not None)  # the pack's settings for every run
     model = PackedCNNLSTM([m.network for m in members]).to(device.torch_device)
     # Each full step replayed as one CUDA graph on a GPU, as a run alone's (training.loop, perf.cuda_graph).
-    graphs = device.accelerator == "gpu" and str(cfg.perf.cuda_graph).lower() not in ("off", "false")
-    optimizer, scheduler, gradients, lr_scale = _packed_update(cfg, members, model, capturable=graphs)
+    graphs = device.accelerator == "gpu" and str(cfg.perf.cuda_graph).lower() not in (
+        "off",
+        "false",
+    )
+    optimizer, scheduler, gradients, lr_scale = _packed_update(
+        cfg, members, model, capturable=graphs
+    )
     data = PackData.of(members, device.torch_device)
     has_val = data.val_rows is not None
-    per_call, val_every = steps_per_call(cfg.perf.steps_per_call, data.n_batches,
-                                         cfg.trainer.val_check_interval if has_val else None)
+    per_call, val_every = steps_per_call(
+        cfg.perf.steps_per_call, data.n_batches, cfg.trainer.val_check_interval if has_val else None
+    )
     n_outputs, to_mse = first.datamodule.n_outputs, LOSS_TO_MSE[first.cfg.module.loss]
-    module = PackModule(model, optimizer, scheduler, gradients, first.cfg.module.loss, lambda loss: to_mse(loss, n_outputs),
-                        data, members, lr_scale=lr_scale, steps_per_call=per_call,
-                        flush_every_n_steps=tracked.tracker.flush_every_n_steps, flush_every_s=tracked.tracker.flush_every_s,
-                        exact_dropout=device.accelerator == "cpu", cuda_graph=str(cfg.perf.cuda_graph),
-                        progress=sys.stderr if cfg.perf.progress == "line" else None,
-                        # A member that stops early (patience, its pruner) ends its run there, as its run alone ends.
-                        end_member=lambda m: finish_or_fail(m, module, trainer, device, time.perf_counter() - start))
+    module = PackModule(
+        model,
+        optimizer,
+        scheduler,
+        gradients,
+        first.cfg.module.loss,
+        lambda loss: to_mse(loss, n_outputs),
+        data,
+        members,
+        lr_scale=lr_scale,
+        steps_per_call=per_call,
+        flush_every_n_steps=tracked.tracker.flush_every_n_steps,
+        flush_every_s=tracked.tracker.flush_every_s,
+        exact_dropout=device.accelerator == "cpu",
+        cuda_graph=str(cfg.perf.cuda_graph),
+        progress=sys.stderr if cfg.perf.progress == "line" else None,
+        # A member that stops early (patience, its pruner) ends its run there, as its run alone ends.
+        end_member=lambda m: finish_or_fail(
+            m, module, trainer, device, time.perf_counter() - start
+        ),
+    )
     # The pack's checkpoint, as every member run's resume point (the artifact resume= looks for).
     ckpt = job.output_dir / "checkpoints" / CHECKPOINT
 
@@ -199,11 +259,20 @@ def _fit(cfg: DictConfig, job: Job, members: list[Member], device, resume_run_id
                     publish_resume_point(m.tracker, path, step)
 
     stop = GracefulStop(ckpt)
-    callbacks = [stop] + ([TimedCheckpoint(ckpt, cfg.checkpoint.interval_s, publish, before_save=module.flush)]
-                          if cfg.checkpoint.interval_s > 0 else [])
+    callbacks = [stop] + (
+        [TimedCheckpoint(ckpt, cfg.checkpoint.interval_s, publish, before_save=module.flush)]
+        if cfg.checkpoint.interval_s > 0
+        else []
+    )
     trainer = build_trainer(cfg, device, callbacks, False, True, has_val, val_every)
-    log.info("pack      %s: %d members in one step on %s (%s); %s", first.job.pack_id, len(members), device.accelerator,
-             device.name, ", ".join(m.name for m in members))
+    log.info(
+        "pack      %s: %d members in one step on %s (%s); %s",
+        first.job.pack_id,
+        len(members),
+        device.accelerator,
+        device.name,
+        ", ".join(m.name for m in members),
+    )
     for m in members:
         if m.run_open:
             with m.own_failure("its system metrics"):
@@ -230,16 +299,26 @@ def _packed_update(cfg: DictConfig, members: list[Member], model, capturable: bo
     if len(set(lrs)) == 1:
         # One learning rate: the configured optimizer over the packed tensors is each member's own
         # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
-        optimizer = optimizer_factory(instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl,
-                                      capturable=capturable)(params=model.parameters())
+        optimizer = optimizer_factory(
+            instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl, capturable=capturable
+        )(params=model.parameters())
         lr_scale = torch.ones(len(members))
     else:
         optimizer = packed_optimizer(own, model.parameters())
         lr_scale = torch.tensor(lrs)
     first = members[0].cfg
-    scheduler = instantiate(first.scheduler)(optimizer=optimizer) if first.scheduler and "_target_" in first.scheduler else None
+    scheduler = (
+        instantiate(first.scheduler)(optimizer=optimizer)
+        if first.scheduler and "_target_" in first.scheduler
+        else None
+    )
     module_cfgs = [m.cfg.module for m in members]
-    gradients = PackedGradientTreatment(model.l2_parameters(), [p for p in model.parameters() if p.requires_grad],
-                                        [c.l2_regularization for c in module_cfgs], [c.gradient_threshold for c in module_cfgs],
-                                        first.module.gradient_threshold_method, clip=cfg.trainer.gradient_clip_val)
+    gradients = PackedGradientTreatment(
+        model.l2_parameters(),
+        [p for p in model.parameters() if p.requires_grad],
+        [c.l2_regularization for c in module_cfgs],
+        [c.gradient_threshold for c in module_cfgs],
+        first.module.gradient_threshold_method,
+        clip=cfg.trainer.gradient_clip_val,
+    )
     return optimizer, scheduler, (gradients if gradients.active else None), lr_scale

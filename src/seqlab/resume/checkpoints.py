@@ -23,7 +23,9 @@ log = logging.getLogger("seqlab")
 def save_checkpoint(trainer: pl.Trainer, path: Path) -> Path:
     """trainer.save_checkpoint(path), atomically. Every process of a DDP job calls it."""
     # Lightning writes on rank 0 and waits for every process: rank 0 alone renames it too.
-    replace_atomically(Path(path), lambda tmp: trainer.save_checkpoint(tmp), owner=trainer.is_global_zero)
+    replace_atomically(
+        Path(path), lambda tmp: trainer.save_checkpoint(tmp), owner=trainer.is_global_zero
+    )
     return Path(path)
 
 
@@ -39,8 +41,14 @@ class TimedCheckpoint(pl.Callback):
     so a resume continues exactly. Single-process training only: under DDP every process would
     have to agree on the moment (there the epoch-based perf.checkpoint_every_n_epochs applies)."""
 
-    def __init__(self, path: Path, interval_s: float, publish: Callable[[Path, int], None],
-                 clock: Optional[Callable[[], float]] = None, before_save: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        interval_s: float,
+        publish: Callable[[Path, int], None],
+        clock: Optional[Callable[[], float]] = None,
+        before_save: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.path = Path(path)
         self.interval_s = interval_s
         self.publish = publish
@@ -56,13 +64,20 @@ class TimedCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = self.clock()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         if self.clock() - self._last >= self.interval_s:
             self._due = True
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self._due:
             return
         self._due = False

@@ -47,7 +47,9 @@ class GracefulStop(pl.Callback):
         self.saved: Optional[Path] = None
         self._trainer: Optional[pl.Trainer] = None
         self._previous: Any = None
-        self._submitit: Any = None  # submitit's own handler of its preemption signal, called once the run has ended
+        self._submitit: Any = (
+            None  # submitit's own handler of its preemption signal, called once the run has ended
+        )
         self._preempt = preempt_signal()
         self._deferred = False  # a stop waiting for the end of the epoch
 
@@ -62,22 +64,38 @@ class GracefulStop(pl.Callback):
         if self.signal is not None:
             raise KeyboardInterrupt
         self.signal = "SIGINT"
-        log.warning("stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)")
+        log.warning(
+            "stopping after this step to save a checkpoint (Ctrl-C again stops at once, without one)"
+        )
         # Lightning's graceful stop: it ends the loop at the next step boundary.
         request_stop(self._trainer)
 
     def _on_preempt(self, signum: int, frame: Any) -> None:
         if self.signal is None:
             self.signal = signal.Signals(signum).name
-            log.warning("%s: the job is preempted or near its time limit; stopping after this step to save a "
-                        "checkpoint, then the job is requeued and continues this run", self.signal)
+            log.warning(
+                "%s: the job is preempted or near its time limit; stopping after this step to save a "
+                "checkpoint, then the job is requeued and continues this run",
+                self.signal,
+            )
             request_stop(self._trainer)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         # A stop that lands on the epoch's last batch waits for the epoch's end (its validation,
         # scheduler step and epoch metrics): Lightning resumes an epoch-end checkpoint exactly,
         # but not one taken between the last batch and the epoch's end.
-        if self.enabled and trainer.received_sigterm and batch_idx + 1 >= trainer.num_training_batches:
+        if (
+            self.enabled
+            and trainer.received_sigterm
+            and batch_idx + 1 >= trainer.num_training_batches
+        ):
             request_stop(trainer, False)
             self._deferred = True
 
@@ -95,15 +113,23 @@ class GracefulStop(pl.Callback):
 
     def preempted(self) -> Optional[Preempted]:
         """After a stop on submitit's signal: what requeues the job once its run has ended."""
-        if self._submitit is None or self.signal != signal.Signals(self._preempt).name or not callable(self._submitit):
+        if (
+            self._submitit is None
+            or self.signal != signal.Signals(self._preempt).name
+            or not callable(self._submitit)
+        ):
             return None
         return Preempted(self._preempt, self._submitit)
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._restore()
         if self.enabled and isinstance(exception, SIGTERMException):
             self.signal = self.signal or "SIGTERM"
-            save_checkpoint(trainer, self.path)  # a temporary name, then a rename: never a part of one
+            save_checkpoint(
+                trainer, self.path
+            )  # a temporary name, then a rename: never a part of one
             self.saved = self.path
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -118,16 +144,22 @@ def check_checkpoint(path: Path, module: torch.nn.Module, what: str) -> None:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # pickle, zip and torch errors alike
         if "Weights only load failed" in str(error):
-            raise SeqlabError(f"{what}: the checkpoint holds more than tensors and plain values (loading it could run "
-                              "code): not loaded; use a checkpoint this project wrote") from None
-        raise SeqlabError(f"{what}: not a PyTorch Lightning checkpoint ({type(error).__name__})") from None
+            raise SeqlabError(
+                f"{what}: the checkpoint holds more than tensors and plain values (loading it could run "
+                "code): not loaded; use a checkpoint this project wrote"
+            ) from None
+        raise SeqlabError(
+            f"{what}: not a PyTorch Lightning checkpoint ({type(error).__name__})"
+        ) from None
     state = checkpoint.get("state_dict") if isinstance(checkpoint, Mapping) else None
     if not isinstance(state, Mapping):
         raise SeqlabError(f"{what}: not a PyTorch Lightning checkpoint (no state_dict)")
     expected = module.state_dict()
     for key, tensor in expected.items():
         if key not in state:
-            raise SeqlabError(f"{what}: the checkpoint has no {key}: it was saved from another model")
+            raise SeqlabError(
+                f"{what}: the checkpoint has no {key}: it was saved from another model"
+            )
         if tuple(state[key].shape) != tuple(tensor.shape):
             raise SeqlabError(
                 f"{what}: the checkpoint is for another model shape ({key} is {list(state[key].shape)} there, "
@@ -135,10 +167,14 @@ def check_checkpoint(path: Path, module: torch.nn.Module, what: str) -> None:
             )
     extra = sorted(set(state) - set(expected))
     if extra:
-        raise SeqlabError(f"{what}: the checkpoint has {extra[0]}, which this model lacks: it was saved from another model")
+        raise SeqlabError(
+            f"{what}: the checkpoint has {extra[0]}, which this model lacks: it was saved from another model"
+        )
 
 
-def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Path, fetch: bool = True) -> Optional[Path]:
+def prepare_resume(
+    client: Any, run_id: str, params: Mapping[str, str], dst: Path, fetch: bool = True
+) -> Optional[Path]:
     """Check that `run_id` can be continued with this config, send what it had not stored, and
     fetch its checkpoint (`fetch`: a pack's members share one, fetched once)."""
     from mlflow.exceptions import MlflowException
@@ -151,9 +187,17 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
         raise SeqlabError(f"resume={run_id}: that run finished; there is nothing to continue")
     if run.info.status == "RUNNING":  # the store's dead runs were ended KILLED when it was opened
         tags = run.data.tags
-        owner = f" (pid {tags['process_pid']} on {tags.get('process_host')})" if tags.get("process_pid") else ""
-        raise SeqlabError(f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it")
-    if STOPPED_AT not in run.data.tags:  # set with each checkpoint, cleared when the run's training ends
+        owner = (
+            f" (pid {tags['process_pid']} on {tags.get('process_host')})"
+            if tags.get("process_pid")
+            else ""
+        )
+        raise SeqlabError(
+            f"resume={run_id}: that run is still running{owner}; stop it first (Ctrl-C), then resume it"
+        )
+    if (
+        STOPPED_AT not in run.data.tags
+    ):  # set with each checkpoint, cleared when the run's training ends
         raise SeqlabError(
             f"resume={run_id}: the run's last stop saved no checkpoint (a second Ctrl-C, or a crash or kill -9 "
             "before its first time-based checkpoint, checkpoint.interval_s); "
@@ -162,7 +206,9 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
     differ = [
         f"{key}={value} (the run had {run.data.params[key]})"
         for key, value in params.items()
-        if not key.startswith(_MAY_DIFFER) and key in run.data.params and run.data.params[key] != value[:6000]
+        if not key.startswith(_MAY_DIFFER)
+        and key in run.data.params
+        and run.data.params[key] != value[:6000]
     ]
     if differ:
         overrides = run.data.tags.get("hydra_overrides", "")
@@ -187,14 +233,18 @@ def prepare_resume(client: Any, run_id: str, params: Mapping[str, str], dst: Pat
     return checkpoint
 
 
-def start_point(cfg: Any, job: Any, tracker: Any, params: Mapping[str, str], name: str) -> tuple[Optional[Path], str]:
+def start_point(
+    cfg: Any, job: Any, tracker: Any, params: Mapping[str, str], name: str
+) -> tuple[Optional[Path], str]:
     """The checkpoint a job (seqlab.sweeps.job.Job) starts training from (None: from scratch):
     ckpt_path=FILE, or resume=RUN_ID's, checked against this config; and the run's name (a
     resumed run keeps its own)."""
     if not cfg.resume:
         return (Path(cfg.ckpt_path) if cfg.ckpt_path else None), name
     if job.rank == 0:  # before the run reopens: a resume that cannot work changes nothing
-        start_from = prepare_resume(tracker.connect(), cfg.resume, params, job.output_dir / "resume")
+        start_from = prepare_resume(
+            tracker.connect(), cfg.resume, params, job.output_dir / "resume"
+        )
         return start_from, tracker.client.get_run(cfg.resume).info.run_name
     # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
     import mlflow

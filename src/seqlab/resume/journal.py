@@ -43,10 +43,22 @@ class MetricJournal:
     def __init__(self, folder: Optional[Path] = None, run_id: str = "") -> None:
         self.paths = journal_paths(folder, run_id) if folder is not None else None
         if folder is not None:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # a job's folder: this user's only (secrets.private)
-        self.file = (os.fdopen(os.open(self.paths[0], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w+b")
-                     if self.paths else tempfile.TemporaryFile(prefix="seqlab-metrics-"))
-        self.sent_fd = os.open(self.paths[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600) if self.paths else None
+            folder.mkdir(
+                mode=0o700, parents=True, exist_ok=True
+            )  # a job's folder: this user's only (secrets.private)
+        self.file = (
+            os.fdopen(
+                os.open(self.paths[0], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600),
+                "w+b",
+            )
+            if self.paths
+            else tempfile.TemporaryFile(prefix="seqlab-metrics-")
+        )
+        self.sent_fd = (
+            os.open(self.paths[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            if self.paths
+            else None
+        )
         self.count = 0
         self.sent = 0
 
@@ -57,10 +69,14 @@ class MetricJournal:
         try:
             self.file.write(_record([[m.key, m.value, m.timestamp, m.step] for m in metrics]))
             self.file.flush()  # into the kernel: a kill of this process loses none of it
-        except OSError as error:  # a full disk or a quota: one line, the run ends KILLED (tracking.lifecycle)
+        except (
+            OSError
+        ) as error:  # a full disk or a quota: one line, the run ends KILLED (tracking.lifecycle)
             if not is_write_failure(error):
                 raise
-            raise write_failed(self.paths[0] if self.paths else "the metrics' temporary journal", error) from None
+            raise write_failed(
+                self.paths[0] if self.paths else "the metrics' temporary journal", error
+            ) from None
         self.count += len(metrics)
 
     def confirm(self, n: int) -> None:

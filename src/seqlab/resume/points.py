@@ -15,7 +15,9 @@ from seqlab.resume.journal import send_metrics
 from seqlab.resume.safe_writes import replace_atomically
 
 CHECKPOINT = "interrupted.ckpt"
-UNSENT = "interrupted.unsent.json"  # the metrics a tracking server had not stored yet at the checkpoint
+UNSENT = (
+    "interrupted.unsent.json"  # the metrics a tracking server had not stored yet at the checkpoint
+)
 STOPPED_AT = "interrupted_at_step"  # the run's tag while it has a checkpoint to resume from
 
 
@@ -27,7 +29,9 @@ def store_checkpoint(tracker: Any, path: Path, artifact_path: str = "checkpoints
     if tracker.run_id:
         folder = tracker.local_artifact_dir()
         if folder is not None:
-            replace_atomically(folder / artifact_path / path.name, lambda tmp: shutil.copyfile(path, tmp))
+            replace_atomically(
+                folder / artifact_path / path.name, lambda tmp: shutil.copyfile(path, tmp)
+            )
             return
     tracker.log_artifact(path, artifact_path)
 
@@ -79,5 +83,7 @@ def fetch_checkpoint(client: Any, run_id: str, dst: Path) -> Path:
     """The run's interrupt checkpoint, downloaded into `dst`."""
     import os
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one file: a bar would be noise
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # one file: a bar would be noise
     return Path(client.download_artifacts(run_id, f"checkpoints/{CHECKPOINT}", str(dst)))

@@ -33,9 +33,14 @@ SLURM_JOB, SLURM_ATTEMPT = "slurm_job_id", "slurm_restart_count"
 
 def scheduler_tags() -> dict[str, str]:
     """Which SLURM job (and which start of it) a run belongs to; nothing outside SLURM."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    job = (
+        os.environ.get("SLURM_ARRAY_JOB_ID")
+        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    )
     job = job or os.environ.get("SLURM_JOB_ID")
-    return {SLURM_JOB: job, SLURM_ATTEMPT: os.environ.get("SLURM_RESTART_COUNT", "0")} if job else {}
+    return (
+        {SLURM_JOB: job, SLURM_ATTEMPT: os.environ.get("SLURM_RESTART_COUNT", "0")} if job else {}
+    )
 
 
 def preempt_signal() -> Optional[int]:
@@ -58,7 +63,9 @@ class Preempted(SystemExit):
         self.handler(self.signum, None)  # submitit: checkpoint() -> scontrol requeue -> sys.exit
 
 
-def previous_attempt(output_dir: Path, sweep_id: Optional[str], client: Any, read_result: Callable[[Path], Any]) -> Optional[str]:
+def previous_attempt(
+    output_dir: Path, sweep_id: Optional[str], client: Any, read_result: Callable[[Path], Any]
+) -> Optional[str]:
     """The run this job's last attempt left behind, when this is the same job of the same sweep
     started again (its result file is in the job's folder): its id if it has a checkpoint to
     continue from, else None (the job trains anew). A run the last attempt left RUNNING is ended
@@ -66,7 +73,12 @@ def previous_attempt(output_dir: Path, sweep_id: Optional[str], client: Any, rea
     job only once the earlier one has ended): the heartbeat rule would wait minutes for a run
     whose node is gone."""
     before = read_result(output_dir)
-    if before is None or before.sweep_id != sweep_id or not before.run_id or before.status == "FINISHED":
+    if (
+        before is None
+        or before.sweep_id != sweep_id
+        or not before.run_id
+        or before.status == "FINISHED"
+    ):
         return None
     from mlflow.exceptions import MlflowException
 
@@ -76,21 +88,38 @@ def previous_attempt(output_dir: Path, sweep_id: Optional[str], client: Any, rea
         return None  # deleted meanwhile: start anew
     tags, now = run.data.tags, scheduler_tags()
     if run.info.status == "RUNNING":
-        earlier = (now and tags.get(SLURM_JOB) == now[SLURM_JOB]
-                   and int(tags.get(SLURM_ATTEMPT, "0")) < int(now[SLURM_ATTEMPT]))
+        earlier = (
+            now
+            and tags.get(SLURM_JOB) == now[SLURM_JOB]
+            and int(tags.get(SLURM_ATTEMPT, "0")) < int(now[SLURM_ATTEMPT])
+        )
         if not earlier:
-            log.warning("requeue   run %s of this job's last attempt is still RUNNING: this attempt trains anew", run.info.run_id)
+            log.warning(
+                "requeue   run %s of this job's last attempt is still RUNNING: this attempt trains anew",
+                run.info.run_id,
+            )
             return None
         reason = f"SLURM job {now[SLURM_JOB]} was requeued before the run ended (start {tags.get(SLURM_ATTEMPT, '0')})"
         try:
             client.set_tag(run.info.run_id, "failure_reason", mask_text(reason))
             client.set_terminated(run.info.run_id, "KILLED")
         except MlflowException as refused:
-            log.warning("requeue   run %s cannot be ended from here (%s): this attempt trains anew", run.info.run_id, one_line(refused))
+            log.warning(
+                "requeue   run %s cannot be ended from here (%s): this attempt trains anew",
+                run.info.run_id,
+                one_line(refused),
+            )
             return None
     if STOPPED_AT not in tags:
-        log.info("requeue   run %s of this job's last attempt saved no checkpoint: this attempt trains anew", run.info.run_id)
+        log.info(
+            "requeue   run %s of this job's last attempt saved no checkpoint: this attempt trains anew",
+            run.info.run_id,
+        )
         return None
-    log.info("requeue   this job started again: it continues its run %s (%s) from step %s",
-             run.info.run_id, run.info.run_name, tags[STOPPED_AT])
+    log.info(
+        "requeue   this job started again: it continues its run %s (%s) from step %s",
+        run.info.run_id,
+        run.info.run_name,
+        tags[STOPPED_AT],
+    )
     return run.info.run_id

@@ -64,7 +64,9 @@ def replace_atomically(path: Path, write: Callable[[Path], None], owner: bool = 
         except OSError:
             pass
         # torch.save reports a failed write as a RuntimeError ("file write failed")
-        if is_write_failure(error) or (isinstance(error, RuntimeError) and "write" in str(error).lower()):
+        if is_write_failure(error) or (
+            isinstance(error, RuntimeError) and "write" in str(error).lower()
+        ):
             raise write_failed(path, error) from None
         raise
 

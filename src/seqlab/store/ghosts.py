@@ -97,7 +97,7 @@ def proc_stat(pid: int) -> Optional[tuple[str, str]]:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+    fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
     return fields[0], fields[19]
 
 
@@ -105,9 +105,16 @@ def identity(now: Callable[[], float] = time.time) -> dict[str, str]:
     """The tags that say which process owns a run, and its first heartbeat."""
     pid = os.getpid()
     stat = proc_stat(pid)
-    return {HOST: socket.gethostname(), PID: str(pid), STARTED: str(process_started(pid) or ""),
-            MACHINE: machine_id(), BOOT: boot_id(), PIDNS: pid_namespace(), START_TICKS: stat[1] if stat else "",
-            HEARTBEAT: str(int(now()))}
+    return {
+        HOST: socket.gethostname(),
+        PID: str(pid),
+        STARTED: str(process_started(pid) or ""),
+        MACHINE: machine_id(),
+        BOOT: boot_id(),
+        PIDNS: pid_namespace(),
+        START_TICKS: stat[1] if stat else "",
+        HEARTBEAT: str(int(now())),
+    }
 
 
 def _exists(pid: int) -> bool:
@@ -145,8 +152,13 @@ def _pid_gone(pid: int, tags: Mapping[str, str]) -> Optional[str]:
     return None
 
 
-def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
-             timeout_s: float = HEARTBEAT_TIMEOUT_S, beat_seen: Optional[float] = None) -> Optional[str]:
+def why_dead(
+    tags: Mapping[str, str],
+    now: float,
+    host: Optional[str] = None,
+    timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    beat_seen: Optional[float] = None,
+) -> Optional[str]:
     """Why the owner of a RUNNING run with these tags is gone; None if it is alive or cannot be
     told. `beat_seen`: when this observer (its own clock, `now`) first saw the run's current
     heartbeat value; a run elsewhere is judged by that alone."""
@@ -163,7 +175,11 @@ def why_dead(tags: Mapping[str, str], now: float, host: Optional[str] = None,
             return f"{REASON} (the machine {here} has restarted since)"
         gone = _pid_gone(int(pid), tags if tags.get(PID) else {})
         return f"{REASON} ({gone} on {here})" if gone else None
-    where = run_host if run_host != here else f"{run_host} (another {'pid namespace' if same_machine else 'machine'})"
+    where = (
+        run_host
+        if run_host != here
+        else f"{run_host} (another {'pid namespace' if same_machine else 'machine'})"
+    )
     if not tags.get(HEARTBEAT) or beat_seen is None:
         return None  # nothing tells whether it lives, or not yet seen for long enough
     if now - beat_seen > timeout_s:
@@ -190,7 +206,11 @@ class BeatsSeen:
         import hashlib
 
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        return cls(cache / "seqlab" / f"heartbeats-{hashlib.sha1(str(tracking_uri).encode()).hexdigest()[:16]}.json")
+        return cls(
+            cache
+            / "seqlab"
+            / f"heartbeats-{hashlib.sha1(str(tracking_uri).encode()).hexdigest()[:16]}.json"
+        )
 
     def first_seen(self, run_id: str, beat: str, now: float) -> float:
         value = self.seen.get(run_id)
@@ -226,16 +246,26 @@ def _running_runs(client: Any) -> Iterator[Any]:
     ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     token = None
     while ids:
-        page = client.search_runs(ids, "attributes.status = 'RUNNING'", run_view_type=ViewType.ACTIVE_ONLY,
-                                  max_results=1000, page_token=token)
+        page = client.search_runs(
+            ids,
+            "attributes.status = 'RUNNING'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+            page_token=token,
+        )
         yield from page
         token = page.token
         if not token:
             break
 
 
-def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optional[str] = None,
-                  timeout_s: float = HEARTBEAT_TIMEOUT_S, seen: Optional[BeatsSeen] = None) -> list[tuple[str, str]]:
+def end_dead_runs(
+    client: Any,
+    now: Callable[[], float] = time.time,
+    host: Optional[str] = None,
+    timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    seen: Optional[BeatsSeen] = None,
+) -> list[tuple[str, str]]:
     """End KILLED every RUNNING run of the store whose process is gone; return (run id, reason)."""
 
     seen = seen or BeatsSeen.of_store(client.tracking_uri)
@@ -251,17 +281,29 @@ def end_dead_runs(client: Any, now: Callable[[], float] = time.time, host: Optio
         seen.forget(run_id)
         try:
             _deliver_journal(client, run)
-            client.set_tag(run_id, "failure_reason", mask_text(reason))  # every failure_reason masked where it is written
+            client.set_tag(
+                run_id, "failure_reason", mask_text(reason)
+            )  # every failure_reason masked where it is written
             client.set_terminated(run_id, "KILLED")
         except Exception as refused:  # noqa: BLE001 - deleted meanwhile, another user's, no permission
             # A run this command cannot change is left as it is: never a reason not to start.
-            log.warning("tracking  run %s (%s) was left RUNNING (%s) and cannot be ended from here: %s",
-                        run_id, run.info.run_name, reason, one_line(refused))
+            log.warning(
+                "tracking  run %s (%s) was left RUNNING (%s) and cannot be ended from here: %s",
+                run_id,
+                run.info.run_name,
+                reason,
+                one_line(refused),
+            )
             continue
         ended.append((run_id, reason))
         resumable = f"; continue it with resume={run_id}" if STOPPED_AT in run.data.tags else ""
-        log.warning("tracking  run %s (%s) was left RUNNING: %s; ended KILLED%s",
-                    run_id, run.info.run_name, reason, resumable)
+        log.warning(
+            "tracking  run %s (%s) was left RUNNING: %s; ended KILLED%s",
+            run_id,
+            run.info.run_name,
+            reason,
+            resumable,
+        )
     seen.save(running)
     return ended
 
@@ -274,8 +316,12 @@ def _deliver_journal(client: Any, run: Any) -> None:
     if folder and Path(folder).is_dir():
         sent = deliver_journal(client, run.info.run_id, Path(folder))
         if sent:
-            log.warning("tracking  run %s: %d metric value(s) its process had journaled and its server never "
-                        "confirmed were sent", run.info.run_id, sent)
+            log.warning(
+                "tracking  run %s: %d metric value(s) its process had journaled and its server never "
+                "confirmed were sent",
+                run.info.run_id,
+                sent,
+            )
 
 
 class Heartbeat:
@@ -285,8 +331,14 @@ class Heartbeat:
     for 15 minutes: a laptop asleep, Ctrl-Z, a network partition) stops this process at its next
     step, as SIGTERM does (checkpoint kept, resumable), so that two processes never write one run."""
 
-    def __init__(self, tracking_uri: str, run_id: str, every_s: float = HEARTBEAT_EVERY_S,
-                 now: Callable[[], float] = time.time, ours: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        every_s: float = HEARTBEAT_EVERY_S,
+        now: Callable[[], float] = time.time,
+        ours: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.tracking_uri, self.run_id, self.every_s, self.now = tracking_uri, run_id, every_s, now
         self.ours = ours  # whether this process has ended the run itself
         self._stop = threading.Event()
@@ -305,7 +357,9 @@ class Heartbeat:
         if run.info.status != "RUNNING":
             return f"was ended {run.info.status} by another process"
         tags = run.data.tags
-        if tags.get(PID) and (tags[PID] != str(os.getpid()) or tags.get(MACHINE, machine_id()) != machine_id()):
+        if tags.get(PID) and (
+            tags[PID] != str(os.getpid()) or tags.get(MACHINE, machine_id()) != machine_id()
+        ):
             return f"was continued by another process (pid {tags[PID]} on {tags.get(HOST)})"
         return None
 
@@ -319,10 +373,16 @@ class Heartbeat:
                     client = mlflow.MlflowClient(self.tracking_uri)
                 what = self.ended_elsewhere(client)
                 if what is not None:
-                    log.error("stopping  run %s %s while this one trained (its heartbeat went unseen: a machine asleep, "
-                              "Ctrl-Z, a network partition); this process stops at its next step, its checkpoint kept, "
-                              "so that no two processes write one run", self.run_id, what)
-                    os.kill(os.getpid(), signal.SIGTERM)  # the graceful stop's way: a checkpoint, then the exit
+                    log.error(
+                        "stopping  run %s %s while this one trained (its heartbeat went unseen: a machine asleep, "
+                        "Ctrl-Z, a network partition); this process stops at its next step, its checkpoint kept, "
+                        "so that no two processes write one run",
+                        self.run_id,
+                        what,
+                    )
+                    os.kill(
+                        os.getpid(), signal.SIGTERM
+                    )  # the graceful stop's way: a checkpoint, then the exit
                     return
                 self.beat(client)
             except Exception:  # noqa: BLE001 - a busy store or an away server: the next beat tries again
@@ -338,6 +398,7 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
+
 @contextmanager
 def heartbeat(tracker: Any, every_s: Optional[float] = None) -> Iterator[Optional[Heartbeat]]:
     """While the block runs, the tracker's run renews its heartbeat (not on DDP ranks > 0, which
@@ -345,8 +406,12 @@ def heartbeat(tracker: Any, every_s: Optional[float] = None) -> Iterator[Optiona
     if not getattr(tracker, "run_id", None):
         yield None
         return
-    beat = Heartbeat(tracker.tracking_uri, tracker.run_id, every_s or HEARTBEAT_EVERY_S,
-                     ours=lambda: getattr(tracker, "ended", False)).start()
+    beat = Heartbeat(
+        tracker.tracking_uri,
+        tracker.run_id,
+        every_s or HEARTBEAT_EVERY_S,
+        ours=lambda: getattr(tracker, "ended", False),
+    ).start()
     try:
         yield beat
     finally:

@@ -25,8 +25,19 @@ from seqlab.secrets import mask_uris
 LOCK_TIMEOUT_S = 300.0
 # Filesystems on which SQLite's locking is not to be trusted (its own documentation: "SQLite over
 # a network": file locking on network filesystems is often broken), as /proc/mounts names them.
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
-                       "fuse.sshfs")
+NETWORK_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "fuse.sshfs",
+)
 MOUNTS = Path("/proc/mounts")
 
 
@@ -37,7 +48,7 @@ class StoreError(SeqlabError):
 def sqlite_path(tracking_uri: str) -> Optional[Path]:
     """The file of a `sqlite:///...` store; None for any other store (a server, PostgreSQL)."""
     prefix = "sqlite:///"
-    return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
 
 
 def filesystem_of(path: Path, mounts: Optional[Path] = None) -> Optional[str]:
@@ -67,7 +78,8 @@ def check_local_filesystem(db: Path) -> None:
         raise StoreError(
             f"the MLflow store {db} is on a {kind} filesystem, where SQLite's file locking is unreliable (SQLite's own "
             "documentation says so): keep mlruns/ on a local disk (paths.root_dir=...), or track to a server "
-            "(make server; logger=mlflow_server) or PostgreSQL (logger.tracking_uri=postgresql://...)")
+            "(make server; logger=mlflow_server) or PostgreSQL (logger.tracking_uri=postgresql://...)"
+        )
 
 
 def store_folder(db: Path) -> None:
@@ -83,8 +95,12 @@ def lock_path(db: Path) -> Path:
 
 
 @contextmanager
-def store_lock(db: Path, timeout_s: float = LOCK_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+def store_lock(
+    db: Path,
+    timeout_s: float = LOCK_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[None]:
     """Hold the store's lock. flock is released by the kernel when its holder dies, so a killed
     process never leaves the store locked."""
     store_folder(db)
@@ -115,30 +131,47 @@ def half_created(db: Path) -> Optional[str]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            tables = {
+                row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
             version = None
             if "alembic_version" in tables:
-                version = next(iter(con.execute("SELECT version_num FROM alembic_version")), (None,))[0]
+                version = next(
+                    iter(con.execute("SELECT version_num FROM alembic_version")), (None,)
+                )[0]
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
         finally:
             con.close()
     except sqlite3.DatabaseError as error:
-        return (f"{db} is not an MLflow store ({one_line(error)}); move it away, or point "
-                "paths.mlruns_dir (or logger.tracking_uri) elsewhere")
+        return (
+            f"{db} is not an MLflow store ({one_line(error)}); move it away, or point "
+            "paths.mlruns_dir (or logger.tracking_uri) elsewhere"
+        )
     if not tables:
         return None  # an empty file: MLflow creates the tables
     leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
     if not leftovers and version is not None:
-        return None  # complete (an older schema gets MLflow's own one-line upgrade hint: open_client)
-    what = f"table {leftovers[0]} is a leftover of a migration" if leftovers else "it has no schema version"
+        return (
+            None  # complete (an older schema gets MLflow's own one-line upgrade hint: open_client)
+        )
+    what = (
+        f"table {leftovers[0]} is a leftover of a migration"
+        if leftovers
+        else "it has no schema version"
+    )
     if runs == 0:
         fix = f"it holds no runs: delete it (rm {db}) and run again; the next run creates it afresh"
     else:
-        fix = (f"it holds {runs} run(s): keep a copy of it, then drop the leftover "
-               f"(sqlite3 {db} 'DROP TABLE {leftovers[0]}') and run: mlflow db upgrade sqlite:///{db}"
-               if leftovers else f"it holds {runs} run(s): keep a copy of it, then run: mlflow db upgrade sqlite:///{db}")
-    return (f"the MLflow store {db} was left half-created by an interrupted set-up (an older seqlab, or runs "
-            f"that created it at the same moment): {what}; {fix}")
+        fix = (
+            f"it holds {runs} run(s): keep a copy of it, then drop the leftover "
+            f"(sqlite3 {db} 'DROP TABLE {leftovers[0]}') and run: mlflow db upgrade sqlite:///{db}"
+            if leftovers
+            else f"it holds {runs} run(s): keep a copy of it, then run: mlflow db upgrade sqlite:///{db}"
+        )
+    return (
+        f"the MLflow store {db} was left half-created by an interrupted set-up (an older seqlab, or runs "
+        f"that created it at the same moment): {what}; {fix}"
+    )
 
 
 # A local store's client, once opened and checked, for every later run of this process on the
@@ -162,15 +195,18 @@ def check_database(uri: str, timeout_s: float = 5.0) -> None:
     import socket
     from urllib.parse import urlparse
 
-
     parts = urlparse(uri)
     if not parts.hostname:  # a local socket: left to the driver
         return
     try:
-        socket.create_connection((parts.hostname, parts.port or DATABASES[parts.scheme.split("+")[0]]), timeout_s).close()
+        socket.create_connection(
+            (parts.hostname, parts.port or DATABASES[parts.scheme.split("+")[0]]), timeout_s
+        ).close()
     except OSError as error:
-        raise StoreError(f"{mask_uris(uri)}: the tracking database does not answer ({one_line(error)}); "
-                         "check that its server is up and the URL is right") from None
+        raise StoreError(
+            f"{mask_uris(uri)}: the tracking database does not answer ({one_line(error)}); "
+            "check that its server is up and the URL is right"
+        ) from None
 
 
 def open_client(tracking_uri: str):
@@ -178,6 +214,7 @@ def open_client(tracking_uri: str):
     at a time, and refused in one line when it was left half-created; a database server that does
     not answer is one line."""
     import mlflow
+
     db = sqlite_path(tracking_uri)
     if db is None:
         if is_database(tracking_uri):
@@ -193,7 +230,9 @@ def open_client(tracking_uri: str):
             raise StoreError(problem)
         try:
             client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-            client.search_experiments(max_results=1)  # the registry's tables too, while the lock is held
+            client.search_experiments(
+                max_results=1
+            )  # the registry's tables too, while the lock is held
         except Exception as error:  # a newer or older schema, a damaged file
             raise StoreError(f"the MLflow store {db}: {one_line(error)}") from None
     key = _identity(tracking_uri, db)

@@ -11,7 +11,9 @@ def run_models(client: Any, run: Any, name: Optional[str] = None) -> Iterator[An
     where = f"source_run_id = '{run.info.run_id}'" + (f" AND name = '{name}'" if name else "")
     token = None
     while True:
-        page = client.search_logged_models([run.info.experiment_id], filter_string=where, page_token=token)
+        page = client.search_logged_models(
+            [run.info.experiment_id], filter_string=where, page_token=token
+        )
         yield from page
         token = page.token
         if not token:

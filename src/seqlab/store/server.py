@@ -57,7 +57,10 @@ def _die_with_parent() -> None:
 
 
 def wait_until_up(
-    uri: str, proc: Optional[subprocess.Popen] = None, timeout_s: float = 90.0, log_path: Optional[Path] = None,
+    uri: str,
+    proc: Optional[subprocess.Popen] = None,
+    timeout_s: float = 90.0,
+    log_path: Optional[Path] = None,
     pid: Optional[int] = None,
 ) -> None:
     """Return once the server at `uri` answers. Its process, where known (`proc`, or `pid` for one
@@ -66,7 +69,11 @@ def wait_until_up(
     import requests
 
     def last_line() -> str:
-        lines = log_path.read_text(errors="replace").strip().splitlines() if log_path and log_path.is_file() else []
+        lines = (
+            log_path.read_text(errors="replace").strip().splitlines()
+            if log_path and log_path.is_file()
+            else []
+        )
         return f": {lines[-1]} (see {log_path})" if lines else ""
 
     deadline = time.monotonic() + timeout_s
@@ -77,17 +84,23 @@ def wait_until_up(
             # With the process at hand, the answer must come from it: another program may have
             # taken the port between free_port() and the server's start (a scoring server's
             # /health answers too).
-            if requests.get(f"{uri}/health", timeout=2).status_code == 200 and (owner is None or _listens(owner, port)):
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200 and (
+                owner is None or _listens(owner, port)
+            ):
                 return
         except requests.RequestException:
             pass
         if proc is not None and proc.poll() is not None:
             detail = last_line()
-            raise SeqlabError(f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}")
+            raise SeqlabError(
+                f"the MLflow server for {uri} exited with status {proc.returncode} while starting{detail}"
+            )
         if proc is None and pid is not None and not _alive(pid):
             raise SeqlabError(f"the MLflow server for {uri} (pid {pid}) is gone{last_line()}")
         if time.monotonic() > deadline:
-            raise SeqlabError(f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}")
+            raise SeqlabError(
+                f"the MLflow server for {uri} did not answer within {timeout_s:.0f} s{last_line()}"
+            )
         time.sleep(0.3)
 
 
@@ -111,7 +124,10 @@ def _listens(pid: int, port: Optional[int]) -> bool:
         return False
     for member in family:
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in member.net_connections("tcp")):
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                for c in member.net_connections("tcp")
+            ):
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -179,7 +195,9 @@ class LocalServer:
                 if not isinstance(error, SeqlabError):  # Ctrl-C, a bug: no second try
                     raise
                 exited = self.proc.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL)
-                if not (self.chose_port and exited and attempt < 2 and _taken(self.host, self.port)):
+                if not (
+                    self.chose_port and exited and attempt < 2 and _taken(self.host, self.port)
+                ):
                     raise
                 self._use(free_port(self.host))
         return self
@@ -191,10 +209,15 @@ class LocalServer:
         starts uvicorn; a sweep's parent makes them before its jobs start)."""
         import requests
 
-        answer = requests.get(f"{self.uri}/api/2.0/mlflow/experiments/get-by-name",
-                              params={"experiment_name": "Default"}, timeout=120)
+        answer = requests.get(
+            f"{self.uri}/api/2.0/mlflow/experiments/get-by-name",
+            params={"experiment_name": "Default"},
+            timeout=120,
+        )
         if answer.status_code != 200:
-            raise SeqlabError(f"the MLflow server for {self.uri} cannot open its store: {answer.text[:300]}")
+            raise SeqlabError(
+                f"the MLflow server for {self.uri} cannot open its store: {answer.text[:300]}"
+            )
 
     def _spawn(self) -> None:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -233,7 +256,7 @@ class LocalServer:
 def _auth_dir(backend_store_uri: str) -> Path:
     """Where a server with sign-in keeps its users: beside its SQLite store, else in mlruns/server."""
     if backend_store_uri.startswith("sqlite:///"):
-        return Path(backend_store_uri[len("sqlite:///"):]).parent
+        return Path(backend_store_uri[len("sqlite:///") :]).parent
     return Path(DEFAULT_DIR).resolve()
 
 
@@ -246,51 +269,96 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     # Also from the environment (make server passes them so): a password on a command line is
     # there for every user of the machine to read.
-    parser.add_argument("--backend-store-uri",
-                        default=os.environ.get(BACKEND_ENV) or f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
-                        help=f"sqlite:///path/mlflow.db (default: {BACKEND_ENV} or sqlite under {DEFAULT_DIR}/) or "
-                        "postgresql://user:password@host:5432/db (better in the environment: a command line is public)")
-    parser.add_argument("--artifacts-destination",
-                        default=os.environ.get(ARTIFACTS_ENV) or str(Path(DEFAULT_DIR).resolve() / "artifacts"),
-                        help=f"a folder or s3://bucket/path where the server keeps artifacts (default: {ARTIFACTS_ENV} "
-                        f"or {DEFAULT_DIR}/artifacts)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: users sign in; "
-                        f"the admin's password from {server_auth.ADMIN_PASSWORD} or --admin-password-file, "
-                        f"or {server_auth.ALLOW_OPEN}=1 to serve it open)")
+    parser.add_argument(
+        "--backend-store-uri",
+        default=os.environ.get(BACKEND_ENV) or f"sqlite:///{Path(DEFAULT_DIR).resolve()}/mlflow.db",
+        help=f"sqlite:///path/mlflow.db (default: {BACKEND_ENV} or sqlite under {DEFAULT_DIR}/) or "
+        "postgresql://user:password@host:5432/db (better in the environment: a command line is public)",
+    )
+    parser.add_argument(
+        "--artifacts-destination",
+        default=os.environ.get(ARTIFACTS_ENV) or str(Path(DEFAULT_DIR).resolve() / "artifacts"),
+        help=f"a folder or s3://bucket/path where the server keeps artifacts (default: {ARTIFACTS_ENV} "
+        f"or {DEFAULT_DIR}/artifacts)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="127.0.0.1 (this machine only, the default) or 0.0.0.0 (a shared server: users sign in; "
+        f"the admin's password from {server_auth.ADMIN_PASSWORD} or --admin-password-file, "
+        f"or {server_auth.ALLOW_OPEN}=1 to serve it open)",
+    )
     parser.add_argument("--port", type=int, default=5000)
-    parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes (default 1; more only with PostgreSQL: SQLite takes one writer at a time)")
-    parser.add_argument("--auth", action="store_true",
-                        help="sign users in on a loopback host too (always on for other hosts)")
-    parser.add_argument("--admin-password-file", default=None,
-                        help=f"a file whose first line is the admin's password (else {server_auth.ADMIN_PASSWORD}); "
-                        "needed on the first start with sign-in, when the admin user is created")
-    parser.add_argument("--admin-username", default=None,
-                        help=f"the admin user created on the first start (default: {server_auth.ADMIN_USERNAME} or admin)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (default 1; more only with PostgreSQL: SQLite takes one writer at a time)",
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="sign users in on a loopback host too (always on for other hosts)",
+    )
+    parser.add_argument(
+        "--admin-password-file",
+        default=None,
+        help=f"a file whose first line is the admin's password (else {server_auth.ADMIN_PASSWORD}); "
+        "needed on the first start with sign-in, when the admin user is created",
+    )
+    parser.add_argument(
+        "--admin-username",
+        default=None,
+        help=f"the admin user created on the first start (default: {server_auth.ADMIN_USERNAME} or admin)",
+    )
     args = parser.parse_args(argv)
     try:
         check_backend(args.backend_store_uri)
         auth_env = server_auth.auth_environment(
-            args.host, _auth_dir(args.backend_store_uri), args.auth, args.admin_password_file, args.admin_username
+            args.host,
+            _auth_dir(args.backend_store_uri),
+            args.auth,
+            args.admin_password_file,
+            args.admin_username,
         )
     except SeqlabError as error:
         # The store's address as given may hold its password; the message's own examples do not.
-        print(f"error: {str(error).replace(args.backend_store_uri, mask_uris(args.backend_store_uri))}", file=sys.stderr)
+        print(
+            f"error: {str(error).replace(args.backend_store_uri, mask_uris(args.backend_store_uri))}",
+            file=sys.stderr,
+        )
         return 2
-    cmd = command(args.host, args.port, args.workers, app_name=server_auth.APP_NAME if auth_env else None)
+    cmd = command(
+        args.host, args.port, args.workers, app_name=server_auth.APP_NAME if auth_env else None
+    )
     address = f"http://{args.host}:{args.port}"
-    print(f"MLflow server on {address} (store {mask_uris(args.backend_store_uri)}, "
-          f"artifacts {mask_uris(args.artifacts_destination)})", flush=True)
+    print(
+        f"MLflow server on {address} (store {mask_uris(args.backend_store_uri)}, "
+        f"artifacts {mask_uris(args.artifacts_destination)})",
+        flush=True,
+    )
     if auth_env:
-        print(f"sign-in   on (MLflow basic-auth; users in {Path(auth_env[server_auth.CONFIG_PATH]).parent}/basic_auth.db); "
-              f"clients set {server_auth.USERNAME} and {server_auth.PASSWORD}", flush=True)
+        print(
+            f"sign-in   on (MLflow basic-auth; users in {Path(auth_env[server_auth.CONFIG_PATH]).parent}/basic_auth.db); "
+            f"clients set {server_auth.USERNAME} and {server_auth.PASSWORD}",
+            flush=True,
+        )
     elif not server_auth.is_loopback(args.host):
-        print(f"warning   no sign-in ({server_auth.ALLOW_OPEN}=1): anyone who reaches {address} can read and change "
-              "every run", flush=True)
-    print(f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri={address}", flush=True)
-    env = {**os.environ, **stores_env(args.backend_store_uri, args.artifacts_destination), **(auth_env or {}),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        print(
+            f"warning   no sign-in ({server_auth.ALLOW_OPEN}=1): anyone who reaches {address} can read and change "
+            "every run",
+            flush=True,
+        )
+    print(
+        f"send runs to it: python train.py logger=mlflow_server logger.tracking_uri={address}",
+        flush=True,
+    )
+    env = {
+        **os.environ,
+        **stores_env(args.backend_store_uri, args.artifacts_destination),
+        **(auth_env or {}),
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
     os.execvpe(cmd[0], cmd, env)  # the server in the foreground: Ctrl-C stops it
     return 0
 

@@ -53,7 +53,9 @@ def read_password(password_file: Optional[str]) -> Optional[str]:
         try:
             lines = path.read_text().splitlines()
         except OSError as error:
-            raise SeqlabError(f"--admin-password-file {path}: cannot read it ({error.strerror or error})") from None
+            raise SeqlabError(
+                f"--admin-password-file {path}: cannot read it ({error.strerror or error})"
+            ) from None
         return (lines[0].strip() if lines else "") or None
     return os.environ.get(ADMIN_PASSWORD) or None
 
@@ -78,15 +80,21 @@ def auth_environment(
     username = admin_username or os.environ.get(ADMIN_USERNAME) or "admin"
     users_db = auth_dir / "basic_auth.db"
     if password is None and not users_db.is_file():
-        why = f"--host {host} lets other machines in" if not is_loopback(host) else "--auth asks for sign-in"
+        why = (
+            f"--host {host} lets other machines in"
+            if not is_loopback(host)
+            else "--auth asks for sign-in"
+        )
         raise SeqlabError(
             f"{why}, so the server signs users in and needs its admin's password: set {ADMIN_PASSWORD} "
             f"(or --admin-password-file FILE; make server ADMIN_PASSWORD_FILE=FILE), {MIN_PASSWORD} characters or "
             f"more; or serve it open with {ALLOW_OPEN}=1"
         )
     if password is not None and len(password) < MIN_PASSWORD:
-        raise SeqlabError(f"the admin password must be at least {MIN_PASSWORD} characters (MLflow's rule); "
-                          f"this one has {len(password)}")
+        raise SeqlabError(
+            f"the admin password must be at least {MIN_PASSWORD} characters (MLflow's rule); "
+            f"this one has {len(password)}"
+        )
     auth_dir.mkdir(parents=True, exist_ok=True)
     config = configparser.ConfigParser()
     config["mlflow"] = {
@@ -103,7 +111,10 @@ def auth_environment(
     ini = auth_dir / "basic_auth.ini"  # no password in it: that goes through the environment
     with open(ini, "w") as f:
         config.write(f)
-    env = {CONFIG_PATH: str(ini.resolve()), SECRET_KEY: os.environ.get(SECRET_KEY) or _secret_key(auth_dir)}
+    env = {
+        CONFIG_PATH: str(ini.resolve()),
+        SECRET_KEY: os.environ.get(SECRET_KEY) or _secret_key(auth_dir),
+    }
     if password is not None:
         env[ADMIN_PASSWORD] = password
     return env
@@ -148,17 +159,27 @@ def check_credentials(uri: str, timeout_s: float = 10.0) -> None:
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")  # MLflow sends it when no user is set
     headers = {"Authorization": f"Bearer {token}"} if token and auth is None else None
     try:
-        response = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
-                                auth=auth, headers=headers, timeout=timeout_s)
+        response = requests.get(
+            uri.rstrip("/") + "/api/2.0/mlflow/experiments/search",
+            params={"max_results": 1},
+            auth=auth,
+            headers=headers,
+            timeout=timeout_s,
+        )
     except requests.RequestException:
         return  # not answering is check_server's to say
     if response.status_code == 401:
         who = f"user '{username}'" if auth else "no user"
         raise SeqlabError(
             f"the tracking server at {uri} refused the sign-in ({who}): "
-            + (f"check {PASSWORD} (or the password in logger.tracking_uri)" if auth else
-               f"set {USERNAME} and {PASSWORD} to a user of that server")
+            + (
+                f"check {PASSWORD} (or the password in logger.tracking_uri)"
+                if auth
+                else f"set {USERNAME} and {PASSWORD} to a user of that server"
+            )
         )
     if response.status_code == 403:
-        raise SeqlabError(f"the tracking server at {uri} signed in user '{username}' but refused access (HTTP 403): "
-                          "ask its admin for permission")
+        raise SeqlabError(
+            f"the tracking server at {uri} signed in user '{username}' but refused access (HTTP 403): "
+            "ask its admin for permission"
+        )

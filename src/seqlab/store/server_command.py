@@ -54,11 +54,14 @@ def command(
         str(mlflow_cli) if mlflow_cli.exists() else "mlflow",
         "server",
         "--serve-artifacts",
-        "--host", host,
-        "--port", str(port),
+        "--host",
+        host,
+        "--port",
+        str(port),
         # One worker process: a SQLite store takes one writer at a time, and one process with
         # its own pool is what keeps concurrent clients from "database is locked".
-        "--workers", str(workers),
+        "--workers",
+        str(workers),
         *(["--app-name", app_name] if app_name else []),
     ]
 
@@ -68,7 +71,10 @@ def command(
 # loopback server starts uvicorn itself with them: `mlflow server` is a second Python in front of
 # uvicorn that imports MLflow's CLI and opens the store once more only to start it (2.5 of its
 # 6 s of CPU on the 2-core VM), and every parallel sweep and most server tests start one.
-_SERVER_ENV = {BACKEND_ENV: "_MLFLOW_SERVER_FILE_STORE", ARTIFACTS_ENV: "_MLFLOW_SERVER_ARTIFACT_DESTINATION"}
+_SERVER_ENV = {
+    BACKEND_ENV: "_MLFLOW_SERVER_FILE_STORE",
+    ARTIFACTS_ENV: "_MLFLOW_SERVER_ARTIFACT_DESTINATION",
+}
 _SERVER_FIXED_ENV = {
     "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true",
     "_MLFLOW_SERVER_ARTIFACT_ROOT": "mlflow-artifacts:/",  # what --serve-artifacts resolves the default root to
@@ -81,9 +87,25 @@ def uvicorn_command(host: str, port: int) -> list[str]:
     """The uvicorn command line `mlflow server --workers 1` starts (its _build_uvicorn_command)."""
     import importlib.util
 
-    log_config = Path(importlib.util.find_spec("mlflow").origin).parent / "server" / "uvicorn_log_config.yaml"
-    return [sys.executable, "-m", "uvicorn", "--log-config", str(log_config), "--host", host, "--port", str(port),
-            "--workers", "1", "mlflow.server.fastapi_app:app"]
+    log_config = (
+        Path(importlib.util.find_spec("mlflow").origin).parent
+        / "server"
+        / "uvicorn_log_config.yaml"
+    )
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--log-config",
+        str(log_config),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "mlflow.server.fastapi_app:app",
+    ]
 
 
 def uvicorn_env(stores: dict[str, str]) -> dict[str, str]:
@@ -91,6 +113,10 @@ def uvicorn_env(stores: dict[str, str]) -> dict[str, str]:
     import uuid
 
     backend = stores[BACKEND_ENV]
-    return {_SERVER_ENV[BACKEND_ENV]: backend, "_MLFLOW_SERVER_REGISTRY_STORE": backend,
-            _SERVER_ENV[ARTIFACTS_ENV]: stores[ARTIFACTS_ENV], **_SERVER_FIXED_ENV,
-            "_MLFLOW_SERVER_BOOT_ID": uuid.uuid4().hex}
+    return {
+        _SERVER_ENV[BACKEND_ENV]: backend,
+        "_MLFLOW_SERVER_REGISTRY_STORE": backend,
+        _SERVER_ENV[ARTIFACTS_ENV]: stores[ARTIFACTS_ENV],
+        **_SERVER_FIXED_ENV,
+        "_MLFLOW_SERVER_BOOT_ID": uuid.uuid4().hex,
+    }

@@ -49,8 +49,13 @@ def _runs(client: Any, experiment_id: str) -> Iterator[Any]:
 
     token = None
     while True:
-        page = client.search_runs([experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=1000,
-                                  order_by=["attributes.start_time ASC"], page_token=token)
+        page = client.search_runs(
+            [experiment_id],
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
         yield from page
         token = page.token
         if not token:
@@ -107,8 +112,14 @@ def sync(src: Any, dst: Any, experiments: Optional[list[str]] = None) -> Synced:
                     result.followed += 1
             parent = run.data.tags.get("mlflow.parentRunId")
             copy_tags = found[run_id].data.tags if run_id in found else {}
-            if parent in copies and run_id in found and copy_tags.get("mlflow.parentRunId") != copies[parent]:
-                dst.set_tag(copies[run_id], "mlflow.parentRunId", copies[parent])  # its parent arrived after it
+            if (
+                parent in copies
+                and run_id in found
+                and copy_tags.get("mlflow.parentRunId") != copies[parent]
+            ):
+                dst.set_tag(
+                    copies[run_id], "mlflow.parentRunId", copies[parent]
+                )  # its parent arrived after it
                 result.linked += 1
     return result
 
@@ -123,7 +134,9 @@ def copy_run(src: Any, dst: Any, run: Any, experiment_id: str, copies: dict[str,
     if parent in copies:
         tags["mlflow.parentRunId"] = copies[parent]
     tags[COPYING] = source_id
-    copy = dst.create_run(experiment_id, start_time=run.info.start_time, tags=tags, run_name=run.info.run_name).info.run_id
+    copy = dst.create_run(
+        experiment_id, start_time=run.info.start_time, tags=tags, run_name=run.info.run_name
+    ).info.run_id
     params = [Param(k, v) for k, v in run.data.params.items()]
     for i in range(0, len(params), MAX_PARAMS):
         dst.log_batch(copy, params=params[i : i + MAX_PARAMS])
@@ -137,20 +150,38 @@ def follow_run(src: Any, dst: Any, run: Any, copy: Any, experiment_id: str) -> N
     _copy_gained(src, dst, run, copy.info.run_id, experiment_id, copy.data.tags, new=False)
 
 
-def _copy_gained(src: Any, dst: Any, run: Any, copy_id: str, experiment_id: str, copy_tags: dict[str, str],
-                 new: bool) -> None:
+def _copy_gained(
+    src: Any,
+    dst: Any,
+    run: Any,
+    copy_id: str,
+    experiment_id: str,
+    copy_tags: dict[str, str],
+    new: bool,
+) -> None:
     """Into the copy, what it lacks of `run`: metric values (a `new` copy lacks them all), tags, the
     artifacts (written over), logged models, and then the run's status and end."""
     from mlflow.entities import Metric, RunTag
 
     source_id = run.info.run_id
     for key in run.data.metrics:
-        have = set() if new else {(m.step, m.timestamp, m.value) for m in dst.get_metric_history(copy_id, key)}
-        gained = [Metric(m.key, m.value, m.timestamp, m.step) for m in src.get_metric_history(source_id, key)
-                  if (m.step, m.timestamp, m.value) not in have]
+        have = (
+            set()
+            if new
+            else {(m.step, m.timestamp, m.value) for m in dst.get_metric_history(copy_id, key)}
+        )
+        gained = [
+            Metric(m.key, m.value, m.timestamp, m.step)
+            for m in src.get_metric_history(source_id, key)
+            if (m.step, m.timestamp, m.value) not in have
+        ]
         for i in range(0, len(gained), MAX_METRICS):
             dst.log_batch(copy_id, metrics=gained[i : i + MAX_METRICS], synchronous=True)
-    tags = [RunTag(k, v) for k, v in run.data.tags.items() if k != "mlflow.parentRunId" and copy_tags.get(k) != v]
+    tags = [
+        RunTag(k, v)
+        for k, v in run.data.tags.items()
+        if k != "mlflow.parentRunId" and copy_tags.get(k) != v
+    ]
     for i in range(0, len(tags), MAX_PARAMS):
         dst.log_batch(copy_id, tags=tags[i : i + MAX_PARAMS])
     with tempfile.TemporaryDirectory(prefix="seqlab-sync-") as tmp:
@@ -170,11 +201,17 @@ def _copy_models(src: Any, dst: Any, run: Any, experiment_id: str, copy: str) ->
     for model in run_models(src, run):
         if model.model_id in have:
             continue
-        made = dst.create_logged_model(experiment_id, name=model.name, source_run_id=copy,
-                                       tags={**dict(model.tags or {}), MODEL_FROM: model.model_id},
-                                       params=dict(model.params or {}), model_type=model.model_type)
+        made = dst.create_logged_model(
+            experiment_id,
+            name=model.name,
+            source_run_id=copy,
+            tags={**dict(model.tags or {}), MODEL_FROM: model.model_id},
+            params=dict(model.params or {}),
+            model_type=model.model_type,
+        )
         with tempfile.TemporaryDirectory(prefix="seqlab-sync-model-") as tmp:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=tmp,
-                                                        tracking_uri=src.tracking_uri)
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=model.artifact_location, dst_path=tmp, tracking_uri=src.tracking_uri
+            )
             dst.log_model_artifacts(made.model_id, local)
         dst.finalize_logged_model(made.model_id, "READY")

@@ -34,6 +34,7 @@ from seqlab.sweeps.summary import collect, format_summary, summary_csv
 
 log = logging.getLogger("seqlab")
 
+
 def _process_tags() -> dict[str, str]:
     """Which process runs the sweep: a resume can tell a sweep that died without ending its parent
     run (kill -9, a lost machine) from one that is still running."""
@@ -94,7 +95,9 @@ class MlflowSweepCallback(Callback):
         self.sweep_id = None
         self.sweep_dir: Optional[Path] = None
         self.server = None
-        self.resume_plan: Optional[dict[str, PlannedJob]] = None  # a resumed sweep's jobs as they were
+        self.resume_plan: Optional[dict[str, PlannedJob]] = (
+            None  # a resumed sweep's jobs as they were
+        )
         self.overrides: list[str] = []  # the sweep's command line
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,9 +110,15 @@ class MlflowSweepCallback(Callback):
         address for the jobs (None: they write to the store themselves)."""
         launcher = config.hydra.launcher.get("_target_", "")
         store = self.tracker.tracking_uri
-        if self.serve_local_store == "never" or launcher not in LOCAL_PARALLEL_LAUNCHERS or not store.startswith("sqlite:"):
+        if (
+            self.serve_local_store == "never"
+            or launcher not in LOCAL_PARALLEL_LAUNCHERS
+            or not store.startswith("sqlite:")
+        ):
             return None
-        from seqlab.store import server_auth  # a parallel sweep's server only: every multirun loads this module
+        from seqlab.store import (  # a parallel sweep's server only: every multirun loads this module
+            server_auth,
+        )
         from seqlab.store.server import LocalServer  # as server_auth
 
         self.tracker.connect()  # creates the store's tables and the experiment before any job runs
@@ -117,17 +126,27 @@ class MlflowSweepCallback(Callback):
         # otherwise read and write the sweep's runs. A password of this sweep's, in the server's and
         # the jobs' environment (the launcher's workers inherit this process's), never on a command line.
         password = secrets.token_urlsafe(24)
-        auth_env = server_auth.auth_environment("127.0.0.1", sweep_dir / "server-auth", want_auth=True,
-                                                admin_username=SWEEP_USER, password=password)
+        auth_env = server_auth.auth_environment(
+            "127.0.0.1",
+            sweep_dir / "server-auth",
+            want_auth=True,
+            admin_username=SWEEP_USER,
+            password=password,
+        )
         os.environ[server_auth.USERNAME], os.environ[server_auth.PASSWORD] = SWEEP_USER, password
         # Started, not waited for: it comes up while the launcher starts its workers, and each
         # job waits for it. The parent run stays on the file: it writes only before the jobs
         # start and after they end.
         self.server = LocalServer(
-            store, str(Path(self.tracker.artifact_root or sweep_dir / "artifacts").resolve()),
-            log_path=sweep_dir / "mlflow_server.log", auth_env=auth_env,
+            store,
+            str(Path(self.tracker.artifact_root or sweep_dir / "artifacts").resolve()),
+            log_path=sweep_dir / "mlflow_server.log",
+            auth_env=auth_env,
         ).start(wait=False)
-        print(f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)", flush=True)
+        print(
+            f"parallel jobs log through {self.server.uri} (an MLflow server over {store}, stopped at the end)",
+            flush=True,
+        )
         # This process only waits for the workers: a SIGTERM or SIGHUP (scancel, a closed
         # terminal) ends it through SystemExit, so that atexit ends the parent run and the server.
         if threading.current_thread() is threading.main_thread():
@@ -148,7 +167,9 @@ class MlflowSweepCallback(Callback):
         self.sweep_dir = sweep_dir
         self.tracker = instantiate(config.logger)
         overrides = self.overrides = list(config.hydra.overrides.task)
-        guard(overrides)  # credentials on the command line show as *** from here on (Hydra's job list too)
+        guard(
+            overrides
+        )  # credentials on the command line show as *** from here on (Hydra's job list too)
         parent = None
         if config.get("resume"):
             try:  # before anything starts: a sweep that cannot be continued changes nothing
@@ -156,9 +177,14 @@ class MlflowSweepCallback(Callback):
             except SeqlabError as error:
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
-        if "submitit" in config.hydra.launcher.get("_target_", "") and not self.tracker.tracking_uri.startswith("http"):
-            print("note: cluster jobs share one store through a tracking server: "
-                  "make server on a host they reach, then logger=mlflow_server", flush=True)
+        if "submitit" in config.hydra.launcher.get(
+            "_target_", ""
+        ) and not self.tracker.tracking_uri.startswith("http"):
+            print(
+                "note: cluster jobs share one store through a tracking server: "
+                "make server on a host they reach, then logger=mlflow_server",
+                flush=True,
+            )
         # If the sweep never reaches on_multirun_end (a job's config does not compose, Ctrl-C),
         # the parent run must still not be left RUNNING, nor a server left behind.
         atexit.register(self._end_unfinished)
@@ -168,20 +194,34 @@ class MlflowSweepCallback(Callback):
             run_id = self.tracker.start(
                 f"sweep-{self.sweep_id}",
                 # sweep_overrides: the command line as a list, for a later resume=... to compare with
-                {"sweep_id": self.sweep_id, "sweep_role": "parent", "hydra_overrides": " ".join(overrides),
-                 "sweep_overrides": json.dumps(overrides), **_process_tags()},
+                {
+                    "sweep_id": self.sweep_id,
+                    "sweep_role": "parent",
+                    "hydra_overrides": " ".join(overrides),
+                    "sweep_overrides": json.dumps(overrides),
+                    **_process_tags(),
+                },
             )
         else:
-            run_id = self.tracker.start(parent.info.run_name, {"sweep_resumes": int(parent.data.tags.get("sweep_resumes", 0)) + 1,
-                                                               **_process_tags()},
-                                        resume_run_id=parent.info.run_id)
+            run_id = self.tracker.start(
+                parent.info.run_name,
+                {
+                    "sweep_resumes": int(parent.data.tags.get("sweep_resumes", 0)) + 1,
+                    **_process_tags(),
+                },
+                resume_run_id=parent.info.run_id,
+            )
         SweepInfo(
             sweep_id=self.sweep_id,
             parent_run_id=run_id,
             tracking_uri=jobs_uri or self.tracker.tracking_uri,
             store_uri=self.tracker.tracking_uri if jobs_uri else None,
             experiment_id=self.tracker.experiment_id,
-            swept_keys=list(dict.fromkeys(swept_keys(overrides) + list((config.hydra.sweeper.get("params") or {}).keys()))),
+            swept_keys=list(
+                dict.fromkeys(
+                    swept_keys(overrides) + list((config.hydra.sweeper.get("params") or {}).keys())
+                )
+            ),
             resume_plan=self.resume_plan,
             server_pid=self.server.proc.pid if self.server is not None else None,
         ).write(sweep_dir)
@@ -200,29 +240,48 @@ class MlflowSweepCallback(Callback):
                 "(printed at the sweep's end); a single run with: python train.py <its overrides> resume=RUN_ID"
             )
         if not re.match(r"^[\w.:-]+$", value):  # it goes into a search filter
-            raise SeqlabError(f"resume={value}: not a sweep id (latest, or the id printed at a sweep's end)")
-        query = "tags.sweep_role = 'parent'" + ("" if value == "latest" else f" and tags.sweep_id = '{value}'")
-        parents = client.search_runs([self.tracker.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+            raise SeqlabError(
+                f"resume={value}: not a sweep id (latest, or the id printed at a sweep's end)"
+            )
+        query = "tags.sweep_role = 'parent'" + (
+            "" if value == "latest" else f" and tags.sweep_id = '{value}'"
+        )
+        parents = client.search_runs(
+            [self.tracker.experiment_id],
+            query,
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         if not parents:
             what = "no sweep" if value == "latest" else f"no sweep {value!r}"
             raise SeqlabError(f"resume={value}: {what} in experiment {experiment!r} to continue")
         parent = parents[0]
         sweep_id = parent.data.tags["sweep_id"]
         if parent.info.status == "RUNNING" and _alive(parent.data.tags):
-            raise SeqlabError(f"resume={value}: sweep {sweep_id} is still running (process {parent.data.tags['sweep_pid']} "
-                              "on this host); let it finish or stop it first")
+            raise SeqlabError(
+                f"resume={value}: sweep {sweep_id} is still running (process {parent.data.tags['sweep_pid']} "
+                "on this host); let it finish or stop it first"
+            )
         tag = parent.data.tags.get("sweep_overrides")
         before = json.loads(tag) if tag else parent.data.tags.get("hydra_overrides", "").split()
         now_key, before_key = set(job_key(overrides).split()), set(job_key(before).split())
         if now_key != before_key:
             differ = [f"{o} (not in the sweep)" for o in sorted(now_key - before_key)]
             differ += [f"{o} (missing)" for o in sorted(before_key - now_key)]
-            kept = [o for o in before if not o.lstrip("+~").startswith("resume=")]  # in its order: it sets the jobs' order
+            kept = [
+                o for o in before if not o.lstrip("+~").startswith("resume=")
+            ]  # in its order: it sets the jobs' order
             command = " ".join(["python train.py -m", *kept, f"resume={sweep_id}"])
-            raise SeqlabError(f"resume={value}: these overrides differ from sweep {sweep_id}'s: {', '.join(differ)}; "
-                              f"continue it with: {command}")
-        runs = client.search_runs([self.tracker.experiment_id], f"tags.sweep_id = '{sweep_id}'",
-                                  order_by=["attributes.start_time DESC"], max_results=5000)
+            raise SeqlabError(
+                f"resume={value}: these overrides differ from sweep {sweep_id}'s: {', '.join(differ)}; "
+                f"continue it with: {command}"
+            )
+        runs = client.search_runs(
+            [self.tracker.experiment_id],
+            f"tags.sweep_id = '{sweep_id}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=5000,
+        )
         plan: dict[str, PlannedJob] = {}
         for run in runs:  # newest first: a job run again is planned from its newest run
             t, m = run.data.tags, run.data.metrics
@@ -236,19 +295,40 @@ class MlflowSweepCallback(Callback):
             # its process lives here, or it runs elsewhere (a compute node) with a heartbeat that this
             # process has not seen stand still for long. Left alone, whatever host asks: never run twice.
             plan[key] = PlannedJob(
-                run.info.run_id, run.info.run_name, status, resumable=status in ("KILLED", "FAILED") and STOPPED_AT in t,
-                accelerator=t.get("accelerator"), batch_size=int(run.data.params["data.batch_size"])
-                if run.data.params.get("data.batch_size", "").isdigit() else None,
-                it_per_s=m.get("it_per_s_median"), val_rmse=m.get("final_val_rmse"), best_val_rmse=m.get("best_val_rmse"),
+                run.info.run_id,
+                run.info.run_name,
+                status,
+                resumable=status in ("KILLED", "FAILED") and STOPPED_AT in t,
+                accelerator=t.get("accelerator"),
+                batch_size=int(run.data.params["data.batch_size"])
+                if run.data.params.get("data.batch_size", "").isdigit()
+                else None,
+                it_per_s=m.get("it_per_s_median"),
+                val_rmse=m.get("final_val_rmse"),
+                best_val_rmse=m.get("best_val_rmse"),
                 host=t.get("process_host"),
             )
         self.sweep_id = sweep_id
-        counts = {s: sum(e.status == s for e in plan.values()) for s in ("FINISHED", "KILLED", "FAILED", "RUNNING")}
-        note = " (its parent run was still RUNNING: the sweep was killed without ending it)" if parent.info.status == "RUNNING" else ""
-        print(f"resuming sweep {sweep_id} (parent run {parent.info.run_id}){note}: {counts['FINISHED']} job(s) FINISHED "
-              f"before are skipped, {sum(e.resumable and e.status == 'KILLED' for e in plan.values())} KILLED continue from their checkpoint, "
-              + (f"{counts['RUNNING']} still running (their heartbeat is alive) are left alone, " if counts["RUNNING"] else "")
-              + "the others run", flush=True)
+        counts = {
+            s: sum(e.status == s for e in plan.values())
+            for s in ("FINISHED", "KILLED", "FAILED", "RUNNING")
+        }
+        note = (
+            " (its parent run was still RUNNING: the sweep was killed without ending it)"
+            if parent.info.status == "RUNNING"
+            else ""
+        )
+        print(
+            f"resuming sweep {sweep_id} (parent run {parent.info.run_id}){note}: {counts['FINISHED']} job(s) FINISHED "
+            f"before are skipped, {sum(e.resumable and e.status == 'KILLED' for e in plan.values())} KILLED continue from their checkpoint, "
+            + (
+                f"{counts['RUNNING']} still running (their heartbeat is alive) are left alone, "
+                if counts["RUNNING"]
+                else ""
+            )
+            + "the others run",
+            flush=True,
+        )
         return parent, plan
 
     def _exit_on_signal(self, signum: int, frame: Any) -> None:
@@ -259,14 +339,22 @@ class MlflowSweepCallback(Callback):
         try:
             if self.tracker is not None and self.tracker.run_id:
                 # A job interrupted in a launcher's worker says so in its result file.
-                killed = self.interrupted or any(r.status == "KILLED" for r in collect(self.sweep_dir, self.sweep_id))
+                killed = self.interrupted or any(
+                    r.status == "KILLED" for r in collect(self.sweep_dir, self.sweep_id)
+                )
                 status = "KILLED" if killed else "FAILED"
                 self.tracker.end(status, "the sweep stopped before its summary: see the console")
                 self.tracker.run_id = None
                 kept = [o for o in self.overrides if not o.lstrip("+~").startswith("resume=")]
                 if killed:  # a sweep that failed to start (a config that does not compose) has nothing to continue
-                    print(mask_text(f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
-                          + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"])), file=sys.stderr, flush=True)
+                    print(
+                        mask_text(
+                            f"sweep {self.sweep_id} ended {status}; continue it (finished jobs are skipped) with:\n  "
+                            + " ".join(["python train.py -m", *kept, f"resume={self.sweep_id}"])
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             self._stop_server()
 
@@ -280,7 +368,12 @@ class MlflowSweepCallback(Callback):
         from seqlab.sweeps.compare import compare  # MLflow and matplotlib: at the sweep's end only
 
         try:
-            report = compare(self.tracker.connect(), self.tracker.experiment_name, sweep_dir / "comparison", self.sweep_id)
+            report = compare(
+                self.tracker.connect(),
+                self.tracker.experiment_name,
+                sweep_dir / "comparison",
+                self.sweep_id,
+            )
         except Exception as error:  # the summary and statuses matter more than the plots
             print(f"comparison skipped: {' '.join(str(error).split())}", flush=True)
             return
@@ -291,18 +384,26 @@ class MlflowSweepCallback(Callback):
         # the way still ends it and stops the sweep's server.
         sweep_dir = Path(config.hydra.sweep.dir)
         results = collect(sweep_dir, self.sweep_id)
-        running = [r for r in results if r.status == "RUNNING"]  # a resumed sweep's jobs that still train elsewhere
+        running = [
+            r for r in results if r.status == "RUNNING"
+        ]  # a resumed sweep's jobs that still train elsewhere
         failed = [r for r in results if r.status not in ("FINISHED", "RUNNING")]
         table = format_summary(results, self.resume_plan)
         header = f"sweep {self.sweep_id}{' (resumed)' if self.resume_plan is not None else ''}: {len(results)} jobs, {len(failed)} failed"
         if running:
-            header += f", {len(running)} still running elsewhere (left alone: resume again once they end)"
+            header += (
+                f", {len(running)} still running elsewhere (left alone: resume again once they end)"
+            )
         if self.tracker is not None and self.tracker.run_id:
             header += f"; MLflow parent run {self.tracker.run_id} in experiment '{self.tracker.experiment_name}'"
-        print(mask_text(f"\n{header}\n{table}\noutputs in {sweep_dir}"), flush=True)  # the table quotes overrides
+        print(
+            mask_text(f"\n{header}\n{table}\noutputs in {sweep_dir}"), flush=True
+        )  # the table quotes overrides
         if self.tracker is not None and self.tracker.run_id:
             self._compare(sweep_dir)
-            search = sweep_dir / VERDICT_FILE  # hparams_search: written by seqlab.sweeps.search_report
+            search = (
+                sweep_dir / VERDICT_FILE
+            )  # hparams_search: written by seqlab.sweeps.search_report
             if search.is_file():
                 print(f"\n{search.read_text().rstrip()}", flush=True)
             (sweep_dir / "sweep_summary.txt").write_text(f"{header}\n{table}\n")

@@ -18,26 +18,50 @@ from seqlab.plots import save_figure
 from seqlab.sweeps.job import fmt
 from seqlab.sweeps.runs import RunRow, find_runs, to_rows
 from seqlab.sweeps.summary import aligned
-from seqlab.sweeps.verdict import METRICS, RANK_BY, Group, crossover_detail, group_runs, n_text, rank, verdict
+from seqlab.sweeps.verdict import (
+    METRICS,
+    RANK_BY,
+    Group,
+    crossover_detail,
+    group_runs,
+    n_text,
+    rank,
+    verdict,
+)
 
 
 # -- table, CSV, Markdown --------------------------------------------------------------------------
 def _columns(groups: list[Group]) -> list[str]:
     extra = ["config"] if any(g.extra for g in groups) else []
-    return ["device", "batch", "perf", *extra, "n", *(m[1] for m in METRICS), "reached target", "not finished"]
+    return [
+        "device",
+        "batch",
+        "perf",
+        *extra,
+        "n",
+        *(m[1] for m in METRICS),
+        "reached target",
+        "not finished",
+    ]
 
 
 def _cells(g: Group, with_extra: bool) -> list[str]:
-    cells = [g.device, fmt(g.batch_size, "d"), g.perf] + ([g.extra or "-"] if with_extra else []) + [str(g.n)]
+    cells = (
+        [g.device, fmt(g.batch_size, "d"), g.perf]
+        + ([g.extra or "-"] if with_extra else [])
+        + [str(g.n)]
+    )
     cells += [g.stat(m).text(spec) for m, _, spec, _ in METRICS]
     reached = f"{g.n_reached}/{g.n}" if g.n_reached or g.n_missed else "-"
     cells += [reached, ", ".join(f"{r.status}" for r in g.runs if r.status != "FINISHED") or "-"]
     return cells
 
 
-NOTE = ("n: finished repeats (runs that differ only in seed); a ± b: mean and half-width of the 95% "
-        "Student-t interval of the mean (n = 1: the single value, no interval); time to target: over the "
-        "repeats that reached it")
+NOTE = (
+    "n: finished repeats (runs that differ only in seed); a ± b: mean and half-width of the 95% "
+    "Student-t interval of the mean (n = 1: the single value, no interval); time to target: over the "
+    "repeats that reached it"
+)
 
 
 def table(rows: list[RunRow], rank_by: str = "config") -> str:
@@ -49,13 +73,35 @@ def table(rows: list[RunRow], rank_by: str = "config") -> str:
 
 def runs_table(rows: list[RunRow]) -> str:
     """One line per run: what each repeat measured."""
-    columns = ("run", "seed", "status", "it/s", "samples/s", "time to target", "final val_rmse", "best val_rmse")
+    columns = (
+        "run",
+        "seed",
+        "status",
+        "it/s",
+        "samples/s",
+        "time to target",
+        "final val_rmse",
+        "best val_rmse",
+    )
     cells = [list(columns)]
     for r in rows:
-        ttt = fmt(r.time_to_target_s, ".3g") if r.time_to_target_s is not None else (
-            "not reached" if r.target_reached is False else "-")
-        cells.append([r.name, fmt(r.seed, "d"), r.status, fmt(r.it_per_s, ",.1f"), fmt(r.samples_per_s, ",.0f"), ttt,
-                      fmt(r.val_rmse, ".4g"), fmt(r.best_val_rmse, ".4g")])
+        ttt = (
+            fmt(r.time_to_target_s, ".3g")
+            if r.time_to_target_s is not None
+            else ("not reached" if r.target_reached is False else "-")
+        )
+        cells.append(
+            [
+                r.name,
+                fmt(r.seed, "d"),
+                r.status,
+                fmt(r.it_per_s, ",.1f"),
+                fmt(r.samples_per_s, ",.0f"),
+                ttt,
+                fmt(r.val_rmse, ".4g"),
+                fmt(r.best_val_rmse, ".4g"),
+            ]
+        )
     return "\n".join(aligned(cells))
 
 
@@ -70,25 +116,52 @@ def markdown(rows: list[RunRow], rank_by: str = "config") -> str:
 def to_csv(rows: list[RunRow], rank_by: str = "config") -> str:
     """One row per configuration: n, counts, and mean, sd and 95% interval of each metric."""
     out = io.StringIO()
-    names = ["device", "batch_size", "perf", "config", "n", "n_not_finished", "n_reached_target", "n_missed_target", "seeds"]
+    names = [
+        "device",
+        "batch_size",
+        "perf",
+        "config",
+        "n",
+        "n_not_finished",
+        "n_reached_target",
+        "n_missed_target",
+        "seeds",
+    ]
     for metric, *_ in METRICS:
         names += [f"{metric}_mean", f"{metric}_sd", f"{metric}_ci95_lo", f"{metric}_ci95_hi"]
     writer = csv.DictWriter(out, fieldnames=names)
     writer.writeheader()
     for g in rank(group_runs(rows), rank_by):
-        row = {"device": g.device, "batch_size": g.batch_size, "perf": g.perf, "config": g.extra, "n": g.n,
-               "n_not_finished": g.n_failed, "n_reached_target": g.n_reached, "n_missed_target": g.n_missed,
-               "seeds": " ".join(str(r.seed) for r in g.finished if r.seed is not None)}
+        row = {
+            "device": g.device,
+            "batch_size": g.batch_size,
+            "perf": g.perf,
+            "config": g.extra,
+            "n": g.n,
+            "n_not_finished": g.n_failed,
+            "n_reached_target": g.n_reached,
+            "n_missed_target": g.n_missed,
+            "seeds": " ".join(str(r.seed) for r in g.finished if r.seed is not None),
+        }
         for metric, *_ in METRICS:
             s = g.stat(metric)
-            row.update({f"{metric}_mean": s.mean, f"{metric}_sd": s.sd, f"{metric}_ci95_lo": s.lo, f"{metric}_ci95_hi": s.hi})
+            row.update(
+                {
+                    f"{metric}_mean": s.mean,
+                    f"{metric}_sd": s.sd,
+                    f"{metric}_ci95_lo": s.lo,
+                    f"{metric}_ci95_hi": s.hi,
+                }
+            )
         writer.writerow(row)
     return out.getvalue()
 
 
 def runs_csv(rows: list[RunRow]) -> str:
     out = io.StringIO()
-    names = [k for k in asdict(rows[0]) if k not in ("val_history", "params")] if rows else ["run_id"]
+    names = (
+        [k for k in asdict(rows[0]) if k not in ("val_history", "params")] if rows else ["run_id"]
+    )
     writer = csv.DictWriter(out, fieldnames=names, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
@@ -121,8 +194,14 @@ def _by_batch(plt, groups: list[Group], metric: str):
     """One line per (device, perf, other keys): the metric's mean against the batch size."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for device, perf, extra in sorted({(g.device, g.perf, g.extra) for g in groups}):
-        members = sorted((g for g in groups if (g.device, g.perf, g.extra) == (device, perf, extra)
-                          and g.stat(metric).n), key=lambda g: g.batch_size)
+        members = sorted(
+            (
+                g
+                for g in groups
+                if (g.device, g.perf, g.extra) == (device, perf, extra) and g.stat(metric).n
+            ),
+            key=lambda g: g.batch_size,
+        )
         if not members:
             continue
         x = [g.batch_size for g in members]
@@ -146,8 +225,15 @@ def _throughput_figure(plt, groups: list[Group], n: str):
         b = crossover_detail(groups, perf).batch
         if b:
             ax.axvline(b, color="red", ls="--", alpha=0.6)
-            ax.annotate(f"GPU overtakes CPU (perf={perf}): batch {b}", (b, ax.get_ylim()[1]), rotation=90,
-                        va="top", ha="right", fontsize=8, color="red")
+            ax.annotate(
+                f"GPU overtakes CPU (perf={perf}): batch {b}",
+                (b, ax.get_ylim()[1]),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color="red",
+            )
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     return fig
@@ -156,7 +242,10 @@ def _throughput_figure(plt, groups: list[Group], n: str):
 def _time_to_target_figure(plt, groups: list[Group], n: str, target: Optional[float]):
     fig, ax = _by_batch(plt, groups, "time_to_target_s")
     ax.set_ylabel("training seconds to reach the target")
-    ax.set_title((f"Time to val_rmse <= {target:g}" if target else "Time to target") + f" (mean, 95% interval; {n})")
+    ax.set_title(
+        (f"Time to val_rmse <= {target:g}" if target else "Time to target")
+        + f" (mean, 95% interval; {n})"
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     return fig
@@ -173,10 +262,16 @@ def _curves_figure(plt, groups: list[Group], target: Optional[float]):
             continue
         steps = sorted(by_step)
         mean = [sum(by_step[s]) / len(by_step[s]) for s in steps]
-        line, = ax.plot(steps, mean, label=f"{g.label} (n = {g.n})", alpha=0.9)
+        (line,) = ax.plot(steps, mean, label=f"{g.label} (n = {g.n})", alpha=0.9)
         if g.n > 1:
-            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
-                            color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.fill_between(
+                steps,
+                [min(by_step[s]) for s in steps],
+                [max(by_step[s]) for s in steps],
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     if target:
         ax.axhline(target, color="black", ls=":", label=f"target {target:g}")
     ax.set_xscale("log")
@@ -220,8 +315,13 @@ def compare(
         target = targets.pop() if len(targets) == 1 else None
     text = verdict(rows, target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [out_dir / "comparison.txt", out_dir / "comparison.csv", out_dir / "comparison.md",
-             out_dir / "comparison_runs.csv", out_dir / "verdict.txt"]
+    files = [
+        out_dir / "comparison.txt",
+        out_dir / "comparison.csv",
+        out_dir / "comparison.md",
+        out_dir / "comparison_runs.csv",
+        out_dir / "verdict.txt",
+    ]
     files[0].write_text(table(rows, rank_by) + "\n\n" + runs_table(rows) + "\n\n" + text + "\n")
     files[1].write_text(to_csv(rows, rank_by))
     files[2].write_text(markdown(rows, rank_by) + "\n\n" + text + "\n")

@@ -23,32 +23,47 @@ STORAGE_VARIABLE = "SEQLAB_DASHBOARD_STORAGE"  # make dashboard STORAGE=... expo
 
 
 def storage_url(env: Mapping[str, str], root: Path) -> str:
-    return env.get(STORAGE_VARIABLE) or env.get("OPTUNA_STORAGE") or f"sqlite:///{root}/mlruns/optuna.db"
+    return (
+        env.get(STORAGE_VARIABLE)
+        or env.get("OPTUNA_STORAGE")
+        or f"sqlite:///{root}/mlruns/optuna.db"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--root", type=Path, default=Path(os.environ.get("SEQLAB_ROOT", ROOT)),
-                        help="the project whose mlruns/optuna.db is the default storage")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ.get("SEQLAB_ROOT", ROOT)),
+        help="the project whose mlruns/optuna.db is the default storage",
+    )
     args = parser.parse_args(argv)
     url = storage_url(os.environ, args.root)
     for prefix in ("sqlite:///", JOURNAL):
-        if url.startswith(prefix) and not Path("/" + url[len(prefix):].lstrip("/")).exists():
-            print(f"error: no study storage at {url}: a search makes it (python train.py -m hparams_search=optuna ...); "
-                  "or say which: make dashboard STORAGE=<url>", file=sys.stderr)
+        if url.startswith(prefix) and not Path("/" + url[len(prefix) :].lstrip("/")).exists():
+            print(
+                f"error: no study storage at {url}: a search makes it (python train.py -m hparams_search=optuna ...); "
+                "or say which: make dashboard STORAGE=<url>",
+                file=sys.stderr,
+            )
             return 1
     import optuna_dashboard
 
     try:
         storage = storage_for(url)
     except Exception as error:  # noqa: BLE001 - a database that refuses: one line, its password masked
-        print(f"error: the study storage {mask_uris(url)} cannot be opened: {mask_uris(str(error)).splitlines()[0]}",
-              file=sys.stderr)
+        print(
+            f"error: the study storage {mask_uris(url)} cannot be opened: {mask_uris(str(error)).splitlines()[0]}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/dashboard over {mask_uris(url)} (Ctrl-C stops it)",
-          flush=True)
+    print(
+        f"optuna-dashboard on http://{args.host}:{args.port}/dashboard over {mask_uris(url)} (Ctrl-C stops it)",
+        flush=True,
+    )
     optuna_dashboard.run_server(storage, host=args.host, port=args.port)
     return 0
 

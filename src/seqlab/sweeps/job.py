@@ -35,7 +35,9 @@ def fmt(value: Any, spec: str = ".4g") -> str:
 
 def cpu_count() -> int:
     """The cores this process may use (a container or taskset may allow fewer than the machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 @dataclass
@@ -82,7 +84,9 @@ class Job:
             job = cls(output_dir, overrides, Path(hc.sweep.dir), hc.job.num)
             if "joblib" in hc.launcher.get("_target_", ""):
                 n_jobs = int(hc.launcher.get("n_jobs") or 1)
-                job.concurrent_jobs = n_jobs if n_jobs > 0 else max(1, cpu_count() + 1 + n_jobs)  # joblib's -1: all
+                job.concurrent_jobs = (
+                    n_jobs if n_jobs > 0 else max(1, cpu_count() + 1 + n_jobs)
+                )  # joblib's -1: all
             return job
         return cls(output_dir, overrides)
 
@@ -95,6 +99,7 @@ class Job:
 @dataclass
 class PlannedJob:
     """A job of a resumed sweep as the sweep left it: its newest run, and what the summary shows of it."""
+
     run_id: str
     run_name: Optional[str]
     status: str  # FINISHED | KILLED | FAILED | RUNNING (alive elsewhere: left alone)
@@ -112,14 +117,21 @@ class SweepInfo:
     """`sweep.json`: written once by the sweep callback (seqlab.sweeps.callback) when a multirun
     starts, read by its jobs and by a search. One definition for writer and readers, so a renamed
     field fails where it is read instead of reading as None."""
+
     sweep_id: Optional[str] = None
     parent_run_id: Optional[str] = None
-    tracking_uri: Optional[str] = None  # where the jobs log: the store, or the sweep's own server over it
+    tracking_uri: Optional[str] = (
+        None  # where the jobs log: the store, or the sweep's own server over it
+    )
     store_uri: Optional[str] = None  # the local store behind that server (None: no server)
     experiment_id: Optional[str] = None
     swept_keys: Optional[list[str]] = None  # swept on the command line or by hydra.sweeper.params
-    resume_plan: Optional[dict[str, PlannedJob]] = None  # a resumed sweep: each job (job_key) as it was before
-    server_pid: Optional[int] = None  # the sweep's own server's process (the jobs check that it is what answers)
+    resume_plan: Optional[dict[str, PlannedJob]] = (
+        None  # a resumed sweep: each job (job_key) as it was before
+    )
+    server_pid: Optional[int] = (
+        None  # the sweep's own server's process (the jobs check that it is what answers)
+    )
 
     def write(self, sweep_dir: Path) -> None:
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -156,11 +168,15 @@ class JobResult:
     samples_per_s: Optional[float] = None
     val_rmse: Optional[float] = None
     val_rmse_baseline: Optional[float] = None
-    best_val_rmse: Optional[float] = None  # the lowest val_rmse of the run (val_rmse is the final one)
+    best_val_rmse: Optional[float] = (
+        None  # the lowest val_rmse of the run (val_rmse is the final one)
+    )
     target_rmse: Optional[float] = None
     time_to_target_s: Optional[float] = None  # None with a target: never reached
     output_network: Optional[str] = None  # the network kept: last, or best (step N)
-    model_uri: Optional[str] = None  # the network as an MLflow model (runs:/<id>/model or models:/NAME/VERSION)
+    model_uri: Optional[str] = (
+        None  # the network as an MLflow model (runs:/<id>/model or models:/NAME/VERSION)
+    )
     reason: Optional[str] = None
     member: Optional[int] = None  # a packed job's place in its pack (job: the pack's job number)
     pack_id: Optional[str] = None
@@ -223,34 +239,74 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
         return None  # the sweep had not got to this job
     if entry.status == "FINISHED":
         result = JobResult(
-            "FINISHED", job.num, info.sweep_id, job.overrides, run_id=entry.run_id,
-            run_name=entry.run_name, accelerator=entry.accelerator, batch_size=entry.batch_size,
-            it_per_s=entry.it_per_s, val_rmse=entry.val_rmse, best_val_rmse=entry.best_val_rmse,
+            "FINISHED",
+            job.num,
+            info.sweep_id,
+            job.overrides,
+            run_id=entry.run_id,
+            run_name=entry.run_name,
+            accelerator=entry.accelerator,
+            batch_size=entry.batch_size,
+            it_per_s=entry.it_per_s,
+            val_rmse=entry.val_rmse,
+            best_val_rmse=entry.best_val_rmse,
         )
         job.write(result)
-        log.info("done      job %s FINISHED before, in run %s (%s): skipped", job.num, entry.run_name, entry.run_id)
+        log.info(
+            "done      job %s FINISHED before, in run %s (%s): skipped",
+            job.num,
+            entry.run_name,
+            entry.run_id,
+        )
         return result
     if entry.status == "RUNNING":
-        result = JobResult("RUNNING", job.num, info.sweep_id, job.overrides, run_id=entry.run_id, run_name=entry.run_name,
-                           reason=f"still running on {entry.host or 'another host'}: left alone")
+        result = JobResult(
+            "RUNNING",
+            job.num,
+            info.sweep_id,
+            job.overrides,
+            run_id=entry.run_id,
+            run_name=entry.run_name,
+            reason=f"still running on {entry.host or 'another host'}: left alone",
+        )
         job.write(result)
-        log.info("running   job %s still trains in run %s (%s) on %s, its heartbeat alive: left alone",
-                 job.num, entry.run_name, entry.run_id, entry.host or "another host")
+        log.info(
+            "running   job %s still trains in run %s (%s) on %s, its heartbeat alive: left alone",
+            job.num,
+            entry.run_name,
+            entry.run_id,
+            entry.host or "another host",
+        )
         return result
     if entry.status == "KILLED" and entry.resumable:
         cfg.resume = entry.run_id
         job.overrides.append(f"resume={cfg.resume}")
-        log.info("resume    job %s continues its KILLED run %s (%s) from its checkpoint", job.num, entry.run_name, entry.run_id)
+        log.info(
+            "resume    job %s continues its KILLED run %s (%s) from its checkpoint",
+            job.num,
+            entry.run_name,
+            entry.run_id,
+        )
     elif entry.status == "FAILED" and entry.resumable and job.member is not None:
         # A pack's member that failed (its loss diverged) before the pack was stopped: the pack's
         # checkpoint holds it, FAILED. It keeps its slot as the pack continues and is not trained
         # again: its run stays the FAILED run it is (seqlab.packing.task).
         cfg.resume = entry.run_id
-        log.info("failed    job %s (member %s) FAILED in its pack before the stop, in run %s (%s): it stays FAILED",
-                 job.num, job.member, entry.run_name, entry.run_id)
+        log.info(
+            "failed    job %s (member %s) FAILED in its pack before the stop, in run %s (%s): it stays FAILED",
+            job.num,
+            job.member,
+            entry.run_name,
+            entry.run_id,
+        )
     else:
-        log.info("rerun     job %s: its run %s ended %s%s; it runs again", job.num, entry.run_id, entry.status,
-                 " without a checkpoint" if entry.status == "KILLED" else "")
+        log.info(
+            "rerun     job %s: its run %s ended %s%s; it runs again",
+            job.num,
+            entry.run_id,
+            entry.status,
+            " without a checkpoint" if entry.status == "KILLED" else "",
+        )
     return None
 
 
@@ -258,13 +314,17 @@ def planned(cfg: DictConfig, job: Job) -> Optional[PlannedJob]:
     """This job as the resumed sweep left it (None: the sweep had not got to it)."""
     plan = job.sweep_info().resume_plan
     if plan is None:  # a launcher or config without the sweep callback
-        raise SeqlabError(f"resume={cfg.resume}: continuing a sweep needs the sweep callback (hydra.callbacks.mlflow_sweep)")
+        raise SeqlabError(
+            f"resume={cfg.resume}: continuing a sweep needs the sweep callback (hydra.callbacks.mlflow_sweep)"
+        )
     return plan.get(job_key(job.overrides))
 
 
 def resume_command(overrides: list[str], run_id: str) -> str:
     """The command that continues a single run stopped with a checkpoint."""
-    if current() is not None:  # a search's trial is not resumed on its own: the search runs its values again
+    if (
+        current() is not None
+    ):  # a search's trial is not resumed on its own: the search runs its values again
         return "the search's own command again (python train.py -m hparams_search=...): it runs this trial's values anew"
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("resume=", "ckpt_path="))]
     return " ".join(["python train.py", *kept, f"resume={run_id}"])

@@ -29,7 +29,9 @@ def check_version() -> None:
     require_tested("optuna", optuna.__version__, TESTED, "Optuna")
 
 
-def set_trial_user_attr(study: optuna.Study, trial: optuna.trial.FrozenTrial, key: str, value: Any) -> None:
+def set_trial_user_attr(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, key: str, value: Any
+) -> None:
     """A user attribute on a trial read back from the study (a FrozenTrial), through its storage id."""
     check_version()
     study._storage.set_trial_user_attr(trial._trial_id, key, value)

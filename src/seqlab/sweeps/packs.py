@@ -21,7 +21,13 @@ from omegaconf import DictConfig
 from seqlab import SeqlabError
 from seqlab.sweeps.trial import ENV_TRIAL
 
-PACKABLE = ("seed", "optimizer.lr", "module.l2_regularization", "model.dropout", "module.gradient_threshold")
+PACKABLE = (
+    "seed",
+    "optimizer.lr",
+    "module.l2_regularization",
+    "model.dropout",
+    "module.gradient_threshold",
+)
 # Keys that name a member without changing its computation: its run's name, and a search's trial
 # number (the sweeper gives each trial job its own; a pack's member gets it from its overrides).
 MEMBER_KEYS = ("logger.run_name", f"hydra.job.env_set.{ENV_TRIAL}")
@@ -60,11 +66,15 @@ def pack_size(value: Any) -> Optional[int]:
         return None
     size = _count(value)
     if size < 1:
-        raise SeqlabError(f"pack={value}: give the most members a pack may hold (e.g. pack=8), or pack=off")
+        raise SeqlabError(
+            f"pack={value}: give the most members a pack may hold (e.g. pack=8), or pack=off"
+        )
     return size
 
 
-def replicated(jobs: list[list[str]], default: Any, compose: Callable[[list[str]], DictConfig]) -> tuple[list[list[str]], list[str]]:
+def replicated(
+    jobs: list[list[str]], default: Any, compose: Callable[[list[str]], DictConfig]
+) -> tuple[list[list[str]], list[str]]:
     """The jobs with `replicas=K` (K > 1) each as K jobs of its config, seeds seed*K+i (distinct
     across the sweep's seeds), with pack=K so that they train as one pack; and the lines that say
     which jobs were left out because their config cannot pack (replicas exist to be packed: the
@@ -75,7 +85,9 @@ def replicated(jobs: list[list[str]], default: Any, compose: Callable[[list[str]
         count = given(job, "replicas", default)
         k = _count(count)
         if k < 1:
-            raise SeqlabError(f"replicas={count}: give how many networks of each job's config to train in one pack (1: one)")
+            raise SeqlabError(
+                f"replicas={count}: give how many networks of each job's config to train in one pack (1: one)"
+            )
         if k == 1:
             out.append(job)
             continue
@@ -86,9 +98,14 @@ def replicated(jobs: list[list[str]], default: Any, compose: Callable[[list[str]
             continue
         rest = [o for o in job if key_of(o) not in ("seed", "pack")]
         out += [[*rest, f"seed={cfg.seed * k + i}", f"pack={k}"] for i in range(k)]
-    notes = [f"replicas  {len(left)} job(s) left out: {why}, and replicas train packed" for why, left in dropped.items()]
+    notes = [
+        f"replicas  {len(left)} job(s) left out: {why}, and replicas train packed"
+        for why, left in dropped.items()
+    ]
     if jobs and not out:
-        raise SeqlabError(f"replicas: no job of this multirun can pack ({next(iter(dropped))}): use replicas=1")
+        raise SeqlabError(
+            f"replicas: no job of this multirun can pack ({next(iter(dropped))}): use replicas=1"
+        )
     return out, notes
 
 
@@ -98,12 +115,20 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
     optimizer = str(cfg.optimizer.get("_target_", ""))
     reasons = [
         (cfg.perf.name != "fast", f"perf={cfg.perf.name} trains through Lightning's own loop"),
-        (cfg.trainer.devices != 1 or cfg.trainer.num_nodes != 1 or cfg.trainer.strategy not in ("auto", "single_device"),
-         "a multi-process (DDP) job"),
-        (cfg.trainer.precision not in ("32-true", "32", "bf16-mixed"),
-         f"trainer.precision={cfg.trainer.precision} (packs train in 32-true or bf16-mixed)"),
-        (optimizer.rpartition(".")[2] not in ("Adam", "AdamW", "SGD", "RMSprop"),
-         f"optimizer {optimizer} (packs: adam, adamw, sgdm, rmsprop)"),
+        (
+            cfg.trainer.devices != 1
+            or cfg.trainer.num_nodes != 1
+            or cfg.trainer.strategy not in ("auto", "single_device"),
+            "a multi-process (DDP) job",
+        ),
+        (
+            cfg.trainer.precision not in ("32-true", "32", "bf16-mixed"),
+            f"trainer.precision={cfg.trainer.precision} (packs train in 32-true or bf16-mixed)",
+        ),
+        (
+            optimizer.rpartition(".")[2] not in ("Adam", "AdamW", "SGD", "RMSprop"),
+            f"optimizer {optimizer} (packs: adam, adamw, sgdm, rmsprop)",
+        ),
         (cfg.ckpt_path is not None, "ckpt_path= (a single run's checkpoint)"),
         (cfg.trainer.accelerator == "mps", "trainer.accelerator=mps"),
     ]
@@ -114,11 +139,14 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
 class Launch:
     """One job the launcher runs: a job alone, or a pack (`members`: each member's own overrides,
     as it would run alone)."""
+
     overrides: list[str]
     members: Optional[list[list[str]]] = None
 
 
-def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> tuple[list[Launch], list[str]]:
+def group(
+    jobs: list[list[str]], default_size: Any, unpackable: Any = None
+) -> tuple[list[Launch], list[str]]:
     """The launches for a multirun's jobs (each a list of overrides, in the sweeper's order) and the
     lines that say which jobs run alone and why. `unpackable(overrides)`: why_unpackable of that
     job's composed config. A pack's own overrides are its first member's without the per-member
@@ -140,13 +168,19 @@ def group(jobs: list[list[str]], default_size: Any, unpackable: Any = None) -> t
         size = key[1]
         why = unpackable(members[0][1]) if unpackable is not None else None
         if why is not None:
-            notes.append(f"pack      {len(members)} job(s) ({' '.join(key[2]) or 'defaults'}) train one by one: {why}")
+            notes.append(
+                f"pack      {len(members)} job(s) ({' '.join(key[2]) or 'defaults'}) train one by one: {why}"
+            )
             placed += [(place, Launch(job)) for place, job in members]
             continue
         for start in range(0, len(members), size):
-            chunk = members[start:start + size]
+            chunk = members[start : start + size]
             jobs_of = [job for _, job in chunk]
-            launch = Launch(jobs_of[0]) if len(chunk) == 1 else Launch([o for o in jobs_of[0] if not per_member(key_of(o))], jobs_of)
+            launch = (
+                Launch(jobs_of[0])
+                if len(chunk) == 1
+                else Launch([o for o in jobs_of[0] if not per_member(key_of(o))], jobs_of)
+            )
             placed.append((chunk[0][0], launch))
     # In the sweeper's order (the seed slowest in sweep=device_batch: a slow minute of a shared
     # machine falls on every configuration alike), a pack where its first member stood.
@@ -166,8 +200,9 @@ def numbered(launches: list[Launch], first_pack: int = 0) -> list[list[str]]:
     return out
 
 
-def pack_launches(jobs: list[list[str]], default_size: Any, unpackable: Any,
-                  packs: list[list[list[str]]]) -> tuple[list[tuple[list[str], list[int]]], list[str]]:
+def pack_launches(
+    jobs: list[list[str]], default_size: Any, unpackable: Any, packs: list[list[list[str]]]
+) -> tuple[list[tuple[list[str], list[int]]], list[str]]:
     """group and numbered for a search's batch of trials: each launch's overrides and the places
     in `jobs` of the jobs it trains, and the lines group says; each new pack is appended to
     `packs` (the sweep's plan so far: pack numbers go on from batch to batch)."""
@@ -184,6 +219,7 @@ def pack_launches(jobs: list[list[str]], default_size: Any, unpackable: Any,
 @dataclass
 class PackPlan:
     """packs.json: every pack of the sweep, its members' overrides."""
+
     packs: list[list[list[str]]]
 
     def write(self, sweep_dir: Path) -> None:
@@ -194,5 +230,7 @@ class PackPlan:
     def read(cls, sweep_dir: Path) -> "PackPlan":
         path = sweep_dir / PACKS_FILE
         if not path.is_file():
-            raise SeqlabError(f"pack_job= is set by the sweeper (python train.py -m ... pack=N); {path} is missing")
+            raise SeqlabError(
+                f"pack_job= is set by the sweeper (python train.py -m ... pack=N); {path} is missing"
+            )
         return cls(**json.loads(path.read_text()))

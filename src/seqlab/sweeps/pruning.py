@@ -41,7 +41,9 @@ class TrialReporter(pl.Callback):
         if self.beats is not None:
             self.beats.stop()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self.on_fit_end(trainer, pl_module)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -60,7 +62,9 @@ class TrialReporter(pl.Callback):
             if prune is None:
                 self.trial = None
         self.latest = None
-        if not trainer.strategy.broadcast(prune, src=0):  # every DDP process stops at the same epoch
+        if not trainer.strategy.broadcast(
+            prune, src=0
+        ):  # every DDP process stops at the same epoch
             return
         trainer.should_stop = True
         if self.trial is None:
@@ -70,8 +74,13 @@ class TrialReporter(pl.Callback):
         self.tracker.log_metrics({PRUNED_AT: float(epoch)}, trainer.global_step)
         self.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
         self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials before it"
-        log.info("pruned    trial %d at epoch %d of %d: val_rmse %.4g is worse than the trials before it at that epoch",
-                 n, epoch, trainer.max_epochs, value)
+        log.info(
+            "pruned    trial %d at epoch %d of %d: val_rmse %.4g is worse than the trials before it at that epoch",
+            n,
+            epoch,
+            trainer.max_epochs,
+            value,
+        )
 
 
 def reported(trial: Any, val_rmse: float, epoch: int, number: int) -> Optional[bool]:
@@ -82,8 +91,11 @@ def reported(trial: Any, val_rmse: float, epoch: int, number: int) -> Optional[b
         trial.report(val_rmse, epoch)
         return trial.should_prune()
     except optuna.exceptions.UpdateFinishedTrialError as error:
-        log.warning("trial     %d was ended by its study meanwhile (%s): its run trains on without reports", number,
-                    one_line(error))
+        log.warning(
+            "trial     %d was ended by its study meanwhile (%s): its run trains on without reports",
+            number,
+            one_line(error),
+        )
         return None
 
 

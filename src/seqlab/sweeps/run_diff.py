@@ -12,26 +12,47 @@ from seqlab import SeqlabError
 from seqlab.sweeps.summary import aligned
 
 # The tags that say how a run was made (tracking/describe.py, tracking/provenance.py).
-MADE_OF = ("git_commit", "git_dirty", "code_digest", "hydra_overrides", "accelerator", "device_name", "host",
-           "torch_version", "cuda_version", "lightning_version", "mlflow_version", "torch_threads", "rerun_of")
+MADE_OF = (
+    "git_commit",
+    "git_dirty",
+    "code_digest",
+    "hydra_overrides",
+    "accelerator",
+    "device_name",
+    "host",
+    "torch_version",
+    "cuda_version",
+    "lightning_version",
+    "mlflow_version",
+    "torch_threads",
+    "rerun_of",
+)
 
 
 @dataclass
 class RunDiff:
     names: tuple[str, str]  # each run's name (id)
-    params: list[tuple[str, Optional[str], Optional[str]]]  # (key, A's, B's): only those that differ
+    params: list[
+        tuple[str, Optional[str], Optional[str]]
+    ]  # (key, A's, B's): only those that differ
     tags: list[tuple[str, Optional[str], Optional[str]]]
-    metrics: list[tuple[str, Optional[float], Optional[float]]]  # every metric of either, last values
+    metrics: list[
+        tuple[str, Optional[float], Optional[float]]
+    ]  # every metric of either, last values
 
 
 def _run(client: Any, run_id: str) -> Any:
     try:
         return client.get_run(run_id)
     except Exception:  # noqa: BLE001 - MLflow's not-found differs by store: one line either way
-        raise SeqlabError(f"--diff: no run {run_id} in the store (train.py prints a run's id: mlflow run ...)") from None
+        raise SeqlabError(
+            f"--diff: no run {run_id} in the store (train.py prints a run's id: mlflow run ...)"
+        ) from None
 
 
-def _differ(a: dict[str, str], b: dict[str, str], keys: Any) -> list[tuple[str, Optional[str], Optional[str]]]:
+def _differ(
+    a: dict[str, str], b: dict[str, str], keys: Any
+) -> list[tuple[str, Optional[str], Optional[str]]]:
     return [(k, a.get(k), b.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)]
 
 
@@ -40,7 +61,9 @@ def diff_runs(client: Any, run_a: str, run_b: str) -> RunDiff:
     names = tuple(f"{r.info.run_name} ({r.info.run_id[:8]})" for r in (a, b))
     params = _differ(a.data.params, b.data.params, set(a.data.params) | set(b.data.params))
     tags = _differ(a.data.tags, b.data.tags, MADE_OF)
-    keys = sorted(set(a.data.metrics) | set(b.data.metrics), key=lambda k: (k.startswith("system/"), k))
+    keys = sorted(
+        set(a.data.metrics) | set(b.data.metrics), key=lambda k: (k.startswith("system/"), k)
+    )
     metrics = [(k, a.data.metrics.get(k), b.data.metrics.get(k)) for k in keys]
     return RunDiff(names, params, tags, metrics)
 

@@ -32,8 +32,12 @@ class RunRow:
     seed: Optional[int] = None
     # Networks trained per second: a pack member's pack_model_steps_per_s (K x its it/s), else its it/s.
     model_steps_per_s: Optional[float] = None
-    pack_id: Optional[str] = None  # a pack member's pack: its speeds are the pack's, one measurement for all members
-    val_history: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (step, val_rmse)
+    pack_id: Optional[str] = (
+        None  # a pack member's pack: its speeds are the pack's, one measurement for all members
+    )
+    val_history: list[tuple[float, float]] = field(
+        default_factory=list, repr=False
+    )  # (step, val_rmse)
     # The run's resolved config (flattened): what tells repeats of one configuration apart from
     # other configurations. Empty for rows made by hand: then device, batch and perf do.
     params: dict[str, str] = field(default_factory=dict, repr=False)
@@ -56,7 +60,8 @@ def find_runs(
     if sweep:
         parents = client.search_runs(
             [exp.experiment_id],
-            "tags.sweep_role = 'parent'" + (f" and tags.sweep_id = '{sweep}'" if sweep != "latest" else ""),
+            "tags.sweep_role = 'parent'"
+            + (f" and tags.sweep_id = '{sweep}'" if sweep != "latest" else ""),
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
@@ -64,10 +69,18 @@ def find_runs(
             raise ValueError(f"no sweep {sweep!r} in experiment {experiment!r}")
         parent = parents[0]
         filters.append(f"tags.sweep_id = '{parent.data.tags['sweep_id']}'")
-    runs = client.search_runs([exp.experiment_id], " and ".join(filters), max_results=5000,
-                              order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        [exp.experiment_id],
+        " and ".join(filters),
+        max_results=5000,
+        order_by=["attributes.start_time DESC"],
+    )
     # Neither a sweep's parent nor predict.py's evaluation runs (seqlab.predict) are training runs.
-    runs = [r for r in runs if r.data.tags.get("sweep_role") != "parent" and r.data.tags.get("run_type") != "evaluation"]
+    runs = [
+        r
+        for r in runs
+        if r.data.tags.get("sweep_role") != "parent" and r.data.tags.get("run_type") != "evaluation"
+    ]
     newest: dict[tuple[str, str], object] = {}
     kept = []
     for run in runs:  # newest first
@@ -95,7 +108,9 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
         reached = t.get("target_reached")
         history, util = [], {}
         if with_history and run.info.status == "FINISHED":
-            history = [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, "val_rmse")]
+            history = [
+                (h.step, h.value) for h in client.get_metric_history(run.info.run_id, "val_rmse")
+            ]
             for key in ("system/cpu_utilization_percentage", "system/gpu_0_utilization_percentage"):
                 if key in m:
                     values = [h.value for h in client.get_metric_history(run.info.run_id, key)]
@@ -108,7 +123,8 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 device=t.get("accelerator") or p.get("trainer.accelerator", "?"),
                 batch_size=_int(p.get("data.batch_size")),
                 # A packed run's speeds are its pack's steps/s: never in one group with runs alone.
-                perf=p.get("perf.name", "?") + (f", packed x{t.get('pack_size', '?')}" if "pack_id" in t else ""),
+                perf=p.get("perf.name", "?")
+                + (f", packed x{t.get('pack_size', '?')}" if "pack_id" in t else ""),
                 it_per_s=m.get("it_per_s_median"),
                 samples_per_s=m.get("samples_per_s_median"),
                 time_to_target_s=m.get("time_to_target_s"),
@@ -120,7 +136,9 @@ def to_rows(client: mlflow.MlflowClient, runs: list, with_history: bool = True) 
                 best_val_rmse=m.get("best_val_rmse"),
                 best_val_rmse_step=m.get("best_val_rmse_step"),
                 seed=_int(p.get("seed")),
-                model_steps_per_s=m.get("pack_model_steps_per_s_median") if "pack_id" in t else m.get("it_per_s_median"),
+                model_steps_per_s=m.get("pack_model_steps_per_s_median")
+                if "pack_id" in t
+                else m.get("it_per_s_median"),
                 pack_id=t.get("pack_id"),
                 val_history=history,
                 params=dict(p),

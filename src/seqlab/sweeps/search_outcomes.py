@@ -26,8 +26,14 @@ class Outcome:
     note: str = ""
 
 
-def tell(study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Optional["Tracking"], objective: str,
-         member: Optional[int] = None) -> Outcome:
+def tell(
+    study: optuna.Study,
+    trial: optuna.trial.Trial,
+    ret: Any,
+    tracking: Optional["Tracking"],
+    objective: str,
+    member: Optional[int] = None,
+) -> Outcome:
     """Tell the study how the trial ended, from its MLflow run (or its job's result file);
     `objective`: the search's, the run's metric a COMPLETE trial's value is;
     `member`: its place in the pack job `ret` (None: a job of its own)."""
@@ -40,12 +46,16 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Opt
     status = run.info.status if run else (result.status if result else "FAILED")
     if status != "FINISHED":
         state, value = states.FAIL, None
-        note = (result.reason if result and result.reason else f"run {status}")
+        note = result.reason if result and result.reason else f"run {status}"
     elif PRUNED_AT in frozen.user_attrs:
         state, value = states.PRUNED, None
         note = f"pruned at epoch {frozen.user_attrs[PRUNED_AT]}"
     else:
-        value = run.data.metrics.get(objective) if run else (result.val_rmse if result and objective == "final_val_rmse" else None)
+        value = (
+            run.data.metrics.get(objective)
+            if run
+            else (result.val_rmse if result and objective == "final_val_rmse" else None)
+        )
         if value is None or not math.isfinite(value):
             state, value, note = states.FAIL, None, f"the run recorded no finite {objective}"
         else:
@@ -60,7 +70,9 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, ret: Any, tracking: Opt
     return Outcome(trial.number, state.name, value, run_id, run_name, note)
 
 
-def tell_interrupted(study: optuna.Study, in_flight: Sequence[optuna.trial.Trial], tracking: Optional["Tracking"]) -> None:
+def tell_interrupted(
+    study: optuna.Study, in_flight: Sequence[optuna.trial.Trial], tracking: Optional["Tracking"]
+) -> None:
     """The trials that were training when the search stopped (`in_flight`) are not counted as finished:
     they fail, marked for a run again with the same values when the command is repeated, and
     their MLflow runs end KILLED (a job stopped in this process ended its own already)."""
@@ -73,9 +85,15 @@ def tell_interrupted(study: optuna.Study, in_flight: Sequence[optuna.trial.Trial
             study.tell(trial.number, state=states.FAIL)
             if tracking:
                 tracking.kill(study.study_name, trial.number)
-            print(f"trial {trial.number:<3} INTERRUPTED: not counted; the same command runs it again", flush=True)
+            print(
+                f"trial {trial.number:<3} INTERRUPTED: not counted; the same command runs it again",
+                flush=True,
+            )
         except Exception as error:  # noqa: BLE001 - the stop goes on
-            print(f"trial {trial.number:<3} could not be marked interrupted: {one_line(error)}", flush=True)
+            print(
+                f"trial {trial.number:<3} could not be marked interrupted: {one_line(error)}",
+                flush=True,
+            )
 
 
 def _trial_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

@@ -27,6 +27,7 @@ PLOTS = {
 @dataclass
 class SearchRan:
     """What the report needs of the search that ran (seqlab.sweeps.search hands it over)."""
+
     objective: str
     storage_url: str
     arguments: list[str]  # the command line, without the trials' values
@@ -65,24 +66,35 @@ def plots(study: optuna.Study, out: Path) -> tuple[list[Path], list[str]]:
 def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> None:
     states = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
-    counts = {s: sum(t.state == s for t in trials) for s in (states.COMPLETE, states.PRUNED, states.FAIL)}
-    interrupted = sum(t.state == states.FAIL and bool(t.user_attrs.get(INTERRUPTED)) for t in trials)
+    counts = {
+        s: sum(t.state == s for t in trials) for s in (states.COMPLETE, states.PRUNED, states.FAIL)
+    }
+    interrupted = sum(
+        t.state == states.FAIL and bool(t.user_attrs.get(INTERRUPTED)) for t in trials
+    )
     out = search.sweep_dir / SEARCH_DIR
     out.mkdir(parents=True, exist_ok=True)
-    head = (f"search: study '{study.study_name}': {counts[states.COMPLETE]} complete, {counts[states.PRUNED]} pruned, "
-            f"{counts[states.FAIL] - interrupted} failed"
-            + (f", {interrupted} interrupted (not counted)" if interrupted else "")
-            + f" trial(s); this run took {_duration(search.seconds)}")
+    head = (
+        f"search: study '{study.study_name}': {counts[states.COMPLETE]} complete, {counts[states.PRUNED]} pruned, "
+        f"{counts[states.FAIL] - interrupted} failed"
+        + (f", {interrupted} interrupted (not counted)" if interrupted else "")
+        + f" trial(s); this run took {_duration(search.seconds)}"
+    )
     lines = [head]
     files: list[Path] = []
-    tags: dict[str, Any] = {"optuna_study": study.study_name, "optuna_storage": mask_uris(search.storage_url)}
+    tags: dict[str, Any] = {
+        "optuna_study": study.study_name,
+        "optuna_storage": mask_uris(search.storage_url),
+    }
     if not counts[states.COMPLETE]:
         lines.append(f"no trial completed: no best config ({search.objective} was never recorded)")
     else:
         best = study.best_trial
         run_id = best.user_attrs.get("mlflow_run_id")
         fixed = [a for a in search.arguments if not a.startswith("hparams_search=")]
-        command = mask_text(" ".join(["python train.py", *fixed, *overrides_for(best.params)]))  # as typed, secrets masked
+        command = mask_text(
+            " ".join(["python train.py", *fixed, *overrides_for(best.params)])
+        )  # as typed, secrets masked
         (out / "best_overrides.txt").write_text(command + "\n")
         files.append(out / "best_overrides.txt")
         config = _best_config(search, best, run_id, tracking, out / "best_config.yaml")
@@ -90,7 +102,11 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
             files.append(config)
         starts = [t for t in trials if t.user_attrs.get(STARTING)]
         start = next((t for t in starts if t.state == states.COMPLETE), None)
-        line = f"best: trial {best.number}" + (f" (run trial-{best.number})" if run_id else "") + f", {search.objective} {best.value:.4g}"
+        line = (
+            f"best: trial {best.number}"
+            + (f" (run trial-{best.number})" if run_id else "")
+            + f", {search.objective} {best.value:.4g}"
+        )
         if not starts:
             line += "; the starting config is not among the trials (it lies outside the search space): no comparison"
         elif start is None:
@@ -99,12 +115,21 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
             line += ": the starting config itself; no trial beat it"
         else:
             gain = start.value - best.value
-            line += (f", {gain:.4g} lower than the starting config's {start.value:.4g} (trial {start.number}), "
-                     f"{100 * gain / start.value:.1f}% better")
+            line += (
+                f", {gain:.4g} lower than the starting config's {start.value:.4g} (trial {start.number}), "
+                f"{100 * gain / start.value:.1f}% better"
+            )
         lines += [line, f"  {command}"]
         if config:
-            lines.append(f"  its whole config: {config}" + (" (also search/best_config.yaml on the parent run)" if tracking else ""))
-        tags.update(best_trial=best.number, best_value=f"{best.value:.6g}", best_overrides=" ".join(overrides_for(best.params)))
+            lines.append(
+                f"  its whole config: {config}"
+                + (" (also search/best_config.yaml on the parent run)" if tracking else "")
+            )
+        tags.update(
+            best_trial=best.number,
+            best_value=f"{best.value:.6g}",
+            best_overrides=" ".join(overrides_for(best.params)),
+        )
     made, skipped = plots(study, out)
     files += made
     if skipped:
@@ -128,15 +153,21 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
         client.log_metric(parent, "best_objective", study.best_value)
 
 
-def _best_config(search: SearchRan, best: Any, run_id: Optional[str], tracking: Optional[Any], dst: Path) -> Optional[Path]:
+def _best_config(
+    search: SearchRan, best: Any, run_id: Optional[str], tracking: Optional[Any], dst: Path
+) -> Optional[Path]:
     """The config the best trial trained with, as its run saved it (resolved); composed again
     from the command and its values when the run is out of reach."""
     if tracking is not None and run_id:
         import os
 
-        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one small file: no progress bar
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = (
+            "false"  # one small file: no progress bar
+        )
         try:
-            local = tracking.client.download_artifacts(run_id, "config.yaml", str(dst.parent / "_download"))
+            local = tracking.client.download_artifacts(
+                run_id, "config.yaml", str(dst.parent / "_download")
+            )
             shutil.move(local, dst)
             shutil.rmtree(dst.parent / "_download", ignore_errors=True)
             return dst

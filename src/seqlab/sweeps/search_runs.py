@@ -34,8 +34,12 @@ class Tracking:
         self.experiment_id = sweep.experiment_id
 
     def runs_of(self, study: str, number: Optional[int] = None) -> list:
-        query = f"tags.optuna_study = '{study}'" + (f" and tags.optuna_trial = '{number}'" if number is not None else "")
-        return self.client.search_runs([self.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=5000)
+        query = f"tags.optuna_study = '{study}'" + (
+            f" and tags.optuna_trial = '{number}'" if number is not None else ""
+        )
+        return self.client.search_runs(
+            [self.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=5000
+        )
 
     def run_of(self, study: str, number: int) -> Any:
         runs = self.runs_of(study, number)

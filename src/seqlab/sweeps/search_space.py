@@ -19,24 +19,38 @@ from seqlab.validation import validate
 _MISSING = object()  # OmegaConf.select's answer for a key the config does not have
 
 
-def check_against_config(space: Mapping[str, optuna.distributions.BaseDistribution], config: DictConfig,
-                         compose: Callable[[Sequence[str]], DictConfig], swept_here: Collection[str]) -> None:
+def check_against_config(
+    space: Mapping[str, optuna.distributions.BaseDistribution],
+    config: DictConfig,
+    compose: Callable[[Sequence[str]], DictConfig],
+    swept_here: Collection[str],
+) -> None:
     """SearchError, named where the user wrote the entry (`swept_here`: the command line's keys), for
     a key the config (the sweeper's, `config`) does not have or a value that makes no valid config;
     `compose`: a job's config from a trial's overrides, as the launcher composes it."""
     groups = set(config.hydra.runtime.choices.keys())
     for key, distribution in space.items():
         if key.startswith("hydra.") or "/" in key:
-            raise SearchError(f"{_where(key, swept_here)}: only keys of the training config can be searched")
+            raise SearchError(
+                f"{_where(key, swept_here)}: only keys of the training config can be searched"
+            )
         if key in groups:
             if not isinstance(distribution, optuna.distributions.CategoricalDistribution):
-                raise SearchError(f"{_where(key, swept_here)}: {key} is a config group: search it with type: categorical "
-                                  "and option names as choices")
+                raise SearchError(
+                    f"{_where(key, swept_here)}: {key} is a config group: search it with type: categorical "
+                    "and option names as choices"
+                )
             continue
         if OmegaConf.select(config, key, default=_MISSING, throw_on_missing=False) is _MISSING:
             parent = key.rpartition(".")[0]
-            raise SearchError(f"{_where(key, swept_here)}: {key} is not a config key"
-                              + (f" ({parent} has: {', '.join(_keys(config, parent))})" if parent and _keys(config, parent) else ""))
+            raise SearchError(
+                f"{_where(key, swept_here)}: {key} is not a config key"
+                + (
+                    f" ({parent} has: {', '.join(_keys(config, parent))})"
+                    if parent and _keys(config, parent)
+                    else ""
+                )
+            )
     _compose_extremes(space, compose, swept_here)
 
 
@@ -50,8 +64,11 @@ def _keys(config: DictConfig, parent: str) -> list[str]:
     return sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
 
 
-def _compose_extremes(space: Mapping[str, Any], compose: Callable[[Sequence[str]], DictConfig],
-                      swept_here: Collection[str]) -> None:
+def _compose_extremes(
+    space: Mapping[str, Any],
+    compose: Callable[[Sequence[str]], DictConfig],
+    swept_here: Collection[str],
+) -> None:
     """Every trial's config must compose and pass the schema's checks: each key is tried at
     both ends of its range and at every choice, the rest as the command gives them, as a job
     would compose it, so that a bad value is named before anything trains."""
@@ -72,11 +89,14 @@ def _compose_extremes(space: Mapping[str, Any], compose: Callable[[Sequence[str]
                 message = one_line(error).split(" full_key:")[0]
             else:
                 continue
-            raise SearchError(f"{_where(key, swept_here)}: {override} ({what}) does not make a valid config: {message}")
+            raise SearchError(
+                f"{_where(key, swept_here)}: {override} ({what}) does not make a valid config: {message}"
+            )
 
 
-def starting_point(space: Mapping[str, optuna.distributions.BaseDistribution],
-                   config: DictConfig) -> tuple[dict[str, Any], list[str]]:
+def starting_point(
+    space: Mapping[str, optuna.distributions.BaseDistribution], config: DictConfig
+) -> tuple[dict[str, Any], list[str]]:
     """Trial 0: the config's own value of each key the space holds (a group's: its option's name),
     and, as `key=value` overrides, those of its values that lie outside the space."""
     start, outside = {}, []

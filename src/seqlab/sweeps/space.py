@@ -25,7 +25,9 @@ _FIELDS = {
     "int": {"type", "low", "high", "log", "step"},
     "categorical": {"type", "choices"},
 }
-GRAMMAR_EXAMPLES = "tag(log, interval(1e-4, 1e-2)), int(interval(8, 64)), range(8, 64, step=8), choice(32, 64)"
+GRAMMAR_EXAMPLES = (
+    "tag(log, interval(1e-4, 1e-2)), int(interval(8, 64)), range(8, 64, step=8), choice(32, 64)"
+)
 
 
 def _number(value: Any) -> bool:
@@ -42,7 +44,9 @@ def _parse(line: str, where: str = "") -> Override:
     except HydraException as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         place = f"{where}: {line.split('=', 1)[1]!r}" if where else line
-        raise SearchError(f"{place}: not Hydra's sweep grammar ({reason}); write e.g. {GRAMMAR_EXAMPLES}") from None
+        raise SearchError(
+            f"{place}: not Hydra's sweep grammar ({reason}); write e.g. {GRAMMAR_EXAMPLES}"
+        ) from None
     return override
 
 
@@ -51,19 +55,33 @@ def spec_of_override(override: Override, where: str) -> dict[str, Any]:
     from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep, Transformer
 
     if not override.is_sweep_override():
-        return {"type": "categorical", "choices": [override.value()]}  # one value: every trial takes it
+        return {
+            "type": "categorical",
+            "choices": [override.value()],
+        }  # one value: every trial takes it
     value = override.value()
     if isinstance(value, Glob):
-        raise SearchError(f"{where}: {override.input_line} is a sweep Optuna cannot sample; write e.g. {GRAMMAR_EXAMPLES}")
+        raise SearchError(
+            f"{where}: {override.input_line} is a sweep Optuna cannot sample; write e.g. {GRAMMAR_EXAMPLES}"
+        )
     if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
-        return {"type": "categorical", "choices": list(override.sweep_iterator(transformer=Transformer.encode))}
+        return {
+            "type": "categorical",
+            "choices": list(override.sweep_iterator(transformer=Transformer.encode)),
+        }
     if isinstance(value, RangeSweep):
-        kind = "float" if any(isinstance(v, float) for v in (value.start, value.stop, value.step)) else "int"
+        kind = (
+            "float"
+            if any(isinstance(v, float) for v in (value.start, value.stop, value.step))
+            else "int"
+        )
         return {"type": kind, "low": value.start, "high": value.stop, "step": value.step}
     if isinstance(value, IntervalSweep):
         kind = "int" if isinstance(value.start, int) and isinstance(value.end, int) else "float"
         return {"type": kind, "low": value.start, "high": value.end, "log": "log" in value.tags}
-    raise SearchError(f"{where}: {override.input_line} is a sweep Optuna cannot sample; write e.g. {GRAMMAR_EXAMPLES}")
+    raise SearchError(
+        f"{where}: {override.input_line} is a sweep Optuna cannot sample; write e.g. {GRAMMAR_EXAMPLES}"
+    )
 
 
 def split_arguments(arguments: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -77,21 +95,27 @@ def split_arguments(arguments: Sequence[str]) -> tuple[list[str], dict[str, str]
             continue
         key = override.get_key_element()
         if key.startswith(("+", "~")) or override.package:
-            raise SearchError(f"{argument}: a search samples keys the config has; drop the {key[0] if key[0] in '+~' else '@'}")
+            raise SearchError(
+                f"{argument}: a search samples keys the config has; drop the {key[0] if key[0] in '+~' else '@'}"
+            )
         swept[key] = argument.split("=", 1)[1]
     return fixed, swept
 
 
-def parse_space(params: Mapping[str, Any], from_command_line: Collection[str] = ()) -> dict[str, optuna.distributions.BaseDistribution]:
+def parse_space(
+    params: Mapping[str, Any], from_command_line: Collection[str] = ()
+) -> dict[str, optuna.distributions.BaseDistribution]:
     """hydra.sweeper.params (flattened, with the command line's sweeps) -> Optuna distributions;
     SearchError names the first bad entry where the user wrote it (`from_command_line`: those keys)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
     if not params:
-        raise SearchError("hydra.sweeper.params is empty: give at least one key to search, e.g. "
-                          "optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}, or "
-                          "'optimizer.lr=tag(log, interval(1e-4, 1e-2))' on the command line")
+        raise SearchError(
+            "hydra.sweeper.params is empty: give at least one key to search, e.g. "
+            "optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}, or "
+            "'optimizer.lr=tag(log, interval(1e-4, 1e-2))' on the command line"
+        )
     for key, spec in params.items():
         where = key if key in from_command_line else f"hydra.sweeper.params.{key}"
         if isinstance(spec, str):
@@ -99,36 +123,61 @@ def parse_space(params: Mapping[str, Any], from_command_line: Collection[str] = 
         if isinstance(spec, (list, tuple)):
             spec = {"type": "categorical", "choices": list(spec)}
         if not isinstance(spec, Mapping):
-            raise SearchError(f"{where}: give {{type: float|int|categorical, ...}}, a list of choices or Hydra's "
-                              f"sweep grammar ({GRAMMAR_EXAMPLES}), got {spec!r}")
+            raise SearchError(
+                f"{where}: give {{type: float|int|categorical, ...}}, a list of choices or Hydra's "
+                f"sweep grammar ({GRAMMAR_EXAMPLES}), got {spec!r}"
+            )
         kind = spec.get("type")
         if kind not in _FIELDS:
-            raise SearchError(f"{where}: unknown distribution {kind!r}; use type: float, int or categorical")
+            raise SearchError(
+                f"{where}: unknown distribution {kind!r}; use type: float, int or categorical"
+            )
         extra = sorted(set(spec) - _FIELDS[kind])
         if extra:
-            raise SearchError(f"{where}: {kind} takes {', '.join(sorted(_FIELDS[kind] - {'type'}))}; not {', '.join(extra)}")
+            raise SearchError(
+                f"{where}: {kind} takes {', '.join(sorted(_FIELDS[kind] - {'type'}))}; not {', '.join(extra)}"
+            )
         if kind == "categorical":
             choices = spec.get("choices")
             if not isinstance(choices, (list, tuple)) or not choices:
-                raise SearchError(f"{where}: categorical needs a non-empty list of choices, got {choices!r}")
+                raise SearchError(
+                    f"{where}: categorical needs a non-empty list of choices, got {choices!r}"
+                )
             if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
-                raise SearchError(f"{where}: choices must be numbers, strings, booleans or null, got {choices!r}")
+                raise SearchError(
+                    f"{where}: choices must be numbers, strings, booleans or null, got {choices!r}"
+                )
             space[key] = CategoricalDistribution(list(choices))
             continue
-        low, high, log_scale, step = spec.get("low"), spec.get("high"), bool(spec.get("log", False)), spec.get("step")
+        low, high, log_scale, step = (
+            spec.get("low"),
+            spec.get("high"),
+            bool(spec.get("log", False)),
+            spec.get("step"),
+        )
         if not (_number(low) and _number(high)):
-            raise SearchError(f"{where}: {kind} needs numbers low and high, got low={low!r} high={high!r}")
+            raise SearchError(
+                f"{where}: {kind} needs numbers low and high, got low={low!r} high={high!r}"
+            )
         if low >= high:
             raise SearchError(f"{where}: empty range: low={low} must be below high={high}")
         if log_scale and low <= 0:
-            raise SearchError(f"{where}: a log range must stay above 0, got low={low}; raise low, or drop log: true")
+            raise SearchError(
+                f"{where}: a log range must stay above 0, got low={low}; raise low, or drop log: true"
+            )
         if step is not None and (not _number(step) or step <= 0):
             raise SearchError(f"{where}: step must be a positive number, got {step!r}")
         if log_scale and step is not None:
-            raise SearchError(f"{where}: log: true and step cannot be combined (Optuna samples one or the other)")
+            raise SearchError(
+                f"{where}: log: true and step cannot be combined (Optuna samples one or the other)"
+            )
         if kind == "int":
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step or 1)):
-                raise SearchError(f"{where}: int needs whole numbers, got low={low} high={high} step={step}")
+            if not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step or 1)
+            ):
+                raise SearchError(
+                    f"{where}: int needs whole numbers, got low={low} high={high} step={step}"
+                )
             space[key] = IntDistribution(low, high, log=log_scale, step=step or 1)
         else:
             space[key] = FloatDistribution(float(low), float(high), log=log_scale, step=step)

@@ -37,7 +37,9 @@ class Summary:
         if self.n < 2:
             return None
         if len(set(self.values)) == 1:
-            return 0.0  # exactly: the float mean of equal values can differ from them in the last bit
+            return (
+                0.0  # exactly: the float mean of equal values can differ from them in the last bit
+            )
         m = self.mean
         return math.sqrt(sum((v - m) ** 2 for v in self.values) / (self.n - 1))
 
@@ -108,7 +110,9 @@ def compare_means(a: Summary, b: Summary, alpha: float = ALPHA) -> str:
     return LESS if a.mean < b.mean else GREATER
 
 
-def tied_with_best(groups: dict[str, Summary], lower_is_better: bool) -> tuple[Optional[str], list[str], list[str]]:
+def tied_with_best(
+    groups: dict[str, Summary], lower_is_better: bool
+) -> tuple[Optional[str], list[str], list[str]]:
     """The best group by mean, the groups tied with it (Welch, not significantly different), and
     those that could not be tested against it (n < 2 on either side). Groups without values are
     left out."""

@@ -45,15 +45,18 @@ def overrides_for(params: Mapping[str, Any]) -> list[str]:
     return [f"{key}={override_value(value)}" for key, value in params.items()]
 
 
-def make_sampler(spec: Mapping[str, Any], seed: Optional[int], parallel: bool) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    spec: Mapping[str, Any], seed: Optional[int], parallel: bool
+) -> optuna.samplers.BaseSampler:
     import optuna
 
     name = spec.get("name", "tpe")
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: trials launched together are steered apart instead of drawn alike.
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=int(spec.get("n_startup_trials", 10)),
-                                      constant_liar=parallel)
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=int(spec.get("n_startup_trials", 10)), constant_liar=parallel
+    )
 
 
 def make_pruner(spec: Mapping[str, Any]) -> optuna.pruners.BasePruner:
@@ -62,20 +65,26 @@ def make_pruner(spec: Mapping[str, Any]) -> optuna.pruners.BasePruner:
 
     name = spec.get("name", "median")
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=int(spec.get("n_startup_trials", 5)),
-                                           n_warmup_steps=int(spec.get("n_warmup_steps", 1)))
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=int(spec.get("n_startup_trials", 5)),
+            n_warmup_steps=int(spec.get("n_warmup_steps", 1)),
+        )
     if name == "hyperband":
         max_resource = spec.get("max_resource", "auto")
-        return optuna.pruners.HyperbandPruner(min_resource=int(spec.get("min_resource", 1)),
-                                              max_resource=max_resource if max_resource == "auto" else int(max_resource),
-                                              reduction_factor=int(spec.get("reduction_factor", 3)))
+        return optuna.pruners.HyperbandPruner(
+            min_resource=int(spec.get("min_resource", 1)),
+            max_resource=max_resource if max_resource == "auto" else int(max_resource),
+            reduction_factor=int(spec.get("reduction_factor", 3)),
+        )
     return optuna.pruners.NopPruner()
 
 
 JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/study.log
 
 
-def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None) -> optuna.storages.BaseStorage:
+def storage_for(
+    url: str, heartbeat: Optional[tuple[int, int, Callable]] = None
+) -> optuna.storages.BaseStorage:
     """The study's storage: a database (SQLAlchemy URL), or Optuna's journal file (journal:///path,
     an append-only log with its own file lock: safe on NFS, no server). SQLite takes one writer at a
     time: jobs side by side wait for the lock (up to a minute) instead of failing at once.
@@ -86,11 +95,20 @@ def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None)
     if url.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
-        path = Path("/" + url[len(JOURNAL):].lstrip("/"))
+        path = Path("/" + url[len(JOURNAL) :].lstrip("/"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
-    beats = {} if heartbeat is None else dict(heartbeat_interval=heartbeat[0], grace_period=heartbeat[1],
-                                              heartbeat_stale_trial_callback=heartbeat[2])
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+        )
+    beats = (
+        {}
+        if heartbeat is None
+        else dict(
+            heartbeat_interval=heartbeat[0],
+            grace_period=heartbeat[1],
+            heartbeat_stale_trial_callback=heartbeat[2],
+        )
+    )
     # Workers started together on a new study database race to create its tables (measured: two
     # searches started at once on a new SQLite file, one failed on alembic_version's UNIQUE
     # constraint). A SQLite file is created under its lock file, one process at a time; a database
@@ -98,12 +116,16 @@ def storage_for(url: str, heartbeat: Optional[tuple[int, int, Callable]] = None)
     if url.startswith("sqlite:///"):
         from seqlab.store.local import store_lock  # a SQLite study only
 
-        with store_lock(Path(url[len("sqlite:///"):])):
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats)
+        with store_lock(Path(url[len("sqlite:///") :])):
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs={"connect_args": {"timeout": 60}}, **beats
+            )
     for attempt in range(3):
         try:
             return optuna.storages.RDBStorage(url, **beats)
         except Exception as error:  # noqa: BLE001 - SQLAlchemy's IntegrityError/ProgrammingError of the race
-            if attempt == 2 or not any(word in str(error) for word in ("alembic_version", "already exists", "duplicate")):
+            if attempt == 2 or not any(
+                word in str(error) for word in ("alembic_version", "already exists", "duplicate")
+            ):
                 raise
             time.sleep(1.0)

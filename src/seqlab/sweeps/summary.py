@@ -44,11 +44,14 @@ def _status(result: JobResult, plan: Optional[dict[str, PlannedJob]]) -> str:
     return f"{result.status} (continued)"
 
 
-def summary_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None) -> list[dict[str, str]]:
+def summary_rows(
+    results: list[JobResult], plan: Optional[dict[str, PlannedJob]] = None
+) -> list[dict[str, str]]:
     return [
         {
             "job": job_label(r),
-            "overrides": " ".join(o for o in r.overrides if not o.startswith("resume=")) or "(defaults)",
+            "overrides": " ".join(o for o in r.overrides if not o.startswith("resume="))
+            or "(defaults)",
             "status": _status(r, plan),
             "it/s": fmt(r.it_per_s, ",.0f"),
             "val_rmse": fmt(r.val_rmse, ".4g"),
@@ -73,7 +76,13 @@ def _pack_row(rows: list[dict[str, str]], members: list[JobResult]) -> dict[str,
 
     def span(values: list[Optional[float]]) -> str:
         found = [v for v in values if v is not None]
-        return "-" if not found else fmt(min(found)) if min(found) == max(found) else f"{fmt(min(found))}..{fmt(max(found))}"
+        return (
+            "-"
+            if not found
+            else fmt(min(found))
+            if min(found) == max(found)
+            else f"{fmt(min(found))}..{fmt(max(found))}"
+        )
 
     return {
         "job": f"{rows[0]['job']}-{members[-1].member}",
@@ -86,7 +95,9 @@ def _pack_row(rows: list[dict[str, str]], members: list[JobResult]) -> dict[str,
     }
 
 
-def _console_rows(results: list[JobResult], plan: Optional[dict[str, PlannedJob]]) -> list[dict[str, str]]:
+def _console_rows(
+    results: list[JobResult], plan: Optional[dict[str, PlannedJob]]
+) -> list[dict[str, str]]:
     rows = summary_rows(results, plan)
     out, i = [], 0
     while i < len(rows):
@@ -108,9 +119,11 @@ def format_summary(results: list[JobResult], plan: Optional[dict[str, PlannedJob
     lines += [f"job {job_label(r)}: {r.reason}" for r in results if r.reason]
     if any(r.member is not None for r in results):
         # Never one column of packed and unpacked speeds without saying so (seqlab.packing).
-        lines.append("jobs N.k trained packed, as member k of pack N (N.0-k: the pack's members, their val_rmse and best "
-                     "as a range): their it/s is the pack's steps/s (K networks a step); each run's "
-                     "pack_model_steps_per_s is K x that")
+        lines.append(
+            "jobs N.k trained packed, as member k of pack N (N.0-k: the pack's members, their val_rmse and best "
+            "as a range): their it/s is the pack's steps/s (K networks a step); each run's "
+            "pack_model_steps_per_s is K x that"
+        )
     return "\n".join(lines)
 
 

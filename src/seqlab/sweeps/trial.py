@@ -24,7 +24,11 @@ class TrialLink:
     number: int
 
     def tags(self) -> dict[str, str]:
-        return {"optuna_study": self.study, "optuna_trial": str(self.number), "trial_state": "RUNNING"}
+        return {
+            "optuna_study": self.study,
+            "optuna_trial": str(self.number),
+            "trial_state": "RUNNING",
+        }
 
 
 def current() -> Optional[TrialLink]:
@@ -46,6 +50,7 @@ def _set_environment(values: dict[str, str]) -> Callable[[], None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
     return restore
 
 
@@ -59,7 +64,14 @@ def member_link(overrides: list[str]) -> Optional[TrialLink]:
     """The trial of a pack's member (seqlab.packing): its number is in its own overrides (the
     sweeper's `hydra.job.env_set` for a job alone, which a pack of trials cannot set per member),
     the study's storage and name in the pack job's environment, which all its members share."""
-    number = next((o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == f"hydra.job.env_set.{ENV_TRIAL}"), None)
+    number = next(
+        (
+            o.partition("=")[2]
+            for o in overrides
+            if o.lstrip("+").partition("=")[0] == f"hydra.job.env_set.{ENV_TRIAL}"
+        ),
+        None,
+    )
     if number is None or ENV_STUDY not in os.environ or ENV_STORAGE not in os.environ:
         return None
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number.strip("'")))
@@ -95,7 +107,9 @@ def open_trial(link: TrialLink):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_for(link.storage)
     study_id = storage.get_study_id_from_name(link.study)
-    pruner = make_pruner(storage.get_study_user_attrs(study_id).get("seqlab_pruner") or {"name": "none"})
+    pruner = make_pruner(
+        storage.get_study_user_attrs(study_id).get("seqlab_pruner") or {"name": "none"}
+    )
     study = optuna.load_study(study_name=link.study, storage=storage, pruner=pruner)
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, link.number)
     return optuna.trial.Trial(study, trial_id)

@@ -29,7 +29,6 @@ NOT_CONFIG = ("paths.", "logger.", "hydra.", "resume", "ckpt_path", "notes")
 _COLUMN_KEYS = ("trainer.accelerator", "data.batch_size", "perf.", "pack", "replicas")
 
 
-
 # -- repeats -------------------------------------------------------------------------------------
 # The metrics summarised per configuration: (attribute, heading, format, lower is better).
 METRICS = (
@@ -44,7 +43,15 @@ METRICS = (
     ("gpu_util", "gpu %", ".0f", False),
 )
 _ONE_PER_PACK = ("it_per_s", "samples_per_s", "model_steps_per_s", "cpu_util", "gpu_util")
-RANK_BY = ("config", "it_per_s", "samples_per_s", "model_steps_per_s", "time_to_target_s", "val_rmse", "best_val_rmse")
+RANK_BY = (
+    "config",
+    "it_per_s",
+    "samples_per_s",
+    "model_steps_per_s",
+    "time_to_target_s",
+    "val_rmse",
+    "best_val_rmse",
+)
 
 
 @dataclass
@@ -54,7 +61,9 @@ class Group:
     device: str
     batch_size: Optional[int]
     perf: str
-    extra: str  # other keys that set this configuration apart from the others, e.g. optimizer.lr=0.01
+    extra: (
+        str  # other keys that set this configuration apart from the others, e.g. optimizer.lr=0.01
+    )
     runs: list[RunRow]
 
     @property
@@ -72,7 +81,9 @@ class Group:
 
     @property
     def n_reached(self) -> int:
-        return sum(r.target_reached is True or r.time_to_target_s is not None for r in self.finished)
+        return sum(
+            r.target_reached is True or r.time_to_target_s is not None for r in self.finished
+        )
 
     @property
     def n_missed(self) -> int:
@@ -84,7 +95,11 @@ class Group:
             # The members of a pack share one measurement of speed (its steps took what they took):
             # counted once, so that n and the interval are over independent measurements.
             seen: set[str] = set()
-            rows = [r for r in rows if r.pack_id is None or not (r.pack_id in seen or seen.add(r.pack_id))]
+            rows = [
+                r
+                for r in rows
+                if r.pack_id is None or not (r.pack_id in seen or seen.add(r.pack_id))
+            ]
         return summarize(getattr(r, metric) for r in rows)
 
     @property
@@ -93,13 +108,21 @@ class Group:
 
     @property
     def label(self) -> str:
-        return f"{self.device}, batch {fmt(self.batch_size, 'd')}, perf={self.perf}" + (f", {self.extra}" if self.extra else "")
+        return f"{self.device}, batch {fmt(self.batch_size, 'd')}, perf={self.perf}" + (
+            f", {self.extra}" if self.extra else ""
+        )
 
 
 def _config_key(row: RunRow, seed_keys: set[str]) -> tuple:
     if not row.params:
         return (row.device, row.batch_size, row.perf)
-    kept = tuple(sorted((k, v) for k, v in row.params.items() if k not in seed_keys and not k.startswith(NOT_CONFIG)))
+    kept = tuple(
+        sorted(
+            (k, v)
+            for k, v in row.params.items()
+            if k not in seed_keys and not k.startswith(NOT_CONFIG)
+        )
+    )
     return (row.device, row.batch_size, row.perf, kept)
 
 
@@ -110,7 +133,9 @@ def group_runs(rows: list[RunRow]) -> list[Group]:
     with_params = [r for r in rows if r.params]
     if with_params:
         keys = set().union(*(r.params for r in with_params))
-        seed_keys |= {k for k in keys if all(r.params.get(k) == r.params.get("seed") for r in with_params)}
+        seed_keys |= {
+            k for k in keys if all(r.params.get(k) == r.params.get("seed") for r in with_params)
+        }
     buckets: dict[tuple, list[RunRow]] = {}
     for row in rows:
         buckets.setdefault(_config_key(row, seed_keys), []).append(row)
@@ -170,19 +195,33 @@ class Crossover:
         if self.batch is None:
             return f"GPU never overtakes CPU{label} at the batch sizes run{tied}."
         if not self.tested:
-            label = f" (perf={self.perf}; single runs: no test)" if self.perf else " (single runs: no test)"
+            label = (
+                f" (perf={self.perf}; single runs: no test)"
+                if self.perf
+                else " (single runs: no test)"
+            )
             return f"GPU beats CPU from batch {self.batch}{label}."
-        where = (f"between batch {self.after} and {self.batch}" if self.after is not None
-                 else f"at batch {self.batch} or below")
-        return (f"GPU beats CPU from batch {self.batch}{label}, significantly at every batch size from there"
-                f"{tied}: the crossover lies {where}.")
+        where = (
+            f"between batch {self.after} and {self.batch}"
+            if self.after is not None
+            else f"at batch {self.batch} or below"
+        )
+        return (
+            f"GPU beats CPU from batch {self.batch}{label}, significantly at every batch size from there"
+            f"{tied}: the crossover lies {where}."
+        )
 
 
 def crossover_detail(groups: list[Group], perf: Optional[str] = None) -> Crossover:
     def rates(device: str) -> dict[int, Summary]:
         found = {}
         for g in groups:
-            if g.device == device and g.batch_size and (perf is None or g.perf == perf) and g.stat("samples_per_s").n:
+            if (
+                g.device == device
+                and g.batch_size
+                and (perf is None or g.perf == perf)
+                and g.stat("samples_per_s").n
+            ):
                 found[g.batch_size] = g.stat("samples_per_s")
         return found
 
@@ -212,7 +251,9 @@ def crossover(rows: list[RunRow], perf: Optional[str] = None) -> Optional[int]:
 
 
 # -- verdict ---------------------------------------------------------------------------------------
-def _best_text(groups: list[Group], metric: str, unit: str, spec: str) -> Optional[tuple[Group, str]]:
+def _best_text(
+    groups: list[Group], metric: str, unit: str, spec: str
+) -> Optional[tuple[Group, str]]:
     """'<best> (<mean ± ci><unit>, n = 3); tied within noise (n = 3) with: ...' over the groups."""
     lower = next(m[3] for m in METRICS if m[0] == metric)
     by_label = {g.label: g for g in groups}
@@ -226,11 +267,18 @@ def _best_text(groups: list[Group], metric: str, unit: str, spec: str) -> Option
 
     text = one(g)
     if tied:
-        text += f"; tied within noise ({n_text([by_label[k] for k in [best, *tied]])}) with: " + "; ".join(one(by_label[k]) for k in tied)
+        text += (
+            f"; tied within noise ({n_text([by_label[k] for k in [best, *tied]])}) with: "
+            + "; ".join(one(by_label[k]) for k in tied)
+        )
     elif len([x for x in groups if x.stat(metric).n]) > 1 and not untested:
         text += "; significantly ahead of every other configuration"
     if untested:
-        others = f"the other {len(untested)}" if len(untested) > 2 else "; ".join(by_label[k].label for k in untested)
+        others = (
+            f"the other {len(untested)}"
+            if len(untested) > 2
+            else "; ".join(by_label[k].label for k in untested)
+        )
         text += f"; not tested against {others} (n = 1)"
     return g, text
 
@@ -243,8 +291,16 @@ def _spans(numbers: list[int]) -> str:
             spans[-1][1] = n
         else:
             spans.append([n, n])
-    return ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}, {a + 1}, {b}" if b == a + 2 else f"{a}-{b}"
-                     for a, b in spans)
+    return ", ".join(
+        str(a)
+        if a == b
+        else f"{a}, {b}"
+        if b == a + 1
+        else f"{a}, {a + 1}, {b}"
+        if b == a + 2
+        else f"{a}-{b}"
+        for a, b in spans
+    )
 
 
 def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
@@ -257,18 +313,22 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
             f"{n_text(finished)} repeats per configuration"
             + (f" (seeds {_spans(seeds)})" if seeds else "")
             + f"; ± is the 95% Student-t interval of the mean; a configuration is ahead of another only where "
-              f"{TEST_NAME} (two-sided, p < {ALPHA:g}) says so, \"tied within noise\" otherwise."
+            f'{TEST_NAME} (two-sided, p < {ALPHA:g}) says so, "tied within noise" otherwise.'
         )
     elif finished:
-        parts.append("One run per configuration (n = 1): no intervals and no tests, so the ranking below may be "
-                     "noise; repeat with seed=0,1,2 to know.")
+        parts.append(
+            "One run per configuration (n = 1): no intervals and no tests, so the ranking below may be "
+            "noise; repeat with seed=0,1,2 to know."
+        )
     devices = {g.device for g in finished}
     if "gpu" in devices and "cpu" in devices:
         perfs = sorted({g.perf for g in finished if g.device == "gpu"})
         for perf in perfs or [None]:
             parts.append(crossover_detail(groups, perf).text())
     else:
-        parts.append(f"Only {', '.join(sorted(devices)) or 'no'} runs finished: no CPU/GPU crossover to report.")
+        parts.append(
+            f"Only {', '.join(sorted(devices)) or 'no'} runs finished: no CPU/GPU crossover to report."
+        )
 
     target_text = f"RMSE {target:g}" if target else "the target RMSE"
     # Where one run is fastest, runs alone answer: a pack member's time and speed are its pack's,
@@ -278,12 +338,22 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     sometimes = [g for g in alone if g.n_reached]
     if always or sometimes:
         best = _best_text(always or sometimes, "time_to_target_s", " s", ".3g")
-        caveat = "" if always else " (no configuration reached it in every repeat; among those that reached it)"
+        caveat = (
+            ""
+            if always
+            else " (no configuration reached it in every repeat; among those that reached it)"
+        )
         # A configuration that missed the target in some repeats is not ranked by the times of
         # the repeats that were lucky; it is named, with its count.
         partly = [g for g in sometimes if g not in always] if always else []
-        unranked = ("; not ranked, having missed it in some repeats: "
-                    + "; ".join(f"{g.label} (reached in {g.n_reached} of {g.n})" for g in partly)) if partly else ""
+        unranked = (
+            (
+                "; not ranked, having missed it in some repeats: "
+                + "; ".join(f"{g.label} (reached in {g.n_reached} of {g.n})" for g in partly)
+            )
+            if partly
+            else ""
+        )
         parts.append(f"Fastest to {target_text}{caveat}: {best[1]}{unranked}.")
     elif any(g.n_missed for g in finished):
         parts.append(f"No run reached {target_text}.")
@@ -292,13 +362,17 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
         parts.append(f"Lowest val RMSE reached (best of each run, not its last): {best[1]}.")
     best = _best_text(alone, "samples_per_s", " samples/s", ",.0f")
     if best:
-        parts.append(f"Highest throughput{' of one run' if len(alone) < len(finished) else ''}: {best[1]}.")
+        parts.append(
+            f"Highest throughput{' of one run' if len(alone) < len(finished) else ''}: {best[1]}."
+        )
     if any(r.pack_id for g in finished for r in g.finished):
         # Where one run is fastest is not how to use the machine fully: packs train K networks a step.
         best = _best_text(finished, "model_steps_per_s", " model-steps/s", ",.0f")
         if best:
-            parts.append(f"Most networks trained per second (a pack counts all its members; the machine used "
-                         f"fully): {best[1]}.")
+            parts.append(
+                f"Most networks trained per second (a pack counts all its members; the machine used "
+                f"fully): {best[1]}."
+            )
 
     runs = [r for g in groups for r in g.runs]
     failed = [r for r in runs if r.status != "FINISHED"]
@@ -309,8 +383,11 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     if missed and not any(g.n_reached for g in groups):
         count += f"; none reached {target_text}"
     elif missed:
-        count += f"; {sum(g.n_missed for g in missed)} missed {target_text} (" + "; ".join(
-            f"{g.label}: {g.n_missed} of {g.n}" for g in missed) + ")"
+        count += (
+            f"; {sum(g.n_missed for g in missed)} missed {target_text} ("
+            + "; ".join(f"{g.label}: {g.n_missed} of {g.n}" for g in missed)
+            + ")"
+        )
     elif any(g.n_reached for g in groups):
         count += f"; every finished run reached {target_text}"
     parts.append(count + ".")

@@ -36,10 +36,16 @@ from seqlab.sweeps import optuna_private
 from seqlab.sweeps.study import INTERRUPTED, RETRY_OF, STARTING
 
 SURPLUS = "seqlab_surplus"  # a trial given back: it holds no slot until a worker asks it again
-DUPLICATE = "seqlab_duplicate"  # a second retry of one trial, enqueued by two workers at once: never run
-HEARTBEAT = "seqlab_heartbeat_s"  # the study's heartbeat interval, for the processes that train its trials
+DUPLICATE = (
+    "seqlab_duplicate"  # a second retry of one trial, enqueued by two workers at once: never run
+)
+HEARTBEAT = (
+    "seqlab_heartbeat_s"  # the study's heartbeat interval, for the processes that train its trials
+)
 WORKER = "seqlab_worker"  # the search process that asked for the trial (host, pid, ...: seqlab.store.ghosts.identity)
-TRAINER = "seqlab_trainer"  # the process that trains it (a job, or a pack's process), once it has started
+TRAINER = (
+    "seqlab_trainer"  # the process that trains it (a job, or a pack's process), once it has started
+)
 
 
 def retried(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
@@ -52,7 +58,11 @@ def holds_slot(trial: optuna.trial.FrozenTrial, again: set[int]) -> bool:
     was interrupted or whose worker died (its values run again in another trial), nor one given back."""
     states = optuna.trial.TrialState
     if trial.state == states.FAIL:
-        return not trial.user_attrs.get(INTERRUPTED) and not trial.user_attrs.get(DUPLICATE) and trial.number not in again
+        return (
+            not trial.user_attrs.get(INTERRUPTED)
+            and not trial.user_attrs.get(DUPLICATE)
+            and trial.number not in again
+        )
     if trial.state == states.WAITING:
         return not trial.user_attrs.get(SURPLUS)
     return True
@@ -63,15 +73,24 @@ def free_slots(study: optuna.Study, n_trials: int) -> int:
     ones are not deducted: an ask takes them first)."""
     trials = study.get_trials(deepcopy=False)
     again = retried(trials)
-    return n_trials - sum(holds_slot(t, again) and t.state != optuna.trial.TrialState.WAITING for t in trials)
+    return n_trials - sum(
+        holds_slot(t, again) and t.state != optuna.trial.TrialState.WAITING for t in trials
+    )
 
 
-def surplus(study: optuna.Study, mine: list[optuna.trial.Trial], n_trials: int) -> list[optuna.trial.Trial]:
+def surplus(
+    study: optuna.Study, mine: list[optuna.trial.Trial], n_trials: int
+) -> list[optuna.trial.Trial]:
     """Which of the trials this worker has just asked for lie past n_trials, counting every trial
     that holds a slot in the order of their numbers (unique and increasing: the lowest keep theirs)."""
     trials = study.get_trials(deepcopy=False)
     again = retried(trials)
-    keep = {t.number for t in sorted((t for t in trials if holds_slot(t, again)), key=lambda t: t.number)[:n_trials]}
+    keep = {
+        t.number
+        for t in sorted((t for t in trials if holds_slot(t, again)), key=lambda t: t.number)[
+            :n_trials
+        ]
+    }
     return [t for t in mine if t.number not in keep]
 
 
@@ -83,7 +102,11 @@ def duplicates(study: optuna.Study, mine: list[optuna.trial.Trial]) -> list[optu
         n = t.user_attrs.get(RETRY_OF)
         if n is not None and not t.user_attrs.get(DUPLICATE):
             first[n] = min(first.get(n, t.number), t.number)
-    return [t for t in mine if RETRY_OF in t.user_attrs and first.get(t.user_attrs[RETRY_OF], t.number) < t.number]
+    return [
+        t
+        for t in mine
+        if RETRY_OF in t.user_attrs and first.get(t.user_attrs[RETRY_OF], t.number) < t.number
+    ]
 
 
 def drop_duplicate(study: optuna.Study, trial: optuna.trial.Trial) -> None:
@@ -91,19 +114,27 @@ def drop_duplicate(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
-def settle(study: optuna.Study, trials: list[optuna.trial.Trial], n_trials: int) -> list[optuna.trial.Trial]:
+def settle(
+    study: optuna.Study, trials: list[optuna.trial.Trial], n_trials: int
+) -> list[optuna.trial.Trial]:
     """Of the trials this worker has just asked for, those it runs: a duplicate retry is dropped, and
     one past n_trials (another worker took the last slot meanwhile) given back."""
     for t in duplicates(study, trials):
         drop_duplicate(study, t)
         trials.remove(t)
-        print(f"trial {t.number:<3} dropped: it retries trial {t.user_attrs[RETRY_OF]}, which another worker "
-              "retries already", flush=True)
+        print(
+            f"trial {t.number:<3} dropped: it retries trial {t.user_attrs[RETRY_OF]}, which another worker "
+            "retries already",
+            flush=True,
+        )
     for t in surplus(study, trials, n_trials):
         give_back(study, t)
         trials.remove(t)
-        print(f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
-              "for a run with a higher n_trials)", flush=True)
+        print(
+            f"trial {t.number:<3} given back: another worker took the last slot (it waits, with its values, "
+            "for a run with a higher n_trials)",
+            flush=True,
+        )
     return trials
 
 
@@ -137,8 +168,14 @@ def worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
 def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Optuna's failed-trial callback for a trial whose worker stopped beating: the same values again."""
     if trial.params:
-        study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number, STARTING: trial.user_attrs.get(STARTING, False)})
-    print(f"trial {trial.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again", flush=True)
+        study.enqueue_trial(
+            trial.params,
+            user_attrs={RETRY_OF: trial.number, STARTING: trial.user_attrs.get(STARTING, False)},
+        )
+    print(
+        f"trial {trial.number:<3} its worker stopped (no heartbeat): FAIL, and its values run again",
+        flush=True,
+    )
 
 
 def retry_interrupted(study: optuna.Study, keys: set[str]) -> None:
@@ -158,13 +195,24 @@ def retry_interrupted(study: optuna.Study, keys: set[str]) -> None:
     trials = study.get_trials(deepcopy=False)
     again = retried(trials)
     for t in trials:
-        if t.state == states.FAIL and t.user_attrs.get(INTERRUPTED) and t.number not in again and set(t.params) == keys:
-            study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)})
+        if (
+            t.state == states.FAIL
+            and t.user_attrs.get(INTERRUPTED)
+            and t.number not in again
+            and set(t.params) == keys
+        ):
+            study.enqueue_trial(
+                t.params,
+                user_attrs={RETRY_OF: t.number, STARTING: t.user_attrs.get(STARTING, False)},
+            )
 
 
 def running_elsewhere(study: optuna.Study) -> list[int]:
     """The trials still running once this worker's own have ended: other workers'."""
-    return [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    return [
+        t.number
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    ]
 
 
 class Heartbeats:
@@ -184,7 +232,9 @@ class Heartbeats:
             self.trial_ids = [optuna_private.trial_id(t) for t in trials]
         self._beat()  # at once: a trial without a heartbeat record is never found stale
         if self.every_s and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="seqlab-trial-heartbeat", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="seqlab-trial-heartbeat", daemon=True
+            )
             self._thread.start()
 
     def _beat(self) -> None:
@@ -213,7 +263,9 @@ def trainer_heartbeat(trials: list[optuna.trial.Trial]) -> Heartbeats:
     for t in trials:
         t.set_user_attr(TRAINER, identity())
     every_s = trials[0].study.user_attrs.get(HEARTBEAT) if trials else None
-    beats = Heartbeats(optuna_private.storage_of(trials[0].study) if trials else None, every_s=every_s)
+    beats = Heartbeats(
+        optuna_private.storage_of(trials[0].study) if trials else None, every_s=every_s
+    )
     if every_s:
         beats.watch(trials)
     return beats

@@ -23,12 +23,17 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "check_server": "connect", "ensure_experiment": "connect",
-    "Diverged": "divergence", "DivergenceCheck": "divergence",
+    "check_server": "connect",
+    "ensure_experiment": "connect",
+    "Diverged": "divergence",
+    "DivergenceCheck": "divergence",
     "MetricHistory": "history",
-    "LightningBridge": "lightning", "StepClock": "lightning",
-    "MlflowTracker": "run", "flatten": "run",
-    "StepLog": "steps", "StepMetricsRecorder": "steps",
+    "LightningBridge": "lightning",
+    "StepClock": "lightning",
+    "MlflowTracker": "run",
+    "flatten": "run",
+    "StepLog": "steps",
+    "StepMetricsRecorder": "steps",
 }
 __all__ = sorted(_HOMES)
 

@@ -58,12 +58,18 @@ def check_server(uri: str, timeout_s: float = 10.0) -> None:
             "start it (mlflow server ...) or drop logger.tracking_uri to use the local store"
         ) from None
     if response.status_code != 200:
-        raise SeqlabError(f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health")
+        raise SeqlabError(
+            f"logger.tracking_uri={uri}: the server answered HTTP {response.status_code} to /health"
+        )
 
-    check_credentials(uri)  # a server with sign-in: a wrong password is one line, before any run opens
+    check_credentials(
+        uri
+    )  # a server with sign-in: a wrong password is one line, before any run opens
 
 
-def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: str) -> Optional[str]:
+def artifact_location(
+    uri: str, artifact_root: Optional[str], experiment_name: str
+) -> Optional[str]:
     """A local store needs an explicit artifact folder (MLflow would pick one relative to the
     working directory); a server decides its own."""
     if artifact_root is None or is_server(uri):
@@ -72,7 +78,9 @@ def artifact_location(uri: str, artifact_root: Optional[str], experiment_name: s
     return (Path(artifact_root).resolve() / safe).as_uri()
 
 
-def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]) -> str:
+def ensure_experiment(
+    client: mlflow.MlflowClient, name: str, artifact_location: Optional[str]
+) -> str:
 
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -83,8 +91,9 @@ def ensure_experiment(client: mlflow.MlflowClient, name: str, artifact_location:
         return experiment.experiment_id
     try:
         # Marked as model training: MLflow's UI opens it on its runs, not on a GenAI traces page.
-        return client.create_experiment(name, artifact_location=artifact_location,
-                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        return client.create_experiment(
+            name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+        )
     except MlflowException:
         # Another job of the same sweep created it between our look-up and our create.
         experiment = client.get_experiment_by_name(name)
@@ -104,8 +113,12 @@ def open_tracker(logger_cfg: Any, job: Any, sweep: Any) -> Any:
         logging.getLogger("seqlab").setLevel(logging.WARNING)  # rank 0 reports the job
     routed = sweep.routed(tracker.tracking_uri)
     if routed != tracker.tracking_uri:
-
         # The sweep's own server may still be starting; what answers must be that server.
-        wait_until_up(routed, timeout_s=120, log_path=job.sweep_dir / "mlflow_server.log", pid=sweep.server_pid)
+        wait_until_up(
+            routed,
+            timeout_s=120,
+            log_path=job.sweep_dir / "mlflow_server.log",
+            pid=sweep.server_pid,
+        )
         tracker.tracking_uri = routed
     return tracker

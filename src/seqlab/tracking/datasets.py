@@ -65,15 +65,24 @@ def log_inputs(client: Any, run_id: str, inputs: list[tuple[Any, str]]) -> None:
         client.log_inputs(run_id, datasets=datasets)
 
 
-def log_training_data(tracker: Any, data_cfg: DictConfig, datamodule: Any, resumed: bool = False,
-                      data_changed: bool = False) -> None:
+def log_training_data(
+    tracker: Any,
+    data_cfg: DictConfig,
+    datamodule: Any,
+    resumed: bool = False,
+    data_changed: bool = False,
+) -> None:
     """The training and validation sets of a run (after the split) as its dataset inputs. A
     `resumed` run's sets are first checked against those it recorded (check_resumed_data)."""
 
     base = base_name(data_cfg)
-    inputs = [(dataset(data_cfg, datamodule.train.x, datamodule.train.y, f"{base}-train"), "training")]
+    inputs = [
+        (dataset(data_cfg, datamodule.train.x, datamodule.train.y, f"{base}-train"), "training")
+    ]
     if datamodule.has_val():
-        inputs.append((dataset(data_cfg, datamodule.val.x, datamodule.val.y, f"{base}-val"), "validation"))
+        inputs.append(
+            (dataset(data_cfg, datamodule.val.x, datamodule.val.y, f"{base}-val"), "validation")
+        )
     if resumed:
         check_resumed_data(tracker, data_cfg, inputs, data_changed)
     try:
@@ -81,11 +90,15 @@ def log_training_data(tracker: Any, data_cfg: DictConfig, datamodule: Any, resum
     except Exception as error:  # noqa: BLE001 - a server that went away: training goes on without the record
         if not transient(error):
             raise
-        log.warning("data      the dataset inputs were not recorded: the tracking server does not answer (%s)",
-                    type(error).__name__)
+        log.warning(
+            "data      the dataset inputs were not recorded: the tracking server does not answer (%s)",
+            type(error).__name__,
+        )
 
 
-def check_resumed_data(tracker: Any, data_cfg: DictConfig, inputs: list[tuple[Any, str]], data_changed: bool) -> None:
+def check_resumed_data(
+    tracker: Any, data_cfg: DictConfig, inputs: list[tuple[Any, str]], data_changed: bool
+) -> None:
     """A resumed run trains on what it trained on: each set's digest is one the run recorded for
     that role. A data file that grew between the stop and the resume moves samples between the
     split's sets, and the final metrics would be silently optimistic: refused in one line, unless
@@ -100,11 +113,15 @@ def check_resumed_data(tracker: Any, data_cfg: DictConfig, inputs: list[tuple[An
         if not before or any(b.digest == ds.digest for b in before):
             continue  # a run that recorded no such set (a server that was away) is not judged
         was = before[-1]
-        what = f"the {context} set ({ds.name}) had digest {was.digest} ({_samples(was.profile)} samples), " \
-               f"{data_cfg.get('path') or 'data=' + str(data_cfg.name)} now gives {ds.digest} ({_samples(ds.profile)} samples)"
+        what = (
+            f"the {context} set ({ds.name}) had digest {was.digest} ({_samples(was.profile)} samples), "
+            f"{data_cfg.get('path') or 'data=' + str(data_cfg.name)} now gives {ds.digest} ({_samples(ds.profile)} samples)"
+        )
         if not data_changed:
-            raise SeqlabError(f"resume={tracker.run_id}: the data differ from the run's: {what}; train on the data "
-                              "the run trained on, or go on with these with resume_data=changed")
+            raise SeqlabError(
+                f"resume={tracker.run_id}: the data differ from the run's: {what}; train on the data "
+                "the run trained on, or go on with these with resume_data=changed"
+            )
         log.warning("data      resume_data=changed: %s", what)
         tracker.set_tags({"resume_data": "changed"})
 
@@ -113,7 +130,11 @@ def _samples(profile: Any) -> str:
     import json
 
     try:
-        shape = json.loads(profile)["features_shape"] if isinstance(profile, str) else profile["features_shape"]
+        shape = (
+            json.loads(profile)["features_shape"]
+            if isinstance(profile, str)
+            else profile["features_shape"]
+        )
         return str(shape[0])
     except (ValueError, KeyError, TypeError, IndexError):
         return "?"

@@ -23,7 +23,9 @@ from seqlab.tracking.run import flatten
 _NAME_SKIP = ("trainer.accelerator", "data.batch_size", "logger.", "paths.", "hydra.")
 
 
-def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
+def run_name(
+    accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None
+) -> str:
     """Names say what differs: cpu-bs64, gpu-bs256-optimizer=sgdm, ... In a sweep, only the
     swept keys count (what differs between its runs); in a single run, every override."""
     parts = [accelerator, f"bs{cfg.data.batch_size}"]
@@ -40,18 +42,28 @@ def run_name(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Opt
 REPEAT_KEYS = ("seed", "data.seed")
 
 
-def config_tag(accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None) -> str:
+def config_tag(
+    accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None
+) -> str:
     """The `config` tag: the same for every repeat of one configuration (runs that differ only in
     REPEAT_KEYS), so that the MLflow UI's "Group by" tags.config shows each configuration's
     mean and spread as compare.py does: the run's name without the repeat keys, and a short hash
     of every param that makes the configuration (not where it was stored or logged)."""
-    params = {k: v for k, v in run_params(cfg).items() if k not in REPEAT_KEYS and not k.startswith(NOT_CONFIG)}
-    digest = hashlib.sha1(json.dumps([accelerator, sorted(params.items())]).encode()).hexdigest()[:8]
+    params = {
+        k: v
+        for k, v in run_params(cfg).items()
+        if k not in REPEAT_KEYS and not k.startswith(NOT_CONFIG)
+    }
+    digest = hashlib.sha1(json.dumps([accelerator, sorted(params.items())]).encode()).hexdigest()[
+        :8
+    ]
     kept = [o for o in overrides if o.lstrip("+~").partition("=")[0] not in REPEAT_KEYS]
     return f"{run_name(accelerator, cfg, kept, swept)} #{digest}"
 
 
-def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState) -> dict[str, str]:
+def run_tags(
+    cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState
+) -> dict[str, str]:
     import mlflow
     import pytorch_lightning
     import torch
@@ -70,13 +82,19 @@ def run_tags(cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeStat
     }
     if device is not None:
         tags.update(accelerator=device.accelerator, device_name=device.name)
-    tags["config"] = config_tag(device.accelerator if device else cfg.trainer.accelerator, cfg, job.overrides, sweep.swept_keys)
-    tags.update(scheduler_tags())  # a SLURM job's id and start: a requeued job finds its run by them
+    tags["config"] = config_tag(
+        device.accelerator if device else cfg.trainer.accelerator,
+        cfg,
+        job.overrides,
+        sweep.swept_keys,
+    )
+    tags.update(
+        scheduler_tags()
+    )  # a SLURM job's id and start: a requeued job finds its run by them
     tags.update(code.tags())  # git_commit, git_dirty, code_digest (provenance.py)
     if cfg.get("rerun"):  # made again from that run's record (seqlab.rerun)
         tags.update(rerun_of=str(cfg.rerun), rerun_code=str(cfg.rerun_code))
     if job.multirun:
-
         tags.update(sweep_id=sweep.sweep_id or job.sweep_dir.name, job_num=str(job.num))
         tags.update(trial_tags())  # a search's trial: its study, number and state
     return tags
@@ -87,11 +105,18 @@ def run_params(cfg: DictConfig) -> dict[str, str]:
     except a callback's folder: made from paths.output_dir, it differs from job to job and would
     make repeats of one configuration look like different ones (paths.output_dir says it once)."""
     raw = flatten(OmegaConf.to_container(cfg, resolve=False))
-    return mask_flat({k: v for k, v in flatten(cfg).items()
-                      if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))})
+    return mask_flat(
+        {
+            k: v
+            for k, v in flatten(cfg).items()
+            if not (k.startswith("callbacks.") and "${paths." in raw.get(k, ""))
+        }
+    )
 
 
-def record_config(cfg: DictConfig, job: Job, tracker, params: dict, continued: bool, code: CodeState) -> None:
+def record_config(
+    cfg: DictConfig, job: Job, tracker, params: dict, continued: bool, code: CodeState
+) -> None:
     """The params (a new run's: a `continued` run has them, and MLflow keeps a param's first value)
     and the resolved config as config.yaml."""
     if not continued:

@@ -36,26 +36,55 @@ class Opening:
     code: CodeState  # the project's code as git saw it at the start: its tags and its code/ artifacts agree
 
 
-def describe_run(cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: SweepInfo, **more_tags: str) -> Opening:
+def describe_run(
+    cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: SweepInfo, **more_tags: str
+) -> Opening:
     """The run's name (the logger's, else made from what the job sets), its tags (with the
     process that owns it: a run it leaves RUNNING is found and ended) and its params."""
     accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
     code = code_state(Path(cfg.paths.root_dir))  # read once: the run's tags and its code/ artifacts
-    return Opening(name, {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags}, run_params(cfg), code)
+    return Opening(
+        name,
+        {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags},
+        run_params(cfg),
+        code,
+    )
 
 
-def open_run(tracker: Any, cfg: DictConfig, job: Job, sweep: SweepInfo, opening: Opening,
-             resume_run_id: Optional[str]) -> None:
+def open_run(
+    tracker: Any,
+    cfg: DictConfig,
+    job: Job,
+    sweep: SweepInfo,
+    opening: Opening,
+    resume_run_id: Optional[str],
+) -> None:
     """The run started (continued: `resume_run_id`), a child of its sweep's run where both are in one
     store, its journal in the job's folder; then the job's result says RUNNING with the run's id,
     so that a sweep (and an error's path) knows its run."""
     parent = sweep.parent_run_id if sweep.tracking_uri == tracker.tracking_uri else None
-    tracker.start(opening.name, opening.tags, parent_run_id=parent, description=cfg.notes, resume_run_id=resume_run_id,
-                  journal_dir=job.output_dir)
+    tracker.start(
+        opening.name,
+        opening.tags,
+        parent_run_id=parent,
+        description=cfg.notes,
+        resume_run_id=resume_run_id,
+        journal_dir=job.output_dir,
+    )
     try:
-        job.write(JobResult("RUNNING", job.num, opening.tags.get("sweep_id"), job.overrides, tracker.run_id, opening.name,
-                            accelerator=opening.tags.get("accelerator"), batch_size=cfg.data.batch_size))
+        job.write(
+            JobResult(
+                "RUNNING",
+                job.num,
+                opening.tags.get("sweep_id"),
+                job.overrides,
+                tracker.run_id,
+                opening.name,
+                accelerator=opening.tags.get("accelerator"),
+                batch_size=cfg.data.batch_size,
+            )
+        )
     except BaseException as error:  # a full disk: the run is not left RUNNING
         tracker.end(*ending_status(error))
         raise
@@ -76,7 +105,9 @@ class Ending:
     baseline: Optional[float] = None  # val_rmse of predicting the training mean
     best: Optional[dict[str, float]] = None  # best_val_rmse and its step and epoch
     best_weights: Optional[dict[str, Any]] = None
-    logged: list[tuple[str, int]] = field(default_factory=list)  # logger.log_checkpoints=all: (model id, step)
+    logged: list[tuple[str, int]] = field(
+        default_factory=list
+    )  # logger.log_checkpoints=all: (model id, step)
     time_to_target_s: Optional[float] = None
     pruned: Optional[str] = None  # why a search's pruner stopped it
     model_uri: Optional[str] = None  # where record_end logged the network kept
@@ -90,19 +121,35 @@ def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
     tracker.log_metrics(ending.summary, ending.step)
     if tracker.log_checkpoint:
         store_checkpoint(tracker, ending.checkpoint)
-    tracker.log_artifact(training_curves(tracker.history, job.output_dir / "training_curves.png", title=title))
-    logged = log_networks(tracker, ending.network, ending.example_x, ending.kept, ending.best, ending.best_weights,
-                          ending.logged)
+    tracker.log_artifact(
+        training_curves(tracker.history, job.output_dir / "training_curves.png", title=title)
+    )
+    logged = log_networks(
+        tracker,
+        ending.network,
+        ending.example_x,
+        ending.kept,
+        ending.best,
+        ending.best_weights,
+        ending.logged,
+    )
     ending.model_uri = logged.uri if logged else None
     drop_resume_point(tracker)
 
 
-def finished_result(cfg: DictConfig, job: Job, tracker: Any, opening: Opening, ending: Ending) -> JobResult:
+def finished_result(
+    cfg: DictConfig, job: Job, tracker: Any, opening: Opening, ending: Ending
+) -> JobResult:
     """The job's result of a run that trained to its end: what the sweep summary, a search and the
     report read."""
     summary = ending.summary
     return JobResult(
-        "FINISHED", job.num, opening.tags.get("sweep_id"), job.overrides, tracker.run_id, opening.name,
+        "FINISHED",
+        job.num,
+        opening.tags.get("sweep_id"),
+        job.overrides,
+        tracker.run_id,
+        opening.name,
         accelerator=opening.tags.get("accelerator"),
         batch_size=cfg.data.batch_size,
         it_per_s=summary.get("it_per_s_median"),

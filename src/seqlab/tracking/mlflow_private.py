@@ -32,7 +32,9 @@ def dataset_input(dataset: Any, context: str) -> Any:
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+    return DatasetInput(
+        dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]
+    )
 
 
 def system_metrics_monitor(run_id: str, interval_s: float, tracking_uri: Optional[str]) -> Any:

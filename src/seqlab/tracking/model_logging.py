@@ -41,7 +41,9 @@ class Kept:
     output_network: str  # last | best
     step: int  # the step of its weights
     epoch: Optional[int] = None  # the best validation's epoch (best only)
-    stopped_early: Optional[str] = None  # "step N (epoch E)", where validation patience stopped training
+    stopped_early: Optional[str] = (
+        None  # "step N (epoch E)", where validation patience stopped training
+    )
 
     def tags(self) -> dict[str, str]:
         tags = {"output_network": self.output_network, "output_network_step": str(self.step)}
@@ -107,7 +109,8 @@ def _logged_model(tracker: Any, name: str, tags: Optional[dict[str, str]]) -> st
     import mlflow
 
     model = mlflow.MlflowClient(tracker.tracking_uri).create_logged_model(
-        tracker.experiment_id, name=name, source_run_id=tracker.run_id, tags=tags, model_type=None)
+        tracker.experiment_id, name=name, source_run_id=tracker.run_id, tags=tags, model_type=None
+    )
     return model.model_id
 
 
@@ -120,7 +123,11 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
 
     client = mlflow.MlflowClient(tracker.tracking_uri)
     client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, step=step)])
-    points = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in tracker.points if m.step == step]
+    points = [
+        Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id)
+        for m in tracker.points
+        if m.step == step
+    ]
     if points:
         # The same rows, now with the model's id: MLflow's store skips a row it holds, but two writers
         # inserting one row at once (the outbox's thread or the step writer still sending it) break
@@ -130,9 +137,16 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
         client.log_batch(tracker.run_id, metrics=points)
 
 
-def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
-                register_as: Optional[str] = None, tags: Optional[dict[str, str]] = None,
-                name: str = ARTIFACT_PATH, link: bool = True) -> Optional[LoggedNetwork]:
+def log_network(
+    tracker: Any,
+    network: Any,
+    example_x: np.ndarray,
+    step: int,
+    register_as: Optional[str] = None,
+    tags: Optional[dict[str, str]] = None,
+    name: str = ARTIFACT_PATH,
+    link: bool = True,
+) -> Optional[LoggedNetwork]:
     """Log `network` (an nn.Module taking (samples, steps, features)) to the tracker's run as an
     MLflow model named `name` at `step`; register it as a new version of `register_as` if given.
     link: wait for the run's metrics and link those of `step` now (a network logged mid-training
@@ -140,7 +154,6 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
     import mlflow
     import torch
     from mlflow.models import infer_signature
-
 
     # A CPU copy in evaluation mode: what a user's predict() and the server run.
     cpu = copy.deepcopy(network).to("cpu").eval()
@@ -175,9 +188,15 @@ def log_network(tracker: Any, network: Any, example_x: np.ndarray, step: int,
             raise
         import re
 
-        where = re.sub(r"//[^/@\s]+@", "//***@", tracker.tracking_uri)  # no password an address held
-        log.warning("model     not logged: the tracking server at %s does not answer (%s); the checkpoint has "
-                    "the weights", where, type(error).__name__)
+        where = re.sub(
+            r"//[^/@\s]+@", "//***@", tracker.tracking_uri
+        )  # no password an address held
+        log.warning(
+            "model     not logged: the tracking server at %s does not answer (%s); the checkpoint has "
+            "the weights",
+            where,
+            type(error).__name__,
+        )
         return None
     finally:
         pytorch_log.setLevel(level)
@@ -197,8 +216,15 @@ def _kept_is_best(found: Optional[dict[str, float]], kept: Kept) -> bool:
     return found is not None and int(found["best_val_rmse_step"]) == kept.step
 
 
-def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
-                    logged: list[tuple[str, int]], network: Any, example_x: np.ndarray, kept: Kept) -> None:
+def _log_checkpoints(
+    tracker: Any,
+    found: Optional[dict[str, float]],
+    weights: Optional[dict[str, Any]],
+    logged: list[tuple[str, int]],
+    network: Any,
+    example_x: np.ndarray,
+    kept: Kept,
+) -> None:
     """At a run's end, per logger.log_checkpoints: the best validation's network (`weights`, found
     at `found`'s step) as a logged model `checkpoint-best` unless it is the network kept (`model`,
     tagged checkpoint=best by the caller), and the metrics of each network logged during training
@@ -212,8 +238,10 @@ def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: O
     except Exception as error:  # noqa: BLE001 - a server that went away: the models stay, unlinked
         if not transient(error):
             raise
-        log.warning("model     the checkpoints' metrics not linked: the tracking server does not answer (%s)",
-                    type(error).__name__)
+        log.warning(
+            "model     the checkpoints' metrics not linked: the tracking server does not answer (%s)",
+            type(error).__name__,
+        )
         return
     if found is None or weights is None or _kept_is_best(found, kept):
         return
@@ -221,24 +249,50 @@ def _log_checkpoints(tracker: Any, found: Optional[dict[str, float]], weights: O
     best.load_state_dict(weights)
     step = int(found["best_val_rmse_step"])
     value = found["best_val_rmse"]
-    done = log_network(tracker, best, example_x, step, name=BEST,
-                       tags={"checkpoint": "best", "best_val_rmse": f"{value:.6g}", "step": str(step)})
+    done = log_network(
+        tracker,
+        best,
+        example_x,
+        step,
+        name=BEST,
+        tags={"checkpoint": "best", "best_val_rmse": f"{value:.6g}", "step": str(step)},
+    )
     if done is not None:
-        log.info("model     best val_rmse %.4g (step %d) also logged: models:/%s", value, step, done.model_id)
+        log.info(
+            "model     best val_rmse %.4g (step %d) also logged: models:/%s",
+            value,
+            step,
+            done.model_id,
+        )
 
 
-def log_new_best(tracker: Any, network: Any, example_x: np.ndarray, step: int) -> Optional[tuple[str, int]]:
+def log_new_best(
+    tracker: Any, network: Any, example_x: np.ndarray, step: int
+) -> Optional[tuple[str, int]]:
     """logger.log_checkpoints=all: the network of a new best val_rmse as a logged model now, once per
     checkpoint, not per step; (its model id, step) for log_networks to link its metrics at the end,
     when those of its step are all logged. A run alone (callbacks.output_network) and a pack's member."""
-    done = log_network(tracker, network, example_x, step, name=CHECKPOINT, tags={"checkpoint": "new best val_rmse"},
-                       link=False)
+    done = log_network(
+        tracker,
+        network,
+        example_x,
+        step,
+        name=CHECKPOINT,
+        tags={"checkpoint": "new best val_rmse"},
+        link=False,
+    )
     return None if done is None else (done.model_id, step)
 
 
-def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: Kept,
-                 found: Optional[dict[str, float]], weights: Optional[dict[str, Any]],
-                 logged: list[tuple[str, int]]) -> Optional[LoggedNetwork]:
+def log_networks(
+    tracker: Any,
+    network: Any,
+    example_x: np.ndarray,
+    kept: Kept,
+    found: Optional[dict[str, float]],
+    weights: Optional[dict[str, Any]],
+    logged: list[tuple[str, int]],
+) -> Optional[LoggedNetwork]:
     """A run's networks at its end: the one kept as `model`, at its weights' step (the best
     validation's with module.output_network=best, else the last) and tagged checkpoint=best when
     it is the best validation's network; then, per logger.log_checkpoints, `checkpoint-best` and
@@ -246,13 +300,17 @@ def log_networks(tracker: Any, network: Any, example_x: np.ndarray, kept: Kept,
     is_best = tracker.log_checkpoints != "none" and _kept_is_best(found, kept)
     tags = {**kept.tags(), **({"checkpoint": "best"} if is_best else {})}
     done = log_network(tracker, network, example_x, kept.step, tracker.register_as, tags=tags)
-    if done is not None and tracker.log_onnx:  # a copy of `model`: not itself the run's checkpoint=best
+    if (
+        done is not None and tracker.log_onnx
+    ):  # a copy of `model`: not itself the run's checkpoint=best
         log_onnx(tracker, network, example_x, kept.step, {**kept.tags(), "onnx_of": done.model_id})
     _log_checkpoints(tracker, found, weights, logged, network, example_x, kept)
     return done
 
 
-def log_onnx(tracker: Any, network: Any, inputs: np.ndarray, step: int, tags: dict[str, str]) -> Optional[str]:
+def log_onnx(
+    tracker: Any, network: Any, inputs: np.ndarray, step: int, tags: dict[str, str]
+) -> Optional[str]:
     """logger.log_onnx: the network kept, also as the ONNX model `model-onnx` at `step` (MLflow's
     onnx flavor: mlflow.pyfunc and `mlflow models serve` predict with onnxruntime), checked first
     against the network on the training inputs (tracking.onnx_model.export). Its URI; None, with one
@@ -266,24 +324,47 @@ def log_onnx(tracker: Any, network: Any, inputs: np.ndarray, step: int, tags: di
     try:
         exported = export(network, inputs)
         if not exported.max_difference <= TOLERANCE:
-            raise ValueError(f"onnxruntime's predictions differ from the network's by up to "
-                             f"{exported.max_difference:.3g} (at most {TOLERANCE:g})")
+            raise ValueError(
+                f"onnxruntime's predictions differ from the network's by up to "
+                f"{exported.max_difference:.3g} (at most {TOLERANCE:g})"
+            )
         example = np.ascontiguousarray(inputs[:N_EXAMPLE], dtype=np.float32)
         with run_scope(tracker.tracking_uri, tracker.experiment_id):
-            model_id = _logged_model(tracker, ONNX, {**tags, "onnx_opset": str(OPSET), "onnx_operators":
-                                                     " ".join(exported.operators)})
-            mlflow.onnx.log_model(exported.model, name=ONNX, model_id=model_id, input_example=example,
-                                  signature=infer_signature(example, exported.example_output),
-                                  # onnxruntime's CPU provider alone: MLflow's default lists CUDA first and
-                                  # warns at every load without it; a network this small predicts on the CPU.
-                                  onnx_execution_providers=["CPUExecutionProvider"],
-                                  save_as_external_data=False, pip_requirements=[
-                                      f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}",
-                                      f"mlflow=={mlflow.__version__}", "numpy"])
+            model_id = _logged_model(
+                tracker,
+                ONNX,
+                {**tags, "onnx_opset": str(OPSET), "onnx_operators": " ".join(exported.operators)},
+            )
+            mlflow.onnx.log_model(
+                exported.model,
+                name=ONNX,
+                model_id=model_id,
+                input_example=example,
+                signature=infer_signature(example, exported.example_output),
+                # onnxruntime's CPU provider alone: MLflow's default lists CUDA first and
+                # warns at every load without it; a network this small predicts on the CPU.
+                onnx_execution_providers=["CPUExecutionProvider"],
+                save_as_external_data=False,
+                pip_requirements=[
+                    f"onnx=={onnx.__version__}",
+                    f"onnxruntime=={onnxruntime.__version__}",
+                    f"mlflow=={mlflow.__version__}",
+                    "numpy",
+                ],
+            )
             link_metrics(tracker, model_id, step)
     except Exception as error:  # noqa: BLE001 - the run keeps its PyTorch model: ONNX is a copy of it
-        log.warning("model     not logged as ONNX: %s (logger.log_onnx=false leaves it out)", one_line(error))
+        log.warning(
+            "model     not logged as ONNX: %s (logger.log_onnx=false leaves it out)",
+            one_line(error),
+        )
         return None
-    log.info("model     also as ONNX (opset %d, %s bytes, largest difference %.2g): runs:/%s/%s", OPSET,
-             f"{exported.size_bytes:,}", exported.max_difference, tracker.run_id, ONNX)
+    log.info(
+        "model     also as ONNX (opset %d, %s bytes, largest difference %.2g): runs:/%s/%s",
+        OPSET,
+        f"{exported.size_bytes:,}",
+        exported.max_difference,
+        tracker.run_id,
+        ONNX,
+    )
     return f"runs:/{tracker.run_id}/{ONNX}"

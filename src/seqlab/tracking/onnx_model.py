@@ -22,7 +22,9 @@ import numpy as np
 # the evaluation-mode BatchNorm into the convolution, so the file has no BatchNormalization.
 OPSET = 17
 TOLERANCE = 1e-5  # the most an ONNX prediction may differ from the PyTorch network's
-N_CHECK = 64  # training samples predicted both ways before the file is logged (a 1440-step check: 0.2 s)
+N_CHECK = (
+    64  # training samples predicted both ways before the file is logged (a 1440-step check: 0.2 s)
+)
 
 
 @dataclass
@@ -31,9 +33,13 @@ class Exported:
 
     model: Any  # onnx.ModelProto
     operators: list[str]  # the ONNX operators its graph uses
-    max_difference: float  # onnxruntime's predictions against the PyTorch network's, on the check inputs
+    max_difference: (
+        float  # onnxruntime's predictions against the PyTorch network's, on the check inputs
+    )
     size_bytes: int
-    example_output: np.ndarray  # the network's output for the first two check inputs (the model's signature)
+    example_output: (
+        np.ndarray
+    )  # the network's output for the first two check inputs (the model's signature)
 
 
 def export(network: Any, inputs: np.ndarray) -> Exported:
@@ -49,8 +55,16 @@ def export(network: Any, inputs: np.ndarray) -> Exported:
     with warnings.catch_warnings():
         # It warns that an LSTM's batch size is traced as a constant: the dynamic axis frees it.
         warnings.simplefilter("ignore")
-        torch.onnx.export(cpu, (x[:2],), buffer, dynamo=False, opset_version=OPSET, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "samples"}, "y": {0: "samples"}})
+        torch.onnx.export(
+            cpu,
+            (x[:2],),
+            buffer,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "samples"}, "y": {0: "samples"}},
+        )
     data = buffer.getvalue()
     model = onnx.load_from_string(data)
     onnx.checker.check_model(model)
@@ -59,4 +73,10 @@ def export(network: Any, inputs: np.ndarray) -> Exported:
     with torch.no_grad():
         expected = cpu(x).numpy()
     difference = float(np.abs(predicted - expected).max()) if len(expected) else 0.0
-    return Exported(model, sorted({node.op_type for node in model.graph.node}), difference, len(data), expected[:2])
+    return Exported(
+        model,
+        sorted({node.op_type for node in model.graph.node}),
+        difference,
+        len(data),
+        expected[:2],
+    )

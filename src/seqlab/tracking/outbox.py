@@ -31,7 +31,9 @@ def transient(error: BaseException) -> bool:
 class Outbox:
     """One sender thread for a run's writes (`send(item)` is called with each item, in order)."""
 
-    def __init__(self, send: Callable[[dict[str, Any]], None], uri: str, retry_s: float = 2.0) -> None:
+    def __init__(
+        self, send: Callable[[dict[str, Any]], None], uri: str, retry_s: float = 2.0
+    ) -> None:
         self.send = send
         self.uri = uri
         self.retry_s = retry_s
@@ -65,20 +67,25 @@ class Outbox:
                         self.down_since = time.monotonic()
                         log.warning(
                             "tracking  the server at %s does not answer: training goes on, its metrics wait "
-                            "here and are sent when it is back", self.uri,
+                            "here and are sent when it is back",
+                            self.uri,
                         )
                     with self.cond:
                         self.cond.wait(self.retry_s)
                     continue
-                self.refused.append(" ".join(str(error).split())[:300])  # then dropped: it would fail again
+                self.refused.append(
+                    " ".join(str(error).split())[:300]
+                )  # then dropped: it would fail again
             with self.cond:
                 if self.queue:  # close() may have emptied it meanwhile
                     self.queue.popleft()
                 self.sent += 1
                 self.cond.notify_all()
             if self.down_since is not None:
-                log.warning("tracking  the server is back after %.0f s: the waiting metrics were sent",
-                            time.monotonic() - self.down_since)
+                log.warning(
+                    "tracking  the server is back after %.0f s: the waiting metrics were sent",
+                    time.monotonic() - self.down_since,
+                )
                 self.down_since = None
 
     def drain(self, timeout_s: float, idle: bool = False) -> bool:

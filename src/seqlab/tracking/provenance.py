@@ -51,13 +51,19 @@ class CodeState:
     def tags(self) -> dict[str, str]:
         if self.commit is None:
             return {}
-        return {"git_commit": self.commit, "mlflow.source.git.commit": self.commit, "git_dirty": str(self.dirty).lower(),
-                "code_digest": self.digest}
+        return {
+            "git_commit": self.commit,
+            "mlflow.source.git.commit": self.commit,
+            "git_dirty": str(self.dirty).lower(),
+            "code_digest": self.digest,
+        }
 
 
 def _git(root: Path, *args: str) -> Optional[str]:
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -70,7 +76,11 @@ def code_state(root: Path) -> CodeState:
     if not commit:
         return CodeState(None, False, "", ())
     diff = _git(root, "diff", "HEAD", "--no-color", "--no-ext-diff") or ""
-    untracked = tuple(line for line in (_git(root, "ls-files", "--others", "--exclude-standard") or "").splitlines() if line)
+    untracked = tuple(
+        line
+        for line in (_git(root, "ls-files", "--others", "--exclude-standard") or "").splitlines()
+        if line
+    )
     return CodeState(commit.strip(), bool(diff or untracked), diff, untracked)
 
 
@@ -89,7 +99,9 @@ def environment() -> tuple[str, dict[str, Any]]:
             for entry in entries:
                 if entry.name.endswith(".dist-info") and "-" in entry.name:
                     name, _, version = entry.name[: -len(".dist-info")].rpartition("-")
-                    seen.setdefault(name.lower().replace("_", "-"), f"{name}=={version}")  # the first on the path wins
+                    seen.setdefault(
+                        name.lower().replace("_", "-"), f"{name}=={version}"
+                    )  # the first on the path wins
     requirements = "\n".join(sorted(seen.values(), key=str.lower)) + "\n"
     system = {
         "python": platform.python_version(),
@@ -98,13 +110,19 @@ def environment() -> tuple[str, dict[str, Any]]:
         "cuda": torch.version.cuda,
         "cpu": cpu_name(),
         "cpu_count": len(_affinity()),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else [],
     }
     return requirements, system
 
 
 def _affinity() -> set[int]:
-    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return (
+        os.sched_getaffinity(0)
+        if hasattr(os, "sched_getaffinity")
+        else set(range(os.cpu_count() or 1))
+    )
 
 
 def record_provenance(tracker: Any, code: CodeState, job_dir: Path) -> None:

@@ -45,7 +45,6 @@ def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-
 # How long a checkpoint waits for the metrics before it (sync_metrics): the step writer usually
 # needs a fraction of a second; one that needs longer is replaced by this process's own writes.
 SYNC_WAIT_S = 30.0
@@ -84,14 +83,18 @@ class MlflowTracker:
         self.flush_every_n_steps = flush_every_n_steps
         self.flush_every_s = flush_every_s
         self.log_checkpoint = log_checkpoint
-        self.log_checkpoints = log_checkpoints  # read by the `best` callback's config and seqlab.train
+        self.log_checkpoints = (
+            log_checkpoints  # read by the `best` callback's config and seqlab.train
+        )
         self.synchronous = synchronous  # metrics go in the background unless synchronous
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
         self.outage_wait_s = outage_wait_s
         self.fallback_uri = fallback_uri
         self.step_writer = step_writer
-        self.register_as = register_as  # the logged model also becomes a version of this registered model
+        self.register_as = (
+            register_as  # the logged model also becomes a version of this registered model
+        )
         self.log_onnx = log_onnx  # the network kept also as ONNX (tracking.model_logging.log_onnx)
         self.rank = rank
         self.monitor = None
@@ -115,9 +118,10 @@ class MlflowTracker:
 
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
-
             try:
-                client = client_for(self.tracking_uri)  # a database server that does not answer: one line (store.local)
+                client = client_for(
+                    self.tracking_uri
+                )  # a database server that does not answer: one line (store.local)
                 end_dead_runs(client)  # runs whose process died without closing them
             except SeqlabError:
                 raise
@@ -158,19 +162,28 @@ class MlflowTracker:
                 all_tags["mlflow.note.content"] = description
         all_tags = mask_flat(all_tags)  # e.g. hydra_overrides quotes the command line
         if resume_run_id:
-
-            self.replayed = logged_through(client, resume_run_id)  # steps trained again are stored once
+            self.replayed = logged_through(
+                client, resume_run_id
+            )  # steps trained again are stored once
             # Its new process's tags first: a store opened meanwhile must not take it for the dead one.
             client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in all_tags.items()])
             client.update_run(resume_run_id, status="RUNNING")
-            if "failure_reason" in client.get_run(resume_run_id).data.tags:  # why it stopped then: not why it ends now
+            if (
+                "failure_reason" in client.get_run(resume_run_id).data.tags
+            ):  # why it stopped then: not why it ends now
                 client.delete_tag(resume_run_id, "failure_reason")
             self.run_id = resume_run_id
         else:
-            self.run_id = client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+            self.run_id = client.create_run(
+                self.experiment_id, run_name=run_name, tags=all_tags
+            ).info.run_id
         if self.is_server:
-            record = RunRecord(run_name, dict(all_tags), metrics=MetricJournal(journal_dir, self.run_id))
-            self.sender = OutboxSender(client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback)
+            record = RunRecord(
+                run_name, dict(all_tags), metrics=MetricJournal(journal_dir, self.run_id)
+            )
+            self.sender = OutboxSender(
+                client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback
+            )
         else:
             self.sender = DirectSender(client, self.run_id, self.step_writer, self.synchronous)
         return self.run_id
@@ -181,7 +194,9 @@ class MlflowTracker:
         does not switch MLflow's monitor on; it is started here for the run's id."""
         if not self.system_metrics or self.monitor is not None or self.rank > 0:
             return
-        self.monitor = system_metrics_monitor(self.run_id, self.system_metrics_interval_s, self.tracking_uri)
+        self.monitor = system_metrics_monitor(
+            self.run_id, self.system_metrics_interval_s, self.tracking_uri
+        )
         self.monitor.start()
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
@@ -229,9 +244,13 @@ class MlflowTracker:
 
     def _copy_to_fallback(self, record: RunRecord, status: str) -> None:
         if not self.fallback_uri:
-            raise SeqlabError(f"the tracking server at {self.tracking_uri} did not come back, and "
-                              "logger.fallback_uri is not set: this run's last metrics were not stored")
-        local = MlflowTracker(self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline")
+            raise SeqlabError(
+                f"the tracking server at {self.tracking_uri} did not come back, and "
+                "logger.fallback_uri is not set: this run's last metrics were not stored"
+            )
+        local = MlflowTracker(
+            self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline"
+        )
         tags = {**record.tags, "server_uri": self.tracking_uri, "server_run_id": self.run_id}
         tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
         local.start(record.name or "run", tags)
@@ -244,7 +263,12 @@ class MlflowTracker:
         log.warning(
             "tracking  the server at %s did not come back within %.0f s: the whole run (its params, tags, every "
             "metric and artifact) is in the local store %s as run %s (make ui shows it); on the server, run %s "
-            "is incomplete", self.tracking_uri, self.outage_wait_s, self.fallback_uri, local.run_id, self.run_id,
+            "is incomplete",
+            self.tracking_uri,
+            self.outage_wait_s,
+            self.fallback_uri,
+            local.run_id,
+            self.run_id,
         )
 
     # -- records ---------------------------------------------------------------------------
@@ -271,7 +295,9 @@ class MlflowTracker:
         self.points.extend(batch)
         self._send(batch)
 
-    def log_series(self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]) -> None:
+    def log_series(
+        self, series: Mapping[str, list[float]], steps: list[int], timestamps: list[int]
+    ) -> None:
         """Many steps of some metrics in as few calls as MLflow allows."""
         self._send(
             [
@@ -284,7 +310,6 @@ class MlflowTracker:
     def _send(self, metrics: list[Metric]) -> None:
         self.history.add(metrics)
         if self.replayed:
-
             metrics = not_yet_logged(metrics, self.replayed)
         self.sender.metrics(metrics)
 
@@ -302,7 +327,12 @@ class MlflowTracker:
 
     def local_artifact_dir(self) -> Optional[Path]:
         """Where this run's artifacts are, if they are files this process writes itself."""
-        if self._artifact_dir is None and self.client is not None and self.run_id and not self.is_server:
+        if (
+            self._artifact_dir is None
+            and self.client is not None
+            and self.run_id
+            and not self.is_server
+        ):
             uri = self.client.get_run(self.run_id).info.artifact_uri
             parsed = urlparse(uri)
             if parsed.scheme in ("", "file"):

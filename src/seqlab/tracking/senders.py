@@ -34,7 +34,9 @@ MAX_PARAMS = 100
 OUTBOX_SYNC_S = 2.0
 
 
-def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]) -> None:
+def _upload(
+    client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path: Optional[str]
+) -> None:
     if not path.exists():
         return
 
@@ -44,8 +46,9 @@ def _upload(client: mlflow.MlflowClient, run_id: str, path: Path, artifact_path:
                 client.log_artifacts(run_id, str(path), artifact_path)
             else:
                 client.log_artifact(run_id, str(path), artifact_path)
-    except OSError as error:  # a full disk or an unwritable artifact folder: one line naming the path
-
+    except (
+        OSError
+    ) as error:  # a full disk or an unwritable artifact folder: one line naming the path
         if not is_write_failure(error):
             raise
         raise write_failed(error.filename or path, error) from None
@@ -90,12 +93,13 @@ SLOW_WRITER_WAIT_S = 30.0
 
 
 class DirectSender:
-    def __init__(self, client: mlflow.MlflowClient, run_id: str, step_writer: str, synchronous: bool) -> None:
+    def __init__(
+        self, client: mlflow.MlflowClient, run_id: str, step_writer: str, synchronous: bool
+    ) -> None:
         self.client, self.run_id, self.synchronous = client, run_id, synchronous
         self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
         self.writer = None
         if step_writer == "process":
-
             self.writer = StepWriter(client.tracking_uri, run_id)
 
     def params(self, params: list[Param]) -> None:
@@ -110,21 +114,33 @@ class DirectSender:
     def unsent(self) -> list[Metric]:
         """The metrics sent that the store does not hold yet (after sync: none, but for a
         writer that has just died)."""
-        return [Metric(k, v, ts, step) for k, v, ts, step in self.writer.rows] if self.writer is not None else []
+        return (
+            [Metric(k, v, ts, step) for k, v, ts, step in self.writer.rows]
+            if self.writer is not None
+            else []
+        )
 
     def metrics(self, metrics: list[Metric]) -> None:
         if self.writer is not None and not self.writer.alive():
-            self._close_writer(TAKE_OVER_WAIT_S)  # found at once: from here this process writes, nothing piles up
-        if self.writer is not None:  # epoch metrics too: no MLflow write in this process while training
+            self._close_writer(
+                TAKE_OVER_WAIT_S
+            )  # found at once: from here this process writes, nothing piles up
+        if (
+            self.writer is not None
+        ):  # epoch metrics too: no MLflow write in this process while training
             self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
-            if len(self.writer.rows) > MAX_UNCONFIRMED_ROWS and not self.writer.drain(SLOW_WRITER_WAIT_S):
+            if len(self.writer.rows) > MAX_UNCONFIRMED_ROWS and not self.writer.drain(
+                SLOW_WRITER_WAIT_S
+            ):
                 self._close_writer(TAKE_OVER_WAIT_S)
             return
         self._log(metrics, self.synchronous)
 
     def _log(self, metrics: list[Metric], synchronous: bool) -> None:
         for i in range(0, len(metrics), MAX_BATCH):
-            operation = self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=synchronous)
+            operation = self.client.log_batch(
+                self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=synchronous
+            )
             if operation is not None:
                 self.pending.append(operation)
 
@@ -137,9 +153,14 @@ class DirectSender:
             return
         left, why = writer.close(timeout_s)
         if left:
-            log.warning("tracking  the step writer stopped (%s): its last %d metric values are written from here",
-                        why, len(left))
-            self._log([Metric(k, v, ts, step) for k, v, ts, step in left], synchronous=True)  # stored before anything else
+            log.warning(
+                "tracking  the step writer stopped (%s): its last %d metric values are written from here",
+                why,
+                len(left),
+            )
+            self._log(
+                [Metric(k, v, ts, step) for k, v, ts, step in left], synchronous=True
+            )  # stored before anything else
 
     def sync(self, timeout_s: float, idle: bool = False) -> None:
         """Every metric sent so far is stored when this returns, the step writer kept: before
@@ -165,7 +186,10 @@ class DirectSender:
         except BaseException as error:
             # Metrics that were never stored make no FINISHED run: the run says what the job says.
             if status == "FINISHED":
-                status, reason = "FAILED", f"its last metrics could not be stored: {one_line(error)}"
+                status, reason = (
+                    "FAILED",
+                    f"its last metrics could not be stored: {one_line(error)}",
+                )
             raise
         finally:
             if reason:
@@ -262,11 +286,16 @@ class OutboxSender:
         if reason:
             self.tags([RunTag("failure_reason", mask_text(reason))])
         if self.outbox.down_since is not None:
-            log.warning("tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
-                        self.outage_wait_s, self.client.tracking_uri)
+            log.warning(
+                "tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
+                self.outage_wait_s,
+                self.client.tracking_uri,
+            )
         elif len(self.outbox.queue) > 10:
-            log.info("tracking  sending the run's last %d batch(es) of metrics: the server is slower than training",
-                     len(self.outbox.queue))
+            log.info(
+                "tracking  sending the run's last %d batch(es) of metrics: the server is slower than training",
+                len(self.outbox.queue),
+            )
         try:
             # Given up only after outage_wait_s in which the server took nothing: a slow server is
             # waited for (copying the run elsewhere would leave the server's copy half-written).
@@ -278,7 +307,11 @@ class OutboxSender:
                 except Exception as error:  # noqa: BLE001 - the run's status matters more
                     if transient(error):
                         raise
-                    log.warning("tracking  %s was not stored: %s", path.name, " ".join(str(error).split())[:200])
+                    log.warning(
+                        "tracking  %s was not stored: %s",
+                        path.name,
+                        " ".join(str(error).split())[:200],
+                    )
             self.unsent_artifacts = []
             self.client.set_terminated(self.run_id, status)
         except Exception as error:  # noqa: BLE001

@@ -41,12 +41,19 @@ class StepWriter:
     def __init__(self, tracking_uri: str, run_id: str, nice: int = 10) -> None:
         # The store's address goes in the environment, not the command line, which any user of
         # the machine can read with ps (an address may hold a password).
-        env = {**os.environ, "SEQLAB_STEP_WRITER_NICE": str(nice), "SEQLAB_STEP_WRITER_URI": tracking_uri}
+        env = {
+            **os.environ,
+            "SEQLAB_STEP_WRITER_NICE": str(nice),
+            "SEQLAB_STEP_WRITER_URI": tracking_uri,
+        }
         self.errors = tempfile.TemporaryFile()  # what the child says, read if it fails
         self.acks = tempfile.NamedTemporaryFile(prefix="seqlab-acks-")  # a line per batch written
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "seqlab.tracking.step_writer", run_id, self.acks.name],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self.errors,
+            env=env,
         )
         self.fd = self.proc.stdin.fileno()
         os.set_blocking(self.fd, False)
@@ -121,7 +128,11 @@ class StepWriter:
             self.errors.seek(0)
             said = self.errors.read().decode(errors="replace").strip().splitlines()
             # As the command line, the message keeps no password an address held.
-            why = re.sub(r"//[^/@\s]+@", "//***@", said[-1]) if said else f"exit status {self.proc.returncode}"
+            why = (
+                re.sub(r"//[^/@\s]+@", "//***@", said[-1])
+                if said
+                else f"exit status {self.proc.returncode}"
+            )
         self.errors.close()
         self.acks_seen.close()
         self.acks.close()
@@ -152,7 +163,9 @@ class SqliteRows:
         revision = self.revision()
         if revision not in KNOWN_REVISIONS:
             self.con.close()
-            raise LookupError(f"the store's MLflow schema is at revision {revision}, which this writer was not tested with")
+            raise LookupError(
+                f"the store's MLflow schema is at revision {revision}, which this writer was not tested with"
+            )
         for table in ("metrics", "latest_metrics"):
             columns = {row[1] for row in self.con.execute(f"PRAGMA table_info({table})")}
             if columns != METRICS_COLUMNS:
@@ -161,7 +174,9 @@ class SqliteRows:
 
     def revision(self) -> Optional[str]:
         try:
-            (found,) = self.con.execute("SELECT version_num FROM alembic_version").fetchone() or (None,)
+            (found,) = self.con.execute("SELECT version_num FROM alembic_version").fetchone() or (
+                None,
+            )
         except Exception:  # noqa: BLE001 - sqlite3.OperationalError: no such table (not an MLflow store)
             return None
         return found
@@ -171,7 +186,11 @@ class SqliteRows:
         latest: dict[str, tuple] = {}
         for row in values:  # per key, the newest by (step, timestamp, value), as MLflow decides
             key, value, is_nan, ts, _, step = row
-            if key not in latest or (step, ts, value) > (latest[key][5], latest[key][3], latest[key][1]):
+            if key not in latest or (step, ts, value) > (
+                latest[key][5],
+                latest[key][3],
+                latest[key][1],
+            ):
                 latest[key] = row
         with self.con:  # one transaction
             # MLflow ignores a value it already holds (same key, step, time, value): so does this.
@@ -208,7 +227,11 @@ class ClientRows:
     def write(self, rows: list[Row]) -> None:
         from mlflow.entities import Metric
 
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows], synchronous=True)
+        self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(k, v, ts, step) for k, v, ts, step in rows],
+            synchronous=True,
+        )
 
 
 def open_rows(tracking_uri: str, run_id: str):
@@ -216,7 +239,10 @@ def open_rows(tracking_uri: str, run_id: str):
         try:
             return SqliteRows(tracking_uri[len("sqlite:///") :], run_id)
         except LookupError as error:  # another MLflow schema: its own client knows it
-            print(f"seqlab.tracking.step_writer: {error}: writing through MLflow's client", file=sys.stderr)
+            print(
+                f"seqlab.tracking.step_writer: {error}: writing through MLflow's client",
+                file=sys.stderr,
+            )
     return ClientRows(tracking_uri, run_id)
 
 

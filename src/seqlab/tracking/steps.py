@@ -64,14 +64,26 @@ class StepMetricsRecorder(pl.Callback):
         self.steps = StepLog()
         self.last_sent = time.monotonic()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if len(self.steps) >= self.every_n_steps and time.monotonic() - self.last_sent >= self.every_s:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if (
+            len(self.steps) >= self.every_n_steps
+            and time.monotonic() - self.last_sent >= self.every_s
+        ):
             self.flush()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.flush()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         if not isinstance(exception, Diverged):
             self.flush()  # the steps trained before an interruption are part of the run
 

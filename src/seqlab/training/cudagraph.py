@@ -18,10 +18,14 @@ from seqlab import one_line
 
 log = logging.getLogger("seqlab")
 
-Step = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+Step = Callable[
+    [torch.Tensor, torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]
+]
 
 
-def capture_cuda(step: Step, inputs: tuple) -> tuple[Callable[[], None], tuple[torch.Tensor, torch.Tensor]]:
+def capture_cuda(
+    step: Step, inputs: tuple
+) -> tuple[Callable[[], None], tuple[torch.Tensor, torch.Tensor]]:
     """Record `step` on `inputs` as a CUDA graph (nothing runs yet); returns (replay, outputs)."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -41,21 +45,31 @@ def warm_up_cuda(step: Step, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]
 
 class GraphedStep:
     def __init__(
-        self, step: Step, batch_size: int, warmup_steps: int = 3, capture=capture_cuda, warm_up=warm_up_cuda,
+        self,
+        step: Step,
+        batch_size: int,
+        warmup_steps: int = 3,
+        capture=capture_cuda,
+        warm_up=warm_up_cuda,
         batch_dim: int = 0,
     ) -> None:
         self.step = step  # the eager step on the raw optimizer: returns (loss, pred)
         self.batch_size = batch_size  # only full batches are graphed; a partial one runs eagerly
         self.batch_dim = batch_dim  # 1 for a pack's (K, batch, ...) inputs
         self.warmup_steps = warmup_steps
-        self.capture, self.warm_up = capture, warm_up  # replaceable, so the logic is testable on a CPU
+        self.capture, self.warm_up = (
+            capture,
+            warm_up,
+        )  # replaceable, so the logic is testable on a CPU
         self.seen = 0
         self.graph: Optional[Callable[[], None]] = None  # replays the captured step
         self.failed = False
         self.static: tuple[Optional[torch.Tensor], ...] = ()
         self.outputs: tuple[torch.Tensor, torch.Tensor] = ()
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]
+    ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """(loss, pred) of this step, taken in the graph; None when the caller must run it eagerly."""
         if self.failed or x.shape[self.batch_dim] != self.batch_size:
             return None
@@ -66,10 +80,14 @@ class GraphedStep:
             try:
                 self.static = (x.clone(), y.clone(), None if lengths is None else lengths.clone())
                 self.graph, self.outputs = self.capture(self.step, self.static)
-                log.info("perf      training step captured as a CUDA graph (batch %d)", self.batch_size)
+                log.info(
+                    "perf      training step captured as a CUDA graph (batch %d)", self.batch_size
+                )
             except Exception as error:  # any capture failure: eager is always correct
                 self.failed = True
-                log.warning("perf      CUDA graph capture failed (%s): training eagerly", one_line(error))
+                log.warning(
+                    "perf      CUDA graph capture failed (%s): training eagerly", one_line(error)
+                )
                 return None
         static_x, static_y, static_lengths = self.static
         if x.shape != static_x.shape:  # e.g. another padded length

@@ -15,6 +15,7 @@ from seqlab import require_tested
 # pytorch-lightning below the next one).
 TESTED = ("2.6.",)
 
+
 @functools.cache
 def check_version() -> None:
     import pytorch_lightning

@@ -39,16 +39,27 @@ def gradient_buffers(params: list[nn.Parameter]) -> list[torch.Tensor]:
             p.grad = torch.zeros_like(p)
     return [p.grad for p in params]
 
-Batch = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]  # inputs, targets, sequence lengths
+
+Batch = tuple[
+    torch.Tensor, torch.Tensor, Optional[torch.Tensor]
+]  # inputs, targets, sequence lengths
 
 
-def item_batches(x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], batch_size: int,
-                 max_steps: Optional[int] = None) -> Iterator[Batch]:
+def item_batches(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lengths: Optional[torch.Tensor],
+    batch_size: int,
+    max_steps: Optional[int] = None,
+) -> Iterator[Batch]:
     """A run alone's item (K mini-batches in one tensor) as its batches, at most `max_steps` of them."""
     stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * batch_size)
     for start in range(0, stop, batch_size):
-        yield (x[start : start + batch_size], y[start : start + batch_size],
-               None if lengths is None else lengths[start : start + batch_size])
+        yield (
+            x[start : start + batch_size],
+            y[start : start + batch_size],
+            None if lengths is None else lengths[start : start + batch_size],
+        )
 
 
 def lightning_steps(module: Any) -> dict[str, Callable]:
@@ -58,8 +69,14 @@ def lightning_steps(module: Any) -> dict[str, Callable]:
     the loss or casts (16/bf16-mixed), or a strategy of many devices, must see both: then the loop
     goes through Lightning's, which count the steps themselves."""
     trainer = module.trainer
-    plain = str(trainer.precision) in ("32-true", "32", "64-true") and isinstance(trainer.strategy, SingleDeviceStrategy)
-    return {} if plain else {"optimizer_step": module.optimizers().step, "backward": module.manual_backward}
+    plain = str(trainer.precision) in ("32-true", "32", "64-true") and isinstance(
+        trainer.strategy, SingleDeviceStrategy
+    )
+    return (
+        {}
+        if plain
+        else {"optimizer_step": module.optimizers().step, "backward": module.manual_backward}
+    )
 
 
 class FusedLoop:
@@ -108,7 +125,11 @@ class FusedLoop:
         self.members = getattr(model, "n_members", None)  # None: one network, no member dimension
         self.dropout_streams, self.after_step = dropout_streams, after_step
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.shortcut = exact_shortcuts and not self.members and getattr(model, "forward_one_step", None) is not None
+        self.shortcut = (
+            exact_shortcuts
+            and not self.members
+            and getattr(model, "forward_one_step", None) is not None
+        )
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or optimizer.step
         self.backward = backward or torch.Tensor.backward
@@ -124,8 +145,11 @@ class FusedLoop:
         device = self.params[0].device
         capturable = all(group.get("capturable", False) for group in self.optimizer.param_groups)
         if device.type == "cuda" and not self.counts_steps and capturable:
-            return GraphedStep(lambda x, y, lengths: self.step(x, y, lengths, self.shortcut and x.shape[1] == 1),
-                               self.batch_size, batch_dim=1 if self.members else 0)
+            return GraphedStep(
+                lambda x, y, lengths: self.step(x, y, lengths, self.shortcut and x.shape[1] == 1),
+                self.batch_size,
+                batch_dim=1 if self.members else 0,
+            )
         if asked:
             log.warning(
                 "perf      perf.cuda_graph=on needs one CUDA device, full precision and a capturable "
@@ -133,8 +157,14 @@ class FusedLoop:
             )
         return None
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], first_step: int,
-            max_steps: Optional[int] = None) -> tuple[int, torch.Tensor]:
+    def run(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lengths: Optional[torch.Tensor],
+        first_step: int,
+        max_steps: Optional[int] = None,
+    ) -> tuple[int, torch.Tensor]:
         """The steps of a run alone's item (at most `max_steps` of them), numbered from `first_step`.
         Returns how many ran and the last step's loss (a device tensor)."""
         return self.run_batches(item_batches(x, y, lengths, self.batch_size, max_steps), first_step)
@@ -144,7 +174,9 @@ class FusedLoop:
         Returns how many ran and the last step's loss (a device tensor: (K,) for a pack)."""
         self.grads = gradient_buffers(self.params)  # the same tensors unless Lightning freed them
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
-        if isinstance(lr, torch.Tensor):  # CUDA graphs: updated in place; the log keeps this call's value
+        if isinstance(
+            lr, torch.Tensor
+        ):  # CUDA graphs: updated in place; the log keeps this call's value
             lr = lr.detach().clone()
         loss, n = None, 0
         for xb, yb, lb in batches:
@@ -159,10 +191,17 @@ class FusedLoop:
             self.epoch_preds.append(pred.detach())
             self.epoch_targets.append(yb)
             n += 1
-        return n, (loss.detach() if loss is not None else torch.zeros((), device=self.params[0].device))
+        return n, (
+            loss.detach() if loss is not None else torch.zeros((), device=self.params[0].device)
+        )
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor],
-             shortcut: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lengths: Optional[torch.Tensor],
+        shortcut: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
         torch._foreach_zero_(self.grads)
         with phase("forward"):

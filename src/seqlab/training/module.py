@@ -59,7 +59,9 @@ def _compute(metrics: MetricCollection) -> dict[str, torch.Tensor]:
     return out
 
 
-def _unpack(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def _unpack(
+    batch: tuple[torch.Tensor, ...],
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     x, y, *rest = batch
     return x, y, (rest[0] if rest else None)
 
@@ -99,7 +101,9 @@ class SeqRegressor(pl.LightningModule):
         self.scheduler_factory = scheduler
         self.loss_name = loss
         self.loss_fn = LOSS_FUNCTIONS[loss]
-        self.gradients = GradientTreatment(model, l2_regularization, gradient_threshold, gradient_threshold_method)
+        self.gradients = GradientTreatment(
+            model, l2_regularization, gradient_threshold, gradient_threshold_method
+        )
         self.bn_statistics = bn_statistics
         # Which network training ends with and when it stops early: kept here with the other
         # trainingOptions; acted on by seqlab.callbacks.output_network's callback.
@@ -139,16 +143,29 @@ class SeqRegressor(pl.LightningModule):
         if self.step_log is not None:
             # Called before Lightning's optimizer step: this step is global_step + 1.
             with phase("logging"):
-                self.step_log.add(loss.detach(), self.global_step + 1, self.trainer.optimizers[0].param_groups[0]["lr"])
+                self.step_log.add(
+                    loss.detach(),
+                    self.global_step + 1,
+                    self.trainer.optimizers[0].param_groups[0]["lr"],
+                )
         return loss
 
-    def _loop_step(self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def _loop_step(
+        self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         max_steps = self.trainer.max_steps
-        n, loss = self.loop.run(x, y, lengths, self.global_step + 1,
-                                max_steps - self.global_step if max_steps > 0 else None)
+        n, loss = self.loop.run(
+            x,
+            y,
+            lengths,
+            self.global_step + 1,
+            max_steps - self.global_step if max_steps > 0 else None,
+        )
         if not self.loop.counts_steps:
             count_optimizer_steps(self.optimizers(), n)
-        self.samples_trained += min(len(x), n * self.loop.batch_size)  # only an item's last batch can be short
+        self.samples_trained += min(
+            len(x), n * self.loop.batch_size
+        )  # only an item's last batch can be short
         if batch_idx + 1 >= self.trainer.num_training_batches:
             # Folded in at the epoch's last item, so this work counts in the epoch's timing as a
             # per-step metric update does on the automatic path.
@@ -188,7 +205,9 @@ class SeqRegressor(pl.LightningModule):
         with phase("optimizer"):
             super().optimizer_step(*args, **kwargs)
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
         with phase("host_to_device"):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
@@ -230,11 +249,16 @@ class SeqRegressor(pl.LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"},
+        }
 
 
 @torch.no_grad()
-def population_bn_statistics_(model: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> int:
+def population_bn_statistics_(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device
+) -> int:
     """MATLAB's BatchNormalizationStatistics='population': after training, one pass over the
     training data; each BatchNorm layer's mean and variance become those of its inputs over every
     sample and step. Returns the number of BatchNorm layers updated."""
@@ -274,8 +298,12 @@ def population_bn_statistics_(model: nn.Module, batches: Iterable[tuple[torch.Te
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-             batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batches: Iterable[tuple[torch.Tensor, ...]],
+    device: torch.device,
+) -> dict[str, float]:
     """Loss, RMSE, MAE and R2 of a network in evaluation mode over some batches."""
     was_training = model.training
     model.eval()
@@ -297,18 +325,34 @@ def evaluate(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], t
     return out
 
 
-def final_metrics(network: nn.Module, loss: str, bn_statistics: str, datamodule: Any, device: torch.device, wall: float,
-                  median: Callable[[str], Optional[float]], baseline: Optional[float]) -> dict[str, float]:
+def final_metrics(
+    network: nn.Module,
+    loss: str,
+    bn_statistics: str,
+    datamodule: Any,
+    device: torch.device,
+    wall: float,
+    median: Callable[[str], Optional[float]],
+    baseline: Optional[float],
+) -> dict[str, float]:
     """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation:
     module.bn_statistics), and the run's medians over epochs (`median`: the epoch timer's); a run
     alone's and a pack member's alike."""
     if bn_statistics == "population":
         population_bn_statistics_(network, datamodule.train_eval_batches(), device)
-        log.info("batchnorm population statistics from one pass over the %d training samples", len(datamodule.train))
+        log.info(
+            "batchnorm population statistics from one pass over the %d training samples",
+            len(datamodule.train),
+        )
     summary = {"train_wall_s": wall}
     val_batches = datamodule.val_dataloader()
     if val_batches:
-        summary.update({f"final_val_{k}": v for k, v in evaluate(network, LOSS_FUNCTIONS[loss], val_batches, device).items()})
+        summary.update(
+            {
+                f"final_val_{k}": v
+                for k, v in evaluate(network, LOSS_FUNCTIONS[loss], val_batches, device).items()
+            }
+        )
     for key in ("it_per_s", "samples_per_s"):
         value = median(key)
         if value is not None:

@@ -17,12 +17,18 @@ def quiet_libraries(loader: str) -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
     # On a SLURM login node (srun installed) every run outside a job would hint at srun.
-    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used")
+    warnings.filterwarnings(
+        "ignore", message=r".*The `srun` command is available on your system but is not used"
+    )
     # The module marks host-to-device copies for the profiler and defers to Lightning for the rest.
-    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`")
+    warnings.filterwarnings(
+        "ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`"
+    )
     # Under DDP: the epoch metrics are torchmetrics states, which synchronise across processes
     # themselves, and every process validates on the whole validation set.
-    warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting")
+    warnings.filterwarnings(
+        "ignore", message=r".*when logging on epoch level in distributed setting"
+    )
     if loader == "tensor":
         # The data module saves and restores the position in the epoch's order (data.module),
         # which Lightning does not see on the loader itself. (A DataLoader's is not saved: there

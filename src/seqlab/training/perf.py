@@ -37,12 +37,18 @@ def optimizer_factory(
                     group["lr"] = torch.tensor(float(group["lr"]), device=device)
                 return optimizer
             # Not capturable (SGD, say): the module sees it and trains eagerly.
-            log.info("perf      %s cannot run inside a CUDA graph: training eagerly", _name(partial))
+            log.info(
+                "perf      %s cannot run inside a CUDA graph: training eagerly", _name(partial)
+            )
         if impl == "fused":
             try:
                 return partial(params=params, fused=True)
             except (TypeError, RuntimeError, ValueError) as error:
-                log.info("perf      fused %s not available here (%s): using foreach", _name(partial), error)
+                log.info(
+                    "perf      fused %s not available here (%s): using foreach",
+                    _name(partial),
+                    error,
+                )
         try:
             return partial(params=params, foreach=True)
         except (TypeError, RuntimeError, ValueError):
@@ -63,7 +69,11 @@ def steps_per_call(wanted: int, batches_per_epoch: int, val_check_interval: Any)
     validation inside or across epochs (val_check_interval = N iterations, or a fraction f of
     an epoch, i.e. round(f * batches) iterations): then every call must hold the same number of
     steps, a divisor of both the epoch's batches and N."""
-    if val_check_interval is None or val_check_interval == 1.0 and isinstance(val_check_interval, float):
+    if (
+        val_check_interval is None
+        or val_check_interval == 1.0
+        and isinstance(val_check_interval, float)
+    ):
         return max(min(wanted, batches_per_epoch), 1), val_check_interval
     steps = val_check_interval
     if isinstance(val_check_interval, float):

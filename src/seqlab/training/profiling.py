@@ -73,7 +73,14 @@ class ProfileSteps(pl.Callback):
         self.first_step = trainer.global_step
         self.start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         if self.profiler is not None and trainer.global_step - self.first_step >= self.steps:
             self._finish(trainer, pl_module)
 

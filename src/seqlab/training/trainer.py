@@ -12,7 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 
-def build_trainer(cfg: DictConfig, device, callbacks: list, logger: Any, fused: bool, has_val: bool, val_every: Any):
+def build_trainer(
+    cfg: DictConfig,
+    device,
+    callbacks: list,
+    logger: Any,
+    fused: bool,
+    has_val: bool,
+    val_every: Any,
+):
     """The job's Trainer. `logger`: a run alone's tracking.LightningBridge, or False for a pack (each
     member's metrics go to its own run: seqlab.packing.module); `fused`: the loop steps the optimizer
     itself, and clips there."""
