@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.seqlab-installed
-# Hydra's next line (1.4, a prerelease) beside the pinned 1.3, for tests/test_hydra_next.py only
+# Hydra's next line (1.4, a prerelease) beside the pinned 1.3, for tests/integration/test_hydra_next.py only
 # (put first on PYTHONPATH there); where pip cannot fetch it, that test skips and says so.
 HYDRA_NEXT := hydra-core==1.4.0rc3 omegaconf==2.4.1rc1
 PORT ?= 5000
@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml requirements.lock Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev,postgres]'
 	-@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(VENV)/hydra-next $(HYDRA_NEXT) \
-		|| echo "note: $(HYDRA_NEXT) could not be installed: tests/test_hydra_next.py skips"
+		|| echo "note: $(HYDRA_NEXT) could not be installed: tests/integration/test_hydra_next.py skips"
 	@touch $@
 
 train: $(STAMP) ## train the default experiment (override anything with ARGS='key=value ...')
@@ -49,8 +49,8 @@ train: $(STAMP) ## train the default experiment (override anything with ARGS='ke
 test: $(STAMP) ## run the test suite
 	$(PY) -m pytest $(ARGS)
 
-test-fast: $(STAMP) ## the tests not marked slow: a check after each change (about a minute on 2 cores)
-	$(PY) -m pytest -m "not slow" -q $(ARGS)
+test-fast: $(STAMP) ## tests/unit: no process of their own, a few steps at most; a check after each change (a minute on 2 cores)
+	$(PY) -m pytest tests/unit -q --dist load $(ARGS)
 
 lint: $(STAMP) ## ruff check and ruff format --check over src/, tests/ and scripts/ (pyproject.toml: [tool.ruff])
 	$(VENV)/bin/ruff check src tests scripts train.py predict.py

@@ -1,7 +1,7 @@
 """A screenshot of a page of the MLflow UI in headless Chromium, as a fresh browser sees it (a new
 profile each time): `python scripts/ui_screenshot.py URL OUT.png [--width 1500 --height 620]`;
 `--text UNTIL` prints the page's text instead, once it shows UNTIL (or after --wait seconds): how
-tests/test_dashboard.py reads optuna-dashboard's page. Chromium's pipe takes this process's file
+tests/integration/test_dashboard.py reads optuna-dashboard's page. Chromium's pipe takes this process's file
 descriptors 3 and 4, so it runs as a process of its own.
 
 Chromium is driven over its DevTools pipe (--remote-debugging-pipe: no extra package), so the

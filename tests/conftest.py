@@ -33,36 +33,45 @@ TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 
 
 # Seconds each file took (setup, call and teardown summed, --durations=0 of the whole suite on this
-# session's 2-core VM, two xdist workers, quiet, 2026-12-02). xdist hands out whole files in the
-# order collected (--no-loadscope-reorder): the longest first, so that no long file starts last
-# while the other worker has nothing left (the suite's tail). A file not listed costs little and
-# goes after these.
+# session's 2-core AMD VM, two xdist workers, 2026-12-03), by its path under tests/. xdist hands out
+# whole files in the order collected (--no-loadscope-reorder): the longest first, so that no long
+# file starts last while the other worker has nothing left (the suite's tail). A file not listed
+# costs little and goes after these.
 FILE_SECONDS = {
-    "test_pack_runs.py": 122,
-    "test_readme.py": 90,
-    "test_search.py": 106,
-    "test_scale.py": 92,
-    "test_robust.py": 73,
-    "test_cluster.py": 69,
-    "test_repeats.py": 48,
-    "test_preemption.py": 43,
-    "test_perf.py": 41,
-    "test_search_workers.py": 33,
-    "test_study.py": 33,
-    "test_rank_failure.py": 33,
-    "test_checkpoints.py": 29,
-    "test_hydra_next.py": 29,
-    "test_run_to_use.py": 25,
-    "test_config.py": 23,
-    "test_step_writer.py": 23,
-    "test_train.py": 19,
-    "test_server_auth.py": 16,
-    "test_store.py": 16,
-    "test_bad_input.py": 14,
-    "test_own_data.py": 13,
-    "test_checkpoint_models.py": 13,
-    "test_packing.py": 7,
-    "test_sync.py": 5,
+    "integration/test_pack_runs.py": 293,
+    "integration/test_search.py": 289,
+    "integration/test_scale.py": 220,
+    "integration/test_robust.py": 176,
+    "integration/test_cluster.py": 142,
+    "integration/test_preemption.py": 111,
+    "integration/test_repeats.py": 63,
+    "integration/test_search_workers.py": 60,
+    "integration/test_rank_failure.py": 49,
+    "integration/test_perf.py": 49,
+    "integration/test_study.py": 48,
+    "integration/test_run_to_use.py": 43,
+    "integration/test_checkpoints.py": 38,
+    "integration/test_hydra_next.py": 35,
+    "integration/test_bad_input.py": 35,
+    "integration/test_store.py": 33,
+    "integration/test_server_auth.py": 32,
+    "integration/test_train.py": 28,
+    "unit/test_config.py": 26,
+    "integration/test_step_writer.py": 26,
+    "integration/test_dashboard.py": 22,
+    "integration/test_ghosts.py": 21,
+    "integration/test_secrets.py": 20,
+    "integration/test_own_data.py": 20,
+    "integration/test_rerun.py": 17,
+    "integration/test_checkpoint_models.py": 16,
+    "integration/test_cli.py": 14,
+    "unit/test_robust.py": 13,
+    "integration/test_sync.py": 11,
+    "integration/test_config.py": 11,
+    "unit/packing/test_model.py": 9,
+    "integration/test_onnx.py": 8,
+    "integration/test_matlab.py": 6,
+    "integration/test_pack_plan.py": 4,
 }
 
 
@@ -70,7 +79,10 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     # sorted() is stable: a file's tests keep their order.
-    items[:] = sorted(items, key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
+    items[:] = sorted(
+        items,
+        key=lambda item: -FILE_SECONDS.get(item.path.relative_to(ROOT / "tests").as_posix(), 0),
+    )
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -96,17 +108,6 @@ def _migrated_store(request, tmp_path, _empty_store):
     if request.node.get_closest_marker("fresh_store") is None:
         (tmp_path / "mlruns").mkdir(exist_ok=True)
         shutil.copy(_empty_store, tmp_path / "mlruns" / "mlflow.db")
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """One MLflow tracking server for the whole test run (starting one costs seconds). Tests that
-    use it keep to an experiment of their own; tests that stop a server start their own."""
-    from seqlab.store.server import LocalServer
-
-    root = tmp_path_factory.mktemp("server")
-    with LocalServer(f"sqlite:///{root}/mlflow.db", str(root / "artifacts")) as server:
-        yield server
 
 
 def no_runs(client) -> bool:
@@ -168,35 +169,16 @@ def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
 @pytest.fixture
 def run_cli(tmp_path):
     """Run train.py's command line as a user would, with every path under tmp_path, inside this
-    process (tests/inprocess.py: the same entry, argv, folder and environment; exit status and
+    process (tests/harness/inprocess.py: the same entry, argv, folder and environment; exit status and
     output as a process gives them). A new Python spends 5-8 s on imports; tests about the
     process itself (signals, kill, parallel launchers, interpreter exit) use run_process or
     start_cli."""
-    from inprocess import run_in_process
+    from harness.inprocess import run_in_process
 
     def _run(
         *args: str, timeout: float = 300, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
         return run_in_process([*args, f"paths.root_dir={tmp_path}"], tmp_path, cli_env(env))
-
-    return _run
-
-
-@pytest.fixture
-def run_process(tmp_path):
-    """Run train.py in a process of its own, as a user would, with every path under tmp_path: a
-    child of tests/zygote.py, which has made the imports a new Python would spend 5-8 s on."""
-    import zygote
-
-    def _run(
-        *args: str, timeout: float = 300, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess:
-        return zygote.run(
-            [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
-            tmp_path,
-            cli_env(env),
-            timeout=timeout,
-        )
 
     return _run
 
@@ -210,8 +192,8 @@ def start_cli(
     env: dict[str, str] | None = None,
 ):
     """train.py started as a user would, in the background (for tests that signal or stop it), in a
-    process of its own (tests/zygote.py): a Popen-like handle."""
-    import zygote
+    process of its own (tests/harness/zygote.py): a Popen-like handle."""
+    from harness import zygote
 
     return zygote.start(
         [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
@@ -239,80 +221,3 @@ def artifact_paths(client, run_id: str, path: str | None = None) -> set[str]:
 
 
 POSTGRES_PASSWORD = "pg-secret-4711"  # the test cluster's; no output, tag or file may show it
-
-
-@pytest.fixture
-def postgres():
-    """A throwaway PostgreSQL cluster on a loopback port that wants a password (as a team's
-    does), with databases `mlflow` and `optuna`; its URL for `mlflow`, password included.
-    Skipped where PostgreSQL is not installed."""
-    import shutil
-    import tempfile
-
-    from seqlab.store.server import free_port
-
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("PostgreSQL's initdb/pg_ctl are not installed")
-    as_user = (
-        ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    )  # initdb refuses root
-    base = Path(tempfile.mkdtemp(prefix="seqlab-pg-"))
-    base.chmod(0o777)
-    data, port = base / "data", free_port()
-    (base / "pw").write_text(POSTGRES_PASSWORD + "\n")
-    (base / "pw").chmod(0o644)
-    env = {**os.environ, "PGPASSWORD": POSTGRES_PASSWORD}
-
-    def run(*cmd):
-        return subprocess.run(
-            [*as_user, *cmd], check=True, capture_output=True, timeout=120, env=env
-        )
-
-    try:
-        run(
-            "initdb",
-            "-D",
-            str(data),
-            "-U",
-            "seqlab",
-            "--auth=scram-sha-256",
-            f"--pwfile={base / 'pw'}",
-        )
-        run(
-            "pg_ctl",
-            "-D",
-            str(data),
-            "-w",
-            "-l",
-            str(base / "log"),
-            "start",
-            "-o",
-            f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
-        )
-        for database in ("mlflow", "optuna"):
-            run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "seqlab", database)
-        yield f"postgresql://seqlab:{POSTGRES_PASSWORD}@127.0.0.1:{port}/mlflow"
-    finally:
-        subprocess.run(
-            [*as_user, "pg_ctl", "-D", str(data), "-m", "fast", "stop"],
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """A one-node SLURM cluster on loopback (tests/slurm_cluster.py), one per test run: its `env`
-    (SLURM_CONF, PATH) points a command at it. Skipped where SLURM's packages are absent or the
-    daemons cannot run as root (.ci/run installs slurm-wlm)."""
-    import slurm_cluster
-
-    why = slurm_cluster.missing()
-    if why:
-        pytest.skip(why)
-    cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()

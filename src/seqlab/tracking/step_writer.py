@@ -145,7 +145,7 @@ METRICS_COLUMNS = {"key", "value", "timestamp", "run_uuid", "step", "is_nan"}
 # The MLflow schema revisions (alembic_version) whose metric tables this writer was tested with: the
 # pinned MLflow's (requirements.lock). MLflow changes its tables in minor releases (an index on
 # metrics in mlflow#20928, a runs.status constraint in #24890): a store at any other revision is
-# written through MLflow's own client (tests/test_step_writer.py fails on a new pin until it is checked).
+# written through MLflow's own client (tests/unit/tracking/test_step_writer.py fails on a new pin until it is checked).
 KNOWN_REVISIONS = {"dc11669786a5"}  # MLflow 3.17
 
 

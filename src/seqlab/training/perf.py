@@ -1,6 +1,6 @@
 """The training loop's speed settings (conf/perf/): which optimizer implementation, how many
 optimizer steps per Lightning call, and the Lightning flags that go with a perf option. The math
-is the same whichever is chosen; tests/test_perf.py checks that."""
+is the same whichever is chosen; tests/integration/test_perf.py checks that."""
 
 from __future__ import annotations
 
