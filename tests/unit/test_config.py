@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-from conftest import CONF_DIR, ROOT, compose_in
-from hydra.errors import ConfigCompositionException
+import dataclasses
+import enum
+import typing
 
-from seqlab.schema import ConfigError
+import pytest
+import yaml
+from conftest import CONF_DIR, compose_in
+from hydra.errors import ConfigCompositionException
+from omegaconf import MISSING
+
+from seqlab.schema import ConfigError, TrainConfig
 from seqlab.validation import validate
 
 OPTIONS = sorted(
@@ -26,6 +32,13 @@ def test_every_option_composes_and_validates(compose_cfg, tmp_path, option):
     cfg = compose_cfg(option, *extra)
     validate(cfg)
     assert cfg.data.batch_size > 0
+    group, _, name = option.partition("=")
+    checked = {} if is_preset(CONF_DIR / group / f"{name}.yaml") else unset_defaults(group)
+    for key, default in checked.items():
+        assert cfg[group][key] == default, (
+            option,
+            key,
+        )  # the schema's value, where no option sets one
 
 
 def test_defaults_are_the_matlab_network_and_options(compose_cfg):
@@ -230,15 +243,37 @@ def test_runs_started_in_the_same_second_get_output_folders_of_their_own(tmp_pat
 
 def schema_defaults(kind) -> dict:
     """A schema dataclass's defaults by key, an Enum's as its value (keys without one left out)."""
-    import dataclasses
-    import enum
-
-    from omegaconf import MISSING
-
     return {
         f.name: f.default.value if isinstance(f.default, enum.Enum) else f.default
         for f in dataclasses.fields(kind)
         if f.default is not dataclasses.MISSING and f.default is not MISSING
+    }
+
+
+def group_schema(name: str):
+    """The schema dataclass of the config group `name` (TrainConfig's field, Optional or not)."""
+    kind = typing.get_type_hints(TrainConfig)[name]
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+
+
+def is_preset(option) -> bool:
+    """perf's options are presets over several groups (# @package _global_)."""
+    return "@package _global_" in option.read_text()
+
+
+def unset_defaults(group: str) -> dict:
+    """The schema's defaults of `group` that none of its options sets (an option may take another's
+    through a defaults list): every option of the group composes with these values."""
+    if group not in typing.get_type_hints(TrainConfig) or not dataclasses.is_dataclass(
+        group_schema(group)
+    ):
+        return {}  # a preset group (experiment, sweep): no schema of its own
+    options = [o for o in sorted((CONF_DIR / group).glob("*.yaml")) if not is_preset(o)]
+    set_by_some = set().union(*[yaml.safe_load(o.read_text()) or {} for o in options])
+    return {
+        key: default
+        for key, default in schema_defaults(group_schema(group)).items()
+        if key not in set_by_some and not key.startswith("_")
     }
 
 
@@ -254,52 +289,28 @@ def repeats(where: str, body: dict, defaults: dict) -> list[str]:
 def test_each_key_has_its_default_in_one_place(tmp_path):
     """Issue 37, point 4: a group option's YAML sets only what differs from the schema's default (the
     one place a default lives: src/seqlab/schema.py, which constructors read too); a _target_ names
-    what the option builds. Every option still composes and keeps the schema's values. perf's options
-    are presets over several groups (# @package _global_): each group they set is held to its own
-    schema defaults."""
-    import dataclasses
-    import typing
-
-    import yaml
-
-    from seqlab.schema import TrainConfig
-
-    hints = typing.get_type_hints(TrainConfig)
-
-    def group_schema(name: str):
-        kind = hints[name]
-        return typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
-
-    repeated, composed = [], 0
+    what the option builds. perf's options are presets over several groups: each group they set is
+    held to its own schema defaults. That each option composes with the schema's values is
+    test_every_option_composes_and_validates's; the groups it leaves out are composed here."""
+    repeated, groups = [], set()
     for field in dataclasses.fields(TrainConfig):
-        kind = group_schema(field.name)
-        folder = ROOT / "conf" / field.name
+        kind, folder = group_schema(field.name), CONF_DIR / field.name
         if not dataclasses.is_dataclass(kind) or not folder.is_dir():
             continue
-        defaults = schema_defaults(kind)
-        # perf's options are presets of several groups (# @package _global_): each group they set
-        # is compared with that group's defaults
-        presets = [o for o in sorted(folder.glob("*.yaml")) if "@package _global_" in o.read_text()]
-        for preset in presets:
-            for group, body in (yaml.safe_load(preset.read_text()) or {}).items():
-                repeated += repeats(
-                    f"conf/{field.name}/{preset.name}: {group}",
-                    body,
-                    schema_defaults(group_schema(group)),
-                )
-        options = [o for o in sorted(folder.glob("*.yaml")) if o not in presets]
-        bodies = {option: yaml.safe_load(option.read_text()) or {} for option in options}
-        set_by_some = set().union(
-            *bodies.values()
-        )  # an option may take another's (a defaults list)
-        for option, body in bodies.items():
-            repeated += repeats(f"conf/{field.name}/{option.name}", body, defaults)
-            cfg = compose_in(
-                tmp_path, f"{field.name}={option.stem}"
-            )  # compose_cfg sets logger.log_onnx
-            for key, default in defaults.items():
-                if key not in set_by_some and not key.startswith("_"):
+        groups.add(field.name)
+        for option in sorted(folder.glob("*.yaml")):
+            body = yaml.safe_load(option.read_text()) or {}
+            where = f"conf/{field.name}/{option.name}"
+            if is_preset(option):
+                for group, part in body.items():
+                    repeated += repeats(
+                        f"{where}: {group}", part, schema_defaults(group_schema(group))
+                    )
+                continue
+            repeated += repeats(where, body, schema_defaults(kind))
+            if f"{field.name}={option.stem}" not in OPTIONS:
+                cfg = compose_in(tmp_path, f"{field.name}={option.stem}")
+                for key, default in unset_defaults(field.name).items():
                     assert cfg[field.name][key] == default, (option, key)
-            composed += 1
     assert repeated == []
-    assert composed >= 10
+    assert groups >= {"checkpoint", "data", "logger", "model", "module", "trainer"}, groups
