@@ -1,4 +1,5 @@
-"""What tests/unit/ and tests/integration/test_cluster.py share."""
+"""What the tests in `integration/test_cluster.py` and `integration/test_preemption.py` share
+(under tests/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What tests/unit/store/test_ghosts.py and tests/integration/test_ghosts.py share."""
+"""What the tests in `integration/test_ghosts.py` and `unit/store/test_ghosts.py` share (under
+tests/)."""
 
 from __future__ import annotations
 

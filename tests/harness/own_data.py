@@ -1,4 +1,5 @@
-"""What tests/unit/data/test_tables.py and tests/integration/test_own_data.py share."""
+"""What the tests in `integration/test_own_data.py` and `unit/data/test_tables.py` share (under
+tests/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What tests/unit/sweeps/test_packs.py and tests/integration/test_pack_plan.py share."""
+"""What the tests in `integration/test_pack_plan.py` and `unit/sweeps/test_packs.py` share (under
+tests/)."""
 
 from __future__ import annotations
 

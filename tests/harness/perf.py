@@ -1,4 +1,5 @@
-"""What tests/unit/training/test_loop.py and tests/integration/test_perf.py share."""
+"""What the tests in `integration/test_perf.py` and `unit/training/test_loop.py` share (under
+tests/)."""
 
 from __future__ import annotations
 

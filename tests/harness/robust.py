@@ -1,4 +1,4 @@
-"""What tests/unit/test_robust.py and tests/integration/test_robust.py share."""
+"""What the tests in `integration/test_robust.py` and `unit/test_robust.py` share (under tests/)."""
 
 from __future__ import annotations
 

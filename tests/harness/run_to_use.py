@@ -1,4 +1,5 @@
-"""What tests/unit/test_predict.py and tests/integration/test_run_to_use.py share."""
+"""What the tests in `integration/test_checkpoint_models.py`, `integration/test_onnx.py`,
+`integration/test_run_to_use.py` and `unit/test_predict.py` share (under tests/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What tests/unit/sweeps/test_search.py and tests/integration/test_search.py share."""
+"""What the tests in `integration/test_search.py` and `integration/test_search_workers.py` share
+(under tests/)."""
 
 from __future__ import annotations
 

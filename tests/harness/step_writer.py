@@ -1,4 +1,5 @@
-"""What tests/unit/tracking/test_step_writer.py and tests/integration/test_step_writer.py share."""
+"""What the tests in `integration/test_step_writer.py` and `unit/tracking/test_step_writer.py`
+share (under tests/)."""
 
 from __future__ import annotations
 

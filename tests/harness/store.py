@@ -1,4 +1,5 @@
-"""What tests/unit/store/test_local.py and tests/integration/test_store.py share."""
+"""What the tests in `integration/test_store.py` and `unit/store/test_local.py` share (under
+tests/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What tests/unit/store/test_sync.py and tests/integration/test_sync.py share."""
+"""What the tests in `integration/test_sync.py` and `unit/store/test_sync.py` share (under tests/)."""
 
 from __future__ import annotations
 
