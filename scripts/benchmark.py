@@ -7,6 +7,8 @@ and the 1440 x 1 shape, at one or more batch sizes.
     python scripts/benchmark.py --shapes seed --loops bare,packed --pack 1,3,8,32   # many networks in one step
     python scripts/benchmark.py --smoke --out b.json # seconds: checks that it all runs
     python scripts/benchmark.py --mlflow             # also stored as a run in experiment seqlab-benchmark
+    python scripts/benchmark.py --overhead           # what the default run, a pack of 8 and 8 jobs one
+                                                     # by one spend outside training, phase by phase
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,11 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mlflow", action="store_true", help="also record it as an MLflow run (project store)"
     )
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="instead of throughput: what commands spend outside training, by phase (their runs' "
+        "costs.json); the default run, a pack of 8 and the same 8 jobs one by one",
+    )
+    parser.add_argument(
+        "--cases",
+        default="single,pack,one-by-one",
+        help="with --overhead, comma-separated among single,pack,one-by-one",
+    )
     args = parser.parse_args(argv)
+    if args.overhead:
+        return _overhead(args)
 
     import torch
 
-    from seqlab import benchmark
+    from seqlab.benchmark import throughput as benchmark
 
     devices = (
         args.devices.split(",")
@@ -121,6 +137,40 @@ def main(argv: list[str] | None = None) -> int:
             rows, settings, f"sqlite:///{root}/mlruns/mlflow.db", str(root / "mlruns" / "artifacts")
         )
         print(f"mlflow run {run_id} in experiment 'seqlab-benchmark'")
+    return 0
+
+
+def _overhead(args) -> int:
+    from seqlab.benchmark import overhead, throughput
+
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in overhead.CASES]
+    if unknown or args.repeats < 1:
+        print(
+            f"error: --cases must be among {','.join(overhead.CASES)} and --repeats positive "
+            f"(got {','.join(unknown) or args.repeats})",
+            file=sys.stderr,
+        )
+        return 2
+    repeats = 1 if args.smoke else args.repeats
+    print(f"machine: {throughput.machine()}")
+    for case in cases:
+        words = " ".join((overhead.SMOKE if args.smoke else overhead.CASES)[case])
+        print(f"{case:11} python train.py {words}")
+    # Each case's runs in a store of their own, removed after: the measure keeps their costs.json.
+    with tempfile.TemporaryDirectory(prefix="seqlab-overhead-") as root:
+        try:
+            measured = overhead.measure(cases, repeats, args.smoke, Path(root))
+        except RuntimeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    summary = overhead.summary(measured)
+    print("\n" + overhead.table(summary, repeats))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        settings = {"cases": args.cases, "repeats": repeats, "smoke": args.smoke}
+        args.out.write_text(overhead.to_json(measured, summary, settings))
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -75,6 +75,19 @@ FILE_SECONDS = {
 }
 
 
+# MLflow's default store is sqlite:///mlflow.db in the working folder: a test that reaches MLflow
+# without a tracking URI would leave one in the repository (one was committed by mistake, twice).
+_STRAY_STORE = ROOT / "mlflow.db"
+_stray_before = _STRAY_STORE.exists()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput") or _stray_before or not _STRAY_STORE.exists():
+        return  # a worker (the controller checks), or nothing new
+    print(f"\nerror: a test created {_STRAY_STORE}: it reached MLflow without a tracking URI")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -14,6 +14,7 @@ from seqlab import SeqlabError, ending_status, one_line
 from seqlab.hydra_version import trusted_targets
 from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.job import Job, JobResult, ready
+from seqlab.tracking.costs import PROCESS, job_starts
 
 log = logging.getLogger("seqlab")
 
@@ -27,6 +28,7 @@ def main(cfg: DictConfig) -> Optional[float]:
 
 
 def _task(cfg: DictConfig) -> Optional[float]:
+    job_starts()  # what its bookkeeping costs, from here (tracking.costs)
     job = Job.from_hydra(cfg)
     if (
         cfg.get("replicas", 1) != 1 and not job.multirun
@@ -41,9 +43,10 @@ def _task(cfg: DictConfig) -> Optional[float]:
     if (
         cfg.get("pack_job") is not None
     ):  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
-        from seqlab.packing.task import (  # heavy (torch, Lightning, MLflow): only for a pack's job
-            run_pack,
-        )
+        with PROCESS.phase("imports"):
+            from seqlab.packing.task import (  # heavy (torch, Lightning, MLflow): only for a pack's job
+                run_pack,
+            )
 
         return run_pack(cfg, job, alone=_main_job)
     return _main_job(cfg, job)
@@ -61,9 +64,10 @@ def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
             cfg, job
         )  # light: a job a resumed sweep's plan says is done is skipped without torch
         if result is None:
-            from seqlab.train import (  # heavy (torch, Lightning, MLflow): only for a job that trains
-                fit_job,
-            )
+            with PROCESS.phase("imports"):
+                from seqlab.train import (  # heavy (torch, Lightning, MLflow): only for a job that trains
+                    fit_job,
+                )
 
             result = fit_job(cfg, job)
     except BaseException as error:  # noqa: BLE001 - recorded, then re-raised or reported

@@ -32,6 +32,7 @@ from seqlab.sweeps.job import Job, JobResult, fmt, ready, resume_command
 from seqlab.sweeps.pruning import trial_callbacks
 from seqlab.tracking import LightningBridge, StepClock, StepMetricsRecorder
 from seqlab.tracking.connect import open_tracker
+from seqlab.tracking.costs import PROCESS
 from seqlab.tracking.datasets import log_training_data
 from seqlab.tracking.describe import record_config
 from seqlab.tracking.lifecycle import (
@@ -97,7 +98,7 @@ def fit_job(cfg: DictConfig, job: Job) -> JobResult:
         error = failure
         raise
     finally:
-        end_run(tracker, *ending_status(error), job.output_dir)
+        end_run(tracker, *ending_status(error), job, job.output_dir)
     result = finished_result(cfg, job, tracker, opening, outcome.ending)
     if job.rank == 0:
         _report(job, tracker, result, outcome)
@@ -178,6 +179,7 @@ def _fit(
     start = time.perf_counter()
     _fit_or_stop(parts, job, tracker, start_from)
     wall = time.perf_counter() - start
+    tracker.costs.training_s = wall
     # The network the final metrics and the model are of (module.output_network): before any
     # BatchNorm finalisation.
     callbacks = parts.callbacks
@@ -225,8 +227,9 @@ def _build(cfg: DictConfig, job: Job, tracker, device) -> Parts:
     each from its config group."""
 
     perf, ddp = cfg.perf, multi_process(cfg.trainer)
-    datamodule = instantiate(cfg.data)
-    datamodule.setup("fit")
+    with PROCESS.phase("data and networks"):
+        datamodule = instantiate(cfg.data)
+        datamodule.setup("fit")
     has_val = datamodule.has_val()
     # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call). DDP
     # synchronises gradients in each backward of its wrapped forward: one step per call, the

@@ -50,7 +50,8 @@ def _exit_handlers():
     register, unregister = atexit.register, atexit.unregister
 
     def _register(func, *args, **kwargs):
-        if getattr(func, "__module__", "").startswith("seqlab"):
+        # A builtin (torch._C registers one) may have __module__ None.
+        if (getattr(func, "__module__", None) or "").startswith("seqlab"):
             ours.append((func, args, kwargs))
             return func
         return register(func, *args, **kwargs)

@@ -6,12 +6,15 @@ others finish; a pack killed with kill -9 after a time-based checkpoint continue
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 
 import numpy as np
 import pytest
 from conftest import ROOT, artifact_paths, cli_env, runs_of
+
+from seqlab.benchmark.overhead import RUN_PHASES
 
 # 512 samples, 410 for training in batches of 32: 13 steps an epoch; 8 epochs: 104 steps.
 SMALL = [
@@ -129,6 +132,12 @@ def test_each_member_trains_as_its_job_alone_per_packable_key(run_cli, store, wh
     member = next(iter(members.values()))
     m = member.data.metrics
     assert m["pack_model_steps_per_s_median"] == pytest.approx(n * m["it_per_s_median"])
+    # Each member's bookkeeping, phase by phase; the pack's process once for all (tracking.costs).
+    spent = [json.loads(p.read_text()) for p in tmp_path.glob("logs/**/costs.json")]
+    assert len(spent) == n and {s["pack_id"] for s in spent} == {member.data.tags["pack_id"]}
+    assert all(set(s["run"]) == set(RUN_PHASES) for s in spent)
+    assert len({json.dumps(s["process"]) for s in spent}) == 1
+    assert spent[0]["process"]["member configs"] > 0
     for overrides in ALONE[which]:
         alone = run_cli(*overrides, *SHARED[which], *SMALL, "logger.experiment_name=alone")
         assert alone.returncode == 0, (alone.stdout + alone.stderr)[-3000:]

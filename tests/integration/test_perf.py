@@ -248,6 +248,30 @@ def test_benchmark_smoke_writes_valid_json(tmp_path):
     assert "packed3" in proc.stdout and "model-steps/s" in proc.stdout
 
 
+def test_benchmark_overhead_smoke_reads_every_phase_of_a_packs_members(tmp_path):
+    """--overhead: a command in a process of its own, its runs' costs.json read back (issue 35)."""
+    out = tmp_path / "overhead.json"
+    proc = run_script(
+        ROOT / "scripts" / "benchmark.py",
+        ["--overhead", "--smoke", "--cases", "pack", "--out", str(out)],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (command,) = data["commands"]
+    assert command["case"] == "pack" and len(command["runs"]) == 2  # seed=0,1 pack=2
+    totals = data["summary"]["pack"]["command"]
+    assert totals["imports"] > 0 and totals["member configs"] > 0 and totals["models"] > 0
+    assert (
+        totals["wall"] == command["wall_s"] and totals["other"] > 0
+    )  # every phase within the wall
+    assert "pack command" in proc.stdout and "\nmodels " in proc.stdout
+    bad = run_script(ROOT / "scripts" / "benchmark.py", ["--overhead", "--cases", "pakc"])
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "error: --cases must be among single,pack,one-by-one and --repeats positive (got pakc)"
+    )
+
+
 # -- profiling -----------------------------------------------------------------------------------
 
 

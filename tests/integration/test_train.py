@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import TINY, artifact_paths, runs_of
 from harness.independent import baseline_rmse, val_rmse_of_checkpoint
 from matplotlib.image import imread
 
+from seqlab.benchmark.overhead import RUN_PHASES
 from seqlab.train import train
 
 
@@ -71,6 +74,13 @@ def test_a_run_records_params_metrics_tags_and_artifacts(compose_cfg, store, tmp
     assert "batch_size: 32" in open(config).read()
     ckpt = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 14
+
+    # What its bookkeeping cost, phase by phase, beside its files (issue 35: benchmark.py --overhead).
+    spent = json.loads((tmp_path / "out" / "costs.json").read_text())
+    assert set(spent["run"]) == set(RUN_PHASES)
+    assert all(s >= 0 for s in spent["run"].values()) and spent["run"]["models"] > 0
+    assert spent["training_s"] == pytest.approx(run.data.metrics["train_wall_s"])
+    assert spent["process"]["data and networks"] > 0 and spent["job"] is None
 
 
 def test_training_beats_predicting_the_mean(compose_cfg, store):

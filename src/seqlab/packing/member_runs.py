@@ -149,6 +149,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
     """The member's run as its job alone ends it: the network kept, final metrics, checkpoint,
     curves, model, status; its result."""
     tracker, cfg = m.tracker, m.cfg
+    tracker.costs.training_s = wall  # the pack's, to this member's end
     if m.status == "FAILED":
         return ended(m)
     step = m.final_step or trainer.global_step
@@ -241,7 +242,7 @@ def ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
         return m.job.result
     try:
         end_run(
-            tracker, m.status, m.reason, m.job.output_dir.parent
+            tracker, m.status, m.reason, m.job, m.job.output_dir.parent
         )  # the pack job's files: its members share them
     finally:
         m.job.write(result)  # whatever its run did, the sweep reads the member's result

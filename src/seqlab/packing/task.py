@@ -37,6 +37,7 @@ from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir
 from seqlab.sweeps.trial import as_current, member_link
+from seqlab.tracking.costs import PROCESS
 from seqlab.training import devices
 from seqlab.training.module import LOSS_TO_MSE
 from seqlab.training.noise import quiet_libraries
@@ -83,9 +84,9 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
             member=k,
             pack_id=pack_id,
         )
-        members.append(
-            Member(k, member_config(overrides, out), member_job, trial_link=member_link(overrides))
-        )
+        with PROCESS.phase("member configs"):
+            member_cfg = member_config(overrides, out)
+        members.append(Member(k, member_cfg, member_job, trial_link=member_link(overrides)))
     return members
 
 
@@ -170,20 +171,9 @@ def _train(
     samples: dict[str, Any] = {}
     steps = set()
     for m in members:
-        pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
-        m.datamodule = instantiate(m.cfg.data)
-        key = samples_key(m.cfg.data)
-        if key not in samples:
-            samples[key] = m.datamodule.load()
-        m.datamodule.setup("fit", samples=samples[key])
-        m.network = instantiate(
-            m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
-        )
-        m.dropout_stream = torch.Generator()
-        m.dropout_stream.set_state(torch.get_rng_state())
-        m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
+        with PROCESS.phase("data and networks"):
+            _build_member(m, samples, device)
         steps.add(m.datamodule.n_steps)
-        m.datamodule.release()
     if len(steps) > 1:
         raise Unpackable(
             f"the members' data differ in steps per sample ({', '.join(map(str, sorted(steps)))})"
@@ -197,6 +187,24 @@ def _train(
         stack.push(lambda kind, error, tb: close(members, error))
         checkpoint = open_runs(cfg, job, members, stack, device)
         return _fit(cfg, job, members, device, resume_run_ids, checkpoint)
+
+
+def _build_member(m: Member, samples: dict[str, Any], device) -> None:
+    """The member's data (`samples`: what members with the same samples share), network, dropout
+    stream and sample order, as its run alone builds them."""
+    pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
+    m.datamodule = instantiate(m.cfg.data)
+    key = samples_key(m.cfg.data)
+    if key not in samples:
+        samples[key] = m.datamodule.load()
+    m.datamodule.setup("fit", samples=samples[key])
+    m.network = instantiate(
+        m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
+    )
+    m.dropout_stream = torch.Generator()
+    m.dropout_stream.set_state(torch.get_rng_state())
+    m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
+    m.datamodule.release()
 
 
 def _fit(

@@ -74,7 +74,13 @@ def log_training_data(
 ) -> None:
     """The training and validation sets of a run (after the split) as its dataset inputs. A
     `resumed` run's sets are first checked against those it recorded (check_resumed_data)."""
+    with tracker.costs.phase("datasets"):
+        _log_sets(tracker, data_cfg, datamodule, resumed, data_changed)
 
+
+def _log_sets(
+    tracker: Any, data_cfg: DictConfig, datamodule: Any, resumed: bool, data_changed: bool
+) -> None:
     base = base_name(data_cfg)
     inputs = [
         (dataset(data_cfg, datamodule.train.x, datamodule.train.y, f"{base}-train"), "training")

@@ -120,9 +120,12 @@ def record_config(
     """The params (a new run's: a `continued` run has them, and MLflow keeps a param's first value)
     and the resolved config as config.yaml."""
     if not continued:
-        tracker.log_params(params)
-        record_provenance(tracker, code, job.output_dir)  # code/ and env/: how it was made
-    path = job.output_dir / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tracker.log_artifact(path)
+        with tracker.costs.phase("params and config"):
+            tracker.log_params(params)
+        with tracker.costs.phase("code and environment"):
+            record_provenance(tracker, code, job.output_dir)  # code/ and env/: how it was made
+    with tracker.costs.phase("params and config"):
+        path = job.output_dir / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        tracker.log_artifact(path)

@@ -21,6 +21,7 @@ from seqlab.plots import training_curves
 from seqlab.resume.points import drop_resume_point, store_checkpoint
 from seqlab.store.ghosts import identity
 from seqlab.sweeps.job import Job, JobResult, SweepInfo
+from seqlab.tracking import costs
 from seqlab.tracking.describe import run_name, run_params, run_tags
 from seqlab.tracking.model_logging import Kept, log_networks
 from seqlab.tracking.provenance import CodeState, code_state
@@ -43,7 +44,10 @@ def describe_run(
     process that owns it: a run it leaves RUNNING is found and ended) and its params."""
     accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
-    code = code_state(Path(cfg.paths.root_dir))  # read once: the run's tags and its code/ artifacts
+    with tracker.costs.phase("code and environment"):
+        code = code_state(
+            Path(cfg.paths.root_dir)
+        )  # read once: the run's tags and its code/ artifacts
     return Opening(
         name,
         {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags},
@@ -117,24 +121,30 @@ def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
     """The end's records, in the run: which network it keeps, the final metrics, the checkpoint as
     an artifact (logger.log_checkpoint), the training curves, the networks as MLflow models; and no
     resume point any more (training went to its end: nothing is left to continue)."""
-    tracker.set_tags(ending.kept.tags())
-    tracker.log_metrics(ending.summary, ending.step)
+    spent = tracker.costs
+    with spent.phase("final records"):
+        tracker.set_tags(ending.kept.tags())
+        tracker.log_metrics(ending.summary, ending.step)
     if tracker.log_checkpoint:
-        store_checkpoint(tracker, ending.checkpoint)
-    tracker.log_artifact(
-        training_curves(tracker.history, job.output_dir / "training_curves.png", title=title)
-    )
-    logged = log_networks(
-        tracker,
-        ending.network,
-        ending.example_x,
-        ending.kept,
-        ending.best,
-        ending.best_weights,
-        ending.logged,
-    )
+        with spent.phase("checkpoint"):
+            store_checkpoint(tracker, ending.checkpoint)
+    with spent.phase("figures"):
+        tracker.log_artifact(
+            training_curves(tracker.history, job.output_dir / "training_curves.png", title=title)
+        )
+    with spent.phase("models"):
+        logged = log_networks(
+            tracker,
+            ending.network,
+            ending.example_x,
+            ending.kept,
+            ending.best,
+            ending.best_weights,
+            ending.logged,
+        )
     ending.model_uri = logged.uri if logged else None
-    drop_resume_point(tracker)
+    with spent.phase("final records"):
+        drop_resume_point(tracker)
 
 
 def finished_result(
@@ -165,12 +175,18 @@ def finished_result(
     )
 
 
-def end_run(tracker: Any, status: str, reason: Optional[str], job_dir: Path) -> None:
-    """The job's own files (Hydra's composed config and overrides, its log) into the run, whatever
-    became of it; then the run ended with its status (and the reason, as failure_reason)."""
+def end_run(tracker: Any, status: str, reason: Optional[str], job: Job, job_dir: Path) -> None:
+    """The job's own files (Hydra's composed config and overrides, its log: `job_dir`, a pack's for
+    its members) into the run, whatever became of it; then the run ended with its status (and the
+    reason, as failure_reason); then what its bookkeeping cost, in its own folder (tracking.costs)."""
     try:
-        tracker.log_artifact(job_dir / ".hydra", "hydra")
-        for log_file in job_dir.glob("*.log"):
-            tracker.log_artifact(log_file)
+        with tracker.costs.phase("end"):
+            try:
+                tracker.log_artifact(job_dir / ".hydra", "hydra")
+                for log_file in job_dir.glob("*.log"):
+                    tracker.log_artifact(log_file)
+            finally:
+                tracker.end(status, reason)
     finally:
-        tracker.end(status, reason)
+        if job.rank == 0:
+            costs.write(job.output_dir, tracker.costs, job.num, job.pack_id)

@@ -24,6 +24,7 @@ from seqlab.store.ghosts import PID, end_dead_runs
 from seqlab.store.local import is_database
 from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
+from seqlab.tracking.costs import Costs
 from seqlab.tracking.history import MetricHistory
 from seqlab.tracking.mlflow_private import system_metrics_monitor
 from seqlab.tracking.replayed_steps import logged_through, not_yet_logged
@@ -111,6 +112,7 @@ class MlflowTracker:
         # A resumed run: the last step each metric was stored at (seqlab.tracking.replayed_steps).
         self.replayed: dict[str, int] = {}
         self._artifact_dir: Optional[Path] = None
+        self.costs = Costs()  # this run's bookkeeping, phase by phase (tracking.costs)
 
     @property
     def is_server(self) -> bool:
@@ -118,24 +120,29 @@ class MlflowTracker:
 
     def connect(self) -> mlflow.MlflowClient:
         if self.client is None:
-            try:
-                client = client_for(
-                    self.tracking_uri
-                )  # a database server that does not answer: one line (store.local)
-                end_dead_runs(client)  # runs whose process died without closing them
-            except SeqlabError:
-                raise
-            except Exception as error:  # noqa: BLE001 - a database store's driver errors: one line, the password masked
-                if not is_database(self.tracking_uri):
-                    raise
-                raise SeqlabError(
-                    f"logger.tracking_uri={mask_uris(self.tracking_uri)}: the tracking database cannot be used: "
-                    f"{mask_text(one_line(error))[:300]}; check that its server is up and the URL, user and database are right"
-                ) from None
-            self.client = client
-            where = artifact_location(self.tracking_uri, self.artifact_root, self.experiment_name)
-            self.experiment_id = ensure_experiment(self.client, self.experiment_name, where)
+            with self.costs.phase("store"):
+                self._connect()
         return self.client
+
+    def _connect(self) -> None:
+        """The store reached (its dead runs ended) and the experiment made where it is missing."""
+        try:
+            client = client_for(
+                self.tracking_uri
+            )  # a database server that does not answer: one line (store.local)
+            end_dead_runs(client)  # runs whose process died without closing them
+        except SeqlabError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a database store's driver errors: one line, the password masked
+            if not is_database(self.tracking_uri):
+                raise
+            raise SeqlabError(
+                f"logger.tracking_uri={mask_uris(self.tracking_uri)}: the tracking database cannot be used: "
+                f"{mask_text(one_line(error))[:300]}; check that its server is up and the URL, user and database are right"
+            ) from None
+        self.client = client
+        where = artifact_location(self.tracking_uri, self.artifact_root, self.experiment_name)
+        self.experiment_id = ensure_experiment(self.client, self.experiment_name, where)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(
@@ -154,6 +161,21 @@ class MlflowTracker:
             self.sender = NullSender()
             return ""
         client = self.connect()
+        with self.costs.phase("run"):
+            return self._start(
+                client, run_name, tags, parent_run_id, description, resume_run_id, journal_dir
+            )
+
+    def _start(
+        self,
+        client: mlflow.MlflowClient,
+        run_name: str,
+        tags: Mapping[str, str],
+        parent_run_id: Optional[str],
+        description: str,
+        resume_run_id: Optional[str],
+        journal_dir: Optional[Path],
+    ) -> str:
         all_tags = {k: str(v) for k, v in tags.items()}
         if not resume_run_id:
             if parent_run_id:

@@ -46,7 +46,7 @@ from seqlab.training.noise import quiet_libraries
 from seqlab.training.perf import optimizer_factory
 from seqlab.training.trainer import build_trainer
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 # name -> (data overrides, batches per epoch, epochs)
 SHAPES = {

@@ -1,0 +1,166 @@
+"""What a user waits for outside training (issue 35), measured in the product: `python train.py`
+commands run as a user runs them (a process each, one after another, cases alternating), and
+each run's costs.json (seqlab.tracking.costs) read back. Printed per command (what its runs and
+its process spent in each phase, summed) and per run (each phase's median over the runs), as
+medians over repeats; `other` is the command's wall time that no phase and no training holds
+(Hydra's sweep, the sweep's parent run and summary, building the Trainer, the final metrics)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from seqlab.tracking.costs import FILE
+
+ROOT = Path(__file__).resolve().parents[3]
+SEEDS = "seed=0,1,2,3,4,5,6,7"
+# The commands of issue 35's measure: the default run, a pack of 8 and the same 8 jobs one by one.
+CASES: dict[str, list[str]] = {
+    "single": [],
+    "pack": ["-m", SEEDS, "pack=8", "trainer.max_epochs=40"],
+    "one-by-one": ["-m", SEEDS, "pack=off", "trainer.max_epochs=40"],
+}
+# --smoke: the same commands, tiny (two jobs, one epoch of 256 samples): it runs, measures nothing.
+SMOKE = {
+    "single": ["data.n_samples=256", "trainer.max_epochs=1"],
+    "pack": ["-m", "seed=0,1", "pack=2", "data.n_samples=256", "trainer.max_epochs=1"],
+    "one-by-one": ["-m", "seed=0,1", "pack=off", "data.n_samples=256", "trainer.max_epochs=1"],
+}
+PROCESS_PHASES = ("start", "imports", "member configs", "data and networks")
+RUN_PHASES = (
+    "store",
+    "run",
+    "code and environment",
+    "params and config",
+    "datasets",
+    "final records",
+    "checkpoint",
+    "figures",
+    "models",
+    "end",
+)
+
+
+@dataclass
+class Command:
+    """One command's measure: its wall time and what each of its runs wrote to costs.json."""
+
+    case: str
+    wall_s: float
+    runs: list[dict]
+
+    def process(self) -> dict[str, float]:
+        """The process phases, once per job (a pack's members share theirs)."""
+        jobs = {(r["job"], r["pack_id"]): r["process"] for r in self.runs}
+        return {p: sum(j.get(p, 0.0) for j in jobs.values()) for p in PROCESS_PHASES}
+
+    def training_s(self) -> float:
+        """Training: a pack's once (its longest member), each job's alone in turn."""
+        jobs: dict[tuple, float] = {}
+        for r in self.runs:
+            key = (r["job"], r["pack_id"])
+            jobs[key] = max(jobs.get(key, 0.0), r["training_s"] or 0.0)
+        return sum(jobs.values())
+
+    def totals(self) -> dict[str, float]:
+        """Seconds of the command by phase: its processes', its runs' (summed), training, other."""
+        out = self.process()
+        for p in RUN_PHASES:
+            out[p] = sum(r["run"].get(p, 0.0) for r in self.runs)
+        out["training"] = self.training_s()
+        out["other"] = self.wall_s - sum(out.values())
+        out["wall"] = self.wall_s
+        return out
+
+
+def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -> Command:
+    """`python train.py ARGS` in a process of its own, its paths under `root`; the costs.json files
+    its runs wrote."""
+    before = set(root.glob(f"logs/**/{FILE}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING"))}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={root}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{case}: python train.py {' '.join(args)} exited {proc.returncode}:\n"
+            + (proc.stdout + proc.stderr)[-2000:]
+        )
+    runs = [json.loads(p.read_text()) for p in sorted(set(root.glob(f"logs/**/{FILE}")) - before)]
+    if not runs:
+        raise RuntimeError(f"{case}: its runs wrote no {FILE}")
+    return Command(case, wall, runs)
+
+
+def measure(cases: list[str], repeats: int, smoke: bool, root: Path) -> list[Command]:
+    """Each case `repeats` times, alternating (a, b, c, a, b, c, ...) so that a noisy machine slows
+    each alike; each case in a folder (and store) of its own under `root`. A case's first command
+    also creates its store, as a user's first run does: a median over 3 or more leaves that out."""
+    commands = SMOKE if smoke else CASES
+    measured = []
+    for _ in range(repeats):
+        for case in cases:
+            folder = root / case
+            folder.mkdir(parents=True, exist_ok=True)
+            measured.append(run_command(case, commands[case], folder))
+    return measured
+
+
+def summary(measured: list[Command]) -> dict[str, dict[str, dict[str, float]]]:
+    """case -> {"command": phase -> median seconds over repeats, "run": phase -> median over every
+    run of every repeat}."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for case in dict.fromkeys(c.case for c in measured):
+        mine = [c for c in measured if c.case == case]
+        totals = [c.totals() for c in mine]
+        runs = [r for c in mine for r in c.runs]
+        out[case] = {
+            "command": {p: statistics.median(t[p] for t in totals) for p in totals[0]},
+            "run": {
+                **{p: statistics.median(r["run"].get(p, 0.0) for r in runs) for p in RUN_PHASES},
+                "training": statistics.median(r["training_s"] or 0.0 for r in runs),
+            },
+            "runs": {"per command": statistics.median(len(c.runs) for c in mine)},
+        }
+    return out
+
+
+def table(summ: dict, repeats: int) -> str:
+    """Seconds by phase: for each case its command's total and a run's median."""
+    cases = list(summ)
+    head = f"{'phase (s)':22}" + "".join(f"{case + ' command':>22}{'a run':>8}" for case in cases)
+    lines = [head, "-" * len(head)]
+    for phase in (*PROCESS_PHASES, *RUN_PHASES, "training", "other", "wall"):
+        cells = ""
+        for case in cases:
+            command = summ[case]["command"].get(phase)
+            run = summ[case]["run"].get(phase)
+            cells += f"{command:>22.2f}" if command is not None else f"{'':>22}"
+            cells += f"{run:>8.2f}" if run is not None else f"{'':>8}"
+        lines.append(f"{phase:22}{cells}")
+    runs = "".join(f"{summ[c]['runs']['per command']:>22.0f}{'':>8}" for c in cases)
+    lines.append(f"{'runs':22}{runs}")
+    lines.append(
+        f"medians over {repeats} repeat(s); a run's column: the median over every run (a pack's "
+        "members too); process phases are paid once per process, a pack's once for its members"
+    )
+    return "\n".join(lines)
+
+
+def to_json(measured: list[Command], summ: dict, settings: dict) -> str:
+    return json.dumps(
+        {"settings": settings, "summary": summ, "commands": [asdict(c) for c in measured]}, indent=1
+    )
