@@ -45,9 +45,8 @@ def describe_run(
     accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
     with tracker.costs.phase("code and environment"):
-        code = code_state(
-            Path(cfg.paths.root_dir)
-        )  # read once: the run's tags and its code/ artifacts
+        # Read once: the run's tags and its code/ artifacts agree.
+        code = code_state(Path(cfg.paths.root_dir))
     return Opening(
         name,
         {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags},
