@@ -63,7 +63,11 @@ def job_starts() -> None:
     PROCESS.clear()
     if not _started:
         _started = True
-        PROCESS.add("start", max(time.time() - psutil.Process(os.getpid()).create_time(), 0.0))
+        try:
+            created = psutil.Process(os.getpid()).create_time()
+        except (psutil.Error, OSError):  # no /proc to read (a locked-down container): not counted
+            return
+        PROCESS.add("start", max(time.time() - created, 0.0))
 
 
 def write(job_dir: Path, run: Costs, job: Optional[int], pack_id: Optional[str] = None) -> None:
