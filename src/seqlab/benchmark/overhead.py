@@ -3,7 +3,9 @@ commands run as a user runs them (a process each, one after another, cases alter
 each run's costs.json (seqlab.tracking.costs) read back. Printed per command (what its runs and
 its process spent in each phase, summed) and per run (each phase's median over the runs), as
 medians over repeats; `other` is the command's wall time that no phase and no training holds
-(Hydra's sweep, the sweep's parent run and summary, building the Trainer, the final metrics)."""
+before its runs end (Hydra's sweep and the sweep's parent run, building the Trainer, the final
+metrics); `after the last run`, what follows the last run's end (the sweep's summary and
+comparison, the report, the interpreter's exit)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 from seqlab.tracking.costs import FILE
 
@@ -46,6 +49,8 @@ RUN_PHASES = (
     "end",
 )
 
+COMMAND_ROWS = ("training", "after the last run", "other", "wall")
+
 
 @dataclass
 class Command:
@@ -54,6 +59,9 @@ class Command:
     case: str
     wall_s: float
     runs: list[dict]
+    ended_at: Optional[float] = (
+        None  # the process's exit (time.time()), against the runs' written_at
+    )
 
     def process(self) -> dict[str, float]:
         """The process phases, once per job (a pack's members share theirs)."""
@@ -74,6 +82,11 @@ class Command:
         for p in RUN_PHASES:
             out[p] = sum(r["run"].get(p, 0.0) for r in self.runs)
         out["training"] = self.training_s()
+        # The sweep's summary and comparison, the report, the interpreter's exit: after every run ended.
+        last = max(r.get("written_at", 0.0) for r in self.runs)
+        out["after the last run"] = (
+            max(self.ended_at - last, 0.0) if self.ended_at and last else 0.0
+        )
         out["other"] = self.wall_s - sum(out.values())
         out["wall"] = self.wall_s
         return out
@@ -93,7 +106,7 @@ def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -
         text=True,
         timeout=timeout,
     )
-    wall = time.perf_counter() - start
+    wall, ended_at = time.perf_counter() - start, time.time()
     if proc.returncode != 0:
         raise RuntimeError(
             f"{case}: python train.py {' '.join(args)} exited {proc.returncode}:\n"
@@ -102,7 +115,7 @@ def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -
     runs = [json.loads(p.read_text()) for p in sorted(set(root.glob(f"logs/**/{FILE}")) - before)]
     if not runs:
         raise RuntimeError(f"{case}: its runs wrote no {FILE}")
-    return Command(case, wall, runs)
+    return Command(case, wall, runs, ended_at)
 
 
 def measure(cases: list[str], repeats: int, smoke: bool, root: Path) -> list[Command]:
@@ -143,7 +156,7 @@ def table(summ: dict, repeats: int) -> str:
     cases = list(summ)
     head = f"{'phase (s)':22}" + "".join(f"{case + ' command':>22}{'a run':>8}" for case in cases)
     lines = [head, "-" * len(head)]
-    for phase in (*PROCESS_PHASES, *RUN_PHASES, "training", "other", "wall"):
+    for phase in (*PROCESS_PHASES, *RUN_PHASES, *COMMAND_ROWS):
         cells = ""
         for case in cases:
             command = summ[case]["command"].get(phase)

@@ -80,6 +80,7 @@ def write(job_dir: Path, run: Costs, job: Optional[int], pack_id: Optional[str] 
         "training_s": run.training_s,
         "run": run.phases,
         "process": PROCESS.phases,
+        "written_at": time.time(),  # the run's end: what a command does after its last run is past it
     }
     try:
         (job_dir / FILE).write_text(json.dumps(record, indent=1) + "\n")

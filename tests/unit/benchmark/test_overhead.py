@@ -4,26 +4,36 @@ from __future__ import annotations
 
 import pytest
 
-from seqlab.benchmark.overhead import PROCESS_PHASES, RUN_PHASES, Command, summary, table
+from seqlab.benchmark.overhead import (
+    COMMAND_ROWS,
+    PROCESS_PHASES,
+    RUN_PHASES,
+    Command,
+    summary,
+    table,
+)
 
 
-def _run(job, pack_id, training_s, store, imports):
+def _run(job, pack_id, training_s, store, imports, written_at=100.0):
     return {
         "job": job,
         "pack_id": pack_id,
         "training_s": training_s,
         "run": {"store": store, "models": 1.0},
         "process": {"start": 2.0, "imports": imports},
+        "written_at": written_at,
     }
 
 
 def test_a_packs_process_and_training_count_once_and_jobs_one_by_one_add_up():
-    pack = Command("pack", 20.0, [_run(0, "s-p0", 5.0, 0.1, 6.0), _run(0, "s-p0", 4.0, 0.1, 6.0)])
+    members = [_run(0, "s-p0", 5.0, 0.1, 6.0, 100.0), _run(0, "s-p0", 4.0, 0.1, 6.0, 101.0)]
+    pack = Command("pack", 20.0, members, ended_at=102.5)
     totals = pack.totals()
     assert totals["start"] == 2.0 and totals["imports"] == 6.0  # the members' process, once
     assert totals["training"] == 5.0  # the pack trains once, as long as its longest member
     assert totals["store"] == pytest.approx(0.2) and totals["models"] == 2.0  # each member's own
-    assert totals["other"] == pytest.approx(20.0 - 2.0 - 6.0 - 5.0 - 0.2 - 2.0)
+    assert totals["after the last run"] == 1.5  # from the last member's end to the exit
+    assert totals["other"] == pytest.approx(20.0 - 2.0 - 6.0 - 5.0 - 0.2 - 2.0 - 1.5)
     alone = Command(
         "one-by-one", 30.0, [_run(0, None, 5.0, 0.1, 6.0), _run(1, None, 4.0, 0.1, 0.0)]
     )
@@ -42,6 +52,6 @@ def test_the_summary_takes_medians_over_repeats_and_runs_and_the_table_has_every
     assert summ["single"]["run"]["store"] == 0.3
     assert summ["single"]["run"]["training"] == 3.0
     text = table(summ, 3)
-    for phase in (*PROCESS_PHASES, *RUN_PHASES, "training", "other", "wall"):
+    for phase in (*PROCESS_PHASES, *RUN_PHASES, *COMMAND_ROWS):
         assert any(line.startswith(phase) for line in text.splitlines()), phase
     assert "medians over 3 repeat(s)" in text

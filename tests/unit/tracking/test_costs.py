@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from seqlab.tracking import costs
 from seqlab.tracking.costs import Costs
@@ -45,8 +46,10 @@ def test_the_process_start_is_counted_once_and_each_job_starts_its_costs_anew(
     assert start > 0  # this process began before the test
     costs.PROCESS.add("imports", 2.0)
     run = Costs({"store": 0.5}, training_s=3.0)
+    before = time.time()
     costs.write(tmp_path, run, 4, "s-p0")
     written = json.loads((tmp_path / costs.FILE).read_text())
+    assert before <= written.pop("written_at") <= time.time()
     assert written == {
         "job": 4,
         "pack_id": "s-p0",
