@@ -59,14 +59,21 @@ class Command:
     case: str
     wall_s: float
     runs: list[dict]
-    ended_at: Optional[float] = (
-        None  # the process's exit (time.time()), against the runs' written_at
-    )
+    # time.time() as the process was started and as it had exited: against its runs' first_job_at
+    # and written_at, the command's start and what followed its last run.
+    launched_at: Optional[float] = None
+    ended_at: Optional[float] = None
 
     def process(self) -> dict[str, float]:
         """The process phases, once per job (a pack's members share theirs)."""
         jobs = {(r["job"], r["pack_id"]): r["process"] for r in self.runs}
-        return {p: sum(j.get(p, 0.0) for j in jobs.values()) for p in PROCESS_PHASES}
+        out = {p: sum(j.get(p, 0.0) for j in jobs.values()) for p in PROCESS_PHASES}
+        # The start: from the launch to the process's first job (the interpreter, the imports of the
+        # command line, Hydra's composing, a sweep's start and parent run).
+        first = min((r["first_job_at"] for r in self.runs if r.get("first_job_at")), default=None)
+        if self.launched_at is not None and first is not None:
+            out["start"] = max(first - self.launched_at, 0.0)
+        return out
 
     def training_s(self) -> float:
         """Training: a pack's once (its longest member), each job's alone in turn."""
@@ -97,7 +104,7 @@ def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -
     its runs wrote."""
     before = set(root.glob(f"logs/**/{FILE}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "MLFLOW_TRACKING"))}
-    start = time.perf_counter()
+    launched_at, start = time.time(), time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={root}"],
         cwd=root,
@@ -115,7 +122,7 @@ def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -
     runs = [json.loads(p.read_text()) for p in sorted(set(root.glob(f"logs/**/{FILE}")) - before)]
     if not runs:
         raise RuntimeError(f"{case}: its runs wrote no {FILE}")
-    return Command(case, wall, runs, ended_at)
+    return Command(case, wall, runs, launched_at, ended_at)
 
 
 def measure(cases: list[str], repeats: int, smoke: bool, root: Path) -> list[Command]:

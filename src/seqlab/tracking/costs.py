@@ -6,19 +6,16 @@ with its training time, to costs.json in its job's folder, where `scripts/benchm
 reads them (seqlab.benchmark.overhead).
 
 Phases nest without counting twice: time spent in an inner phase is the inner one's only. A phase
-costs two clock reads, so it is always on. Light: stdlib and psutil only (seqlab.task imports it)."""
+costs two clock reads, so it is always on. Light: the standard library only (seqlab.task imports it)."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
-
-import psutil
 
 FILE = "costs.json"
 
@@ -53,21 +50,18 @@ class Costs:
 # What this process pays once for the runs it trains; cleared as each job starts (seqlab.task), so
 # a sweep's later jobs in one process show what they did not pay again.
 PROCESS = Costs()
-_started = False
+# When this process's first job began (time.time()): what came before (the interpreter, the command
+# line's imports, Hydra's composing, a sweep's start) is known to whoever started the process and
+# noted the time (benchmark.overhead); the process's own start time (/proc) is too coarse for it.
+first_job_at: Optional[float] = None
 
 
 def job_starts() -> None:
-    """A job's task begins: the process's costs start anew; the first job of a process also
-    counts the process's start (the interpreter, the command line's imports, Hydra's composing)."""
-    global _started
+    """A job's task begins: the process's costs start anew."""
+    global first_job_at
     PROCESS.clear()
-    if not _started:
-        _started = True
-        try:
-            created = psutil.Process(os.getpid()).create_time()
-        except (psutil.Error, OSError):  # no /proc to read (a locked-down container): not counted
-            return
-        PROCESS.add("start", max(time.time() - created, 0.0))
+    if first_job_at is None:
+        first_job_at = time.time()
 
 
 def write(job_dir: Path, run: Costs, job: Optional[int], pack_id: Optional[str] = None) -> None:
@@ -80,6 +74,7 @@ def write(job_dir: Path, run: Costs, job: Optional[int], pack_id: Optional[str] 
         "training_s": run.training_s,
         "run": run.phases,
         "process": PROCESS.phases,
+        "first_job_at": first_job_at,
         "written_at": time.time(),  # the run's end: what a command does after its last run is past it
     }
     try:

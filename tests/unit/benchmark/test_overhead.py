@@ -20,31 +20,30 @@ def _run(job, pack_id, training_s, store, imports, written_at=100.0):
         "pack_id": pack_id,
         "training_s": training_s,
         "run": {"store": store, "models": 1.0},
-        "process": {"start": 2.0, "imports": imports},
+        "process": {"imports": imports},
+        "first_job_at": 82.0 if imports else None,  # a process's later jobs: no start of their own
         "written_at": written_at,
     }
 
 
 def test_a_packs_process_and_training_count_once_and_jobs_one_by_one_add_up():
     members = [_run(0, "s-p0", 5.0, 0.1, 6.0, 100.0), _run(0, "s-p0", 4.0, 0.1, 6.0, 101.0)]
-    pack = Command("pack", 20.0, members, ended_at=102.5)
+    pack = Command("pack", 20.0, members, launched_at=80.0, ended_at=102.5)
     totals = pack.totals()
     assert totals["start"] == 2.0 and totals["imports"] == 6.0  # the members' process, once
     assert totals["training"] == 5.0  # the pack trains once, as long as its longest member
     assert totals["store"] == pytest.approx(0.2) and totals["models"] == 2.0  # each member's own
     assert totals["after the last run"] == 1.5  # from the last member's end to the exit
     assert totals["other"] == pytest.approx(20.0 - 2.0 - 6.0 - 5.0 - 0.2 - 2.0 - 1.5)
-    alone = Command(
-        "one-by-one", 30.0, [_run(0, None, 5.0, 0.1, 6.0), _run(1, None, 4.0, 0.1, 0.0)]
-    )
-    totals = alone.totals()
-    assert totals["start"] == 4.0 and totals["imports"] == 6.0  # a process phase per job
+    jobs = [_run(0, None, 5.0, 0.1, 6.0), _run(1, None, 4.0, 0.1, 0.0)]
+    totals = Command("one-by-one", 30.0, jobs, launched_at=80.0, ended_at=110.0).totals()
+    assert totals["start"] == 2.0 and totals["imports"] == 6.0  # once: its first job paid them
     assert totals["training"] == 9.0
 
 
 def test_the_summary_takes_medians_over_repeats_and_runs_and_the_table_has_every_phase():
     measured = [
-        Command("single", wall, [_run(None, None, 3.0, store, 6.0)])
+        Command("single", wall, [_run(None, None, 3.0, store, 6.0)], 80.0, 80.0 + wall)
         for wall, store in ((10.0, 1.0), (12.0, 0.2), (30.0, 0.3))
     ]
     summ = summary(measured)

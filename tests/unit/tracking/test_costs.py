@@ -37,28 +37,29 @@ def test_a_failing_phase_is_still_counted(monkeypatch):
     assert spent.phases == {"store": 4.0}
 
 
-def test_the_process_start_is_counted_once_and_each_job_starts_its_costs_anew(
+def test_the_first_job_of_a_process_is_noted_once_and_each_job_starts_its_costs_anew(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(costs, "_started", False)
+    monkeypatch.setattr(costs, "first_job_at", None)
+    before = time.time()
     costs.job_starts()
-    start = costs.PROCESS.phases["start"]
-    assert start > 0  # this process began before the test
+    first = costs.first_job_at
+    assert before <= first <= time.time()
     costs.PROCESS.add("imports", 2.0)
     run = Costs({"store": 0.5}, training_s=3.0)
-    before = time.time()
     costs.write(tmp_path, run, 4, "s-p0")
     written = json.loads((tmp_path / costs.FILE).read_text())
-    assert before <= written.pop("written_at") <= time.time()
+    assert first <= written.pop("written_at") <= time.time()
     assert written == {
         "job": 4,
         "pack_id": "s-p0",
         "training_s": 3.0,
         "run": {"store": 0.5},
-        "process": {"start": start, "imports": 2.0},
+        "process": {"imports": 2.0},
+        "first_job_at": first,
     }
-    costs.job_starts()  # the next job of this process: its imports are paid
-    assert costs.PROCESS.phases == {}
+    costs.job_starts()  # the next job of this process: its imports are paid, its start is the first's
+    assert costs.PROCESS.phases == {} and costs.first_job_at == first
 
 
 def test_a_costs_file_that_cannot_be_written_does_not_fail_the_run(tmp_path):
