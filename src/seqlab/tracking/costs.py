@@ -1,9 +1,10 @@
 """What a run spends outside training, phase by phase (issue 35): the store, the run's creation,
 its params, code and datasets, its models, figures and final records, its end. Each run's
-tracker holds its own `Costs`; what a process pays once for all its runs (its start, the imports,
-the data and networks, a pack's members' configs) is `PROCESS`'s. At its end each run writes both,
-with its training time, to costs.json in its job's folder, where `scripts/benchmark.py --overhead`
-reads them (seqlab.benchmark.overhead).
+tracker holds its own `Costs`; what a process pays once for all its runs (the imports, the data
+and networks, a pack's members' configs) is `PROCESS`'s. At its end each run writes both, with its
+training time and when its process's first job began (the time before it is the process's start),
+to costs.json in its job's folder, where `scripts/benchmark.py --overhead` reads them
+(seqlab.benchmark.overhead).
 
 Phases nest without counting twice: time spent in an inner phase is the inner one's only. A phase
 costs two clock reads, so it is always on. Light: the standard library only (seqlab.task imports it)."""
