@@ -25,6 +25,7 @@ none, so there a worker killed outright leaves its trial RUNNING (see docs/scali
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from typing import Any, Iterable, Optional
@@ -43,6 +44,7 @@ HEARTBEAT = (
     "seqlab_heartbeat_s"  # the study's heartbeat interval, for the processes that train its trials
 )
 WORKER = "seqlab_worker"  # the search process that asked for the trial (host, pid, ...: seqlab.store.ghosts.identity)
+UNNAMED_S = 60  # a trial asked this recently may not name its worker yet (ask() -> taken())
 TRAINER = (
     "seqlab_trainer"  # the process that trains it (a job, or a pack's process), once it has started
 )
@@ -156,11 +158,14 @@ def worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether nothing runs a RUNNING trial any more: its search process and, once one started, its
     trainer both provably gone (processes of this machine that no longer run; another host's are
     told by their heartbeat, fail_stale_trials). A trainer that has ended leaves its trial to the
-    live search process, which tells the study its result. A trial from before workers said who
-    they are counts as gone, as searches did then."""
+    live search process, which tells the study its result. A trial with no worker named is one
+    whose worker has just asked for it (it names itself next: `taken`), unless it has gone unnamed
+    for UNNAMED_S: then it is from before workers said who they are, and counts as gone, as searches
+    did then."""
     worker = trial.user_attrs.get(WORKER)
     if not isinstance(worker, dict):
-        return True
+        started = trial.datetime_start
+        return started is None or (datetime.datetime.now() - started).total_seconds() > UNNAMED_S
     processes = [worker, trial.user_attrs.get(TRAINER)]
     return all(why_dead(p, time.time()) is not None for p in processes if isinstance(p, dict))
 

@@ -57,3 +57,33 @@ def test_a_trial_is_gone_only_when_its_search_process_and_its_trainer_both_are(t
             worker["process_pid"],
             trainer,
         )
+
+
+def test_a_trial_just_asked_whose_worker_has_not_named_itself_yet_is_not_gone(tmp_path):
+    """Between a worker's study.ask() and its naming itself on the trial (workers.taken), another
+    worker preparing at that moment saw a RUNNING trial with no worker and failed it as gone (seen in
+    CI: two workers started together, Trial#0 "has already finished" in the one that asked it). Only a
+    trial that has gone unnamed past a while is one from before workers said who they are."""
+    import datetime
+
+    from seqlab.sweeps import workers
+
+    study = optuna.create_study(study_name="fresh", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study.ask()
+    (fresh,) = study.get_trials(deepcopy=False)
+    assert not workers.worker_gone(fresh)
+    old = fresh.datetime_start - datetime.timedelta(seconds=workers.UNNAMED_S + 1)
+    legacy = optuna.trial.FrozenTrial(
+        number=1,
+        state=optuna.trial.TrialState.RUNNING,
+        value=None,
+        datetime_start=old,
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=2,
+    )
+    assert workers.worker_gone(legacy)
