@@ -66,7 +66,7 @@ class Command:
 
     def process(self) -> dict[str, float]:
         """The process phases, once per job (a pack's members share theirs)."""
-        jobs = {(r["job"], r["pack_id"]): r["process"] for r in self.runs}
+        jobs = {_job(r): r["process"] for r in self.runs}
         out = {p: sum(j.get(p, 0.0) for j in jobs.values()) for p in PROCESS_PHASES}
         # The start: from the launch to the process's first job (the interpreter, the imports of the
         # command line, Hydra's composing, a sweep's start and parent run).
@@ -79,8 +79,7 @@ class Command:
         """Training: a pack's once (its longest member), each job's alone in turn."""
         jobs: dict[tuple, float] = {}
         for r in self.runs:
-            key = (r["job"], r["pack_id"])
-            jobs[key] = max(jobs.get(key, 0.0), r["training_s"] or 0.0)
+            jobs[_job(r)] = max(jobs.get(_job(r), 0.0), r["training_s"] or 0.0)
         return sum(jobs.values())
 
     def totals(self) -> dict[str, float]:
@@ -97,6 +96,11 @@ class Command:
         out["other"] = self.wall_s - sum(out.values())
         out["wall"] = self.wall_s
         return out
+
+
+def _job(run: dict) -> tuple:
+    """Which job a run's costs.json is of: a pack's members share one (its process, its training)."""
+    return run["job"], run["pack_id"]
 
 
 def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -> Command:

@@ -40,9 +40,6 @@ class Costs:
             if self._open:
                 self._open[-1][2] += total
 
-    def add(self, name: str, seconds: float) -> None:
-        self.phases[name] = self.phases.get(name, 0.0) + seconds
-
     def clear(self) -> None:
         self.phases.clear()
         self.training_s = None

@@ -45,7 +45,7 @@ def test_the_first_job_of_a_process_is_noted_once_and_each_job_starts_its_costs_
     costs.job_starts()
     first = costs.first_job_at
     assert before <= first <= time.time()
-    costs.PROCESS.add("imports", 2.0)
+    costs.PROCESS.phases["imports"] = 2.0
     run = Costs({"store": 0.5}, training_s=3.0)
     costs.write(tmp_path, run, 4, "s-p0")
     written = json.loads((tmp_path / costs.FILE).read_text())
