@@ -164,8 +164,9 @@ def _overhead(args) -> int:
         except RuntimeError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-    summary = overhead.summary(measured)
+    summary = overhead.summary(measured.commands)
     print("\n" + overhead.table(summary, repeats))
+    print("\n".join(overhead.verdicts(measured)))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         settings = {"cases": args.cases, "repeats": repeats, "smoke": args.smoke}

@@ -4,7 +4,15 @@ Importing the package is cheap on purpose (no torch, Lightning or MLflow): the C
 path (`train.py --help`, `--cfg job`) goes through here.
 """
 
+import os
+
 __version__ = "0.1.0"
+
+# MLflow 3 sends usage telemetry to its makers by default, from threads that a process's exit then
+# waits up to a second each for. A run's records are its user's: off unless the user says otherwise
+# (MLFLOW_DISABLE_TELEMETRY=false). Set here, before anything imports MLflow, and inherited by the
+# processes seqlab starts (the step writer, DDP's ranks, a sweep's workers).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 class SeqlabError(Exception):

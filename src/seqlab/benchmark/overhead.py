@@ -35,6 +35,11 @@ SMOKE = {
     "pack": ["-m", "seed=0,1", "pack=2", "data.n_samples=256", "trainer.max_epochs=1"],
     "one-by-one": ["-m", "seed=0,1", "pack=off", "data.n_samples=256", "trainer.max_epochs=1"],
 }
+# Issue 35's yardstick for the default run: what importing the four libraries alone takes in a new
+# Python (timed in each repeat, beside the commands): the run may take its training + this + 1.5 s.
+IMPORTS = "import torch, pytorch_lightning, mlflow, hydra"
+SINGLE_ALLOWANCE_S = 1.5
+PACK_TARGET = 0.3  # a pack of 8's wall time against its jobs one by one
 PROCESS_PHASES = ("start", "imports", "member configs", "data and networks")
 RUN_PHASES = (
     "store",
@@ -129,18 +134,82 @@ def run_command(case: str, args: list[str], root: Path, timeout: float = 1800) -
     return Command(case, wall, runs, launched_at, ended_at)
 
 
-def measure(cases: list[str], repeats: int, smoke: bool, root: Path) -> list[Command]:
-    """Each case `repeats` times, alternating (a, b, c, a, b, c, ...) so that a noisy machine slows
-    each alike; each case in a folder (and store) of its own under `root`. A case's first command
-    also creates its store, as a user's first run does: a median over 3 or more leaves that out."""
+def time_imports(timeout: float = 300) -> float:
+    """Seconds of `python -c IMPORTS` in a new process: the yardstick's imports."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", IMPORTS], check=True, timeout=timeout)
+    return time.perf_counter() - start
+
+
+@dataclass
+class Measure:
+    """The commands of every repeat, in the order they ran, and the imports' yardstick of each."""
+
+    commands: list[Command]
+    imports_s: list[float]
+
+
+def measure(cases: list[str], repeats: int, smoke: bool, root: Path) -> Measure:
+    """Each case `repeats` times, alternating (imports, a, b, c, imports, a, b, c, ...) so that a
+    noisy machine slows each alike; each case in a folder (and store) of its own under `root`. A
+    case's first command also creates its store, as a user's first run does: a median over 3 or
+    more leaves that out."""
     commands = SMOKE if smoke else CASES
-    measured = []
+    measured = Measure([], [])
     for _ in range(repeats):
+        measured.imports_s.append(time_imports())
         for case in cases:
             folder = root / case
             folder.mkdir(parents=True, exist_ok=True)
-            measured.append(run_command(case, commands[case], folder))
+            measured.commands.append(run_command(case, commands[case], folder))
     return measured
+
+
+def verdicts(measured: Measure) -> list[str]:
+    """Issue 35's targets against this measure, repeat by repeat (the i-th command of a case beside
+    the i-th of another and the i-th yardstick, which ran next to it): each as its median and its
+    range over the repeats, so that a noisy machine shows as a range across the target."""
+    by_case: dict[str, list[Command]] = {}
+    for command in measured.commands:
+        by_case.setdefault(command.case, []).append(command)
+    lines = []
+
+    def line(what: str, values: list[float], target: str, met: bool) -> str:
+        spread = f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else "one repeat"
+        return f"{what}: {statistics.median(values):.2f} ({spread}); target {target}: " + (
+            "met" if met else "not met"
+        )
+
+    singles = by_case.get("single", [])
+    if singles:
+        # The margin: wall - (training + imports alone + allowance); at most 0 meets the target.
+        margins = [
+            c.wall_s - (c.training_s() + imports + SINGLE_ALLOWANCE_S)
+            for c, imports in zip(singles, measured.imports_s)
+        ]
+        lines.append(
+            line(
+                "single: wall - (training + imports alone) (s)",
+                [m + SINGLE_ALLOWANCE_S for m in margins],
+                f"<= {SINGLE_ALLOWANCE_S}",
+                statistics.median(margins) <= 0,
+            )
+        )
+    packs, alone = by_case.get("pack", []), by_case.get("one-by-one", [])
+    if packs and alone:
+        ratios = [p.wall_s / a.wall_s for p, a in zip(packs, alone)]
+        lines.append(
+            line(
+                "pack of 8 / one by one (wall)",
+                ratios,
+                f"<= {PACK_TARGET}",
+                statistics.median(ratios) <= PACK_TARGET,
+            )
+        )
+    lines.append(
+        f"imports alone ({IMPORTS}): {statistics.median(measured.imports_s):.2f} s (median)"
+    )
+    return lines
 
 
 def summary(measured: list[Command]) -> dict[str, dict[str, dict[str, float]]]:
@@ -184,7 +253,14 @@ def table(summ: dict, repeats: int) -> str:
     return "\n".join(lines)
 
 
-def to_json(measured: list[Command], summ: dict, settings: dict) -> str:
+def to_json(measured: Measure, summ: dict, settings: dict) -> str:
     return json.dumps(
-        {"settings": settings, "summary": summ, "commands": [asdict(c) for c in measured]}, indent=1
+        {
+            "settings": settings,
+            "summary": summ,
+            "verdicts": verdicts(measured),
+            "imports_s": measured.imports_s,
+            "commands": [asdict(c) for c in measured.commands],
+        },
+        indent=1,
     )

@@ -9,8 +9,10 @@ from seqlab.benchmark.overhead import (
     PROCESS_PHASES,
     RUN_PHASES,
     Command,
+    Measure,
     summary,
     table,
+    verdicts,
 )
 
 
@@ -54,3 +56,22 @@ def test_the_summary_takes_medians_over_repeats_and_runs_and_the_table_has_every
     for phase in (*PROCESS_PHASES, *RUN_PHASES, *COMMAND_ROWS):
         assert any(line.startswith(phase) for line in text.splitlines()), phase
     assert "medians over 3 repeat(s)" in text
+
+
+def test_the_verdicts_hold_each_repeat_to_its_own_yardstick_and_give_the_range():
+    single = [
+        Command("single", wall, [_run(None, None, 4.0, 0.1, 6.0)], 80.0, 80.0 + wall)
+        for wall in (13.0, 14.0, 20.0)
+    ]
+    pack = [Command("pack", wall, [_run(0, "p", 5.0, 0.1, 6.0)]) for wall in (20.0, 30.0, 24.0)]
+    alone = [Command("one-by-one", wall, [_run(0, None, 5.0, 0.1, 6.0)]) for wall in (80.0, 90, 60)]
+    # single repeat by repeat: 13 - (4 + 8) = 1.0, 14 - (4 + 9) = 1.0, 20 - (4 + 8) = 8.0
+    lines = verdicts(Measure([*single, *pack, *alone], [8.0, 9.0, 8.0]))
+    assert lines[0] == (
+        "single: wall - (training + imports alone) (s): 1.00 (1.00-8.00); target <= 1.5: met"
+    )
+    # 20/80, 30/90, 24/60: median 0.33
+    assert lines[1] == "pack of 8 / one by one (wall): 0.33 (0.25-0.40); target <= 0.3: not met"
+    assert lines[2].startswith(
+        "imports alone (import torch, pytorch_lightning, mlflow, hydra): 8.00"
+    )
