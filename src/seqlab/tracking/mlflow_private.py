@@ -2,14 +2,17 @@
 through the fluent, process-wide active run, which seqlab does not use (a run is written through
 its own client, to its own store, and a sweep's jobs in one process write to different stores):
 - a dataset as the entity `MlflowClient.log_inputs` takes (public: `mlflow.log_input`, fluent);
-- the system-metrics monitor for a run id (public: `mlflow.start_run(log_system_metrics=True)`, fluent).
+- the system-metrics monitor for a run id (public: `mlflow.start_run(log_system_metrics=True)`, fluent);
+- the module map of MLflow's requirement check, which a model logged with its requirements given
+  does not need (no public switch: `given_requirements`).
 An MLflow upgrade can break them, so each call checks first that the installed MLflow is one these
 were tested with, and says so in one line if not."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 from seqlab import require_tested
 
@@ -43,3 +46,28 @@ def system_metrics_monitor(run_id: str, interval_s: float, tracking_uri: Optiona
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     return SystemMetricsMonitor(run_id, sampling_interval=interval_s, tracking_uri=tracking_uri)
+
+
+@contextmanager
+def given_requirements(requirements: list[str]) -> Iterator[None]:
+    """A model logged with its pip requirements given (`requirements`: "name==version" or "name"),
+    without MLflow first mapping every installed package's files to its modules. MLflow's log_model
+    checks the given requirements against the installed versions, and its check builds that map
+    once per process (importlib.metadata.packages_distributions: 0.8-1.2 s on the 2-core VM, most
+    of the default run's model logging), though it only needs each named package's version, which
+    importlib.metadata finds by name. So, for the call only, the map holds just the packages
+    named (their modules have their names); one built before is left as it is, and none is left
+    behind for MLflow's inference of other models' requirements."""
+    check_version()
+    from mlflow.utils import requirements_utils
+
+    if requirements_utils._MODULES_TO_PACKAGES is not None:
+        yield
+        return
+    names = [r.split("==")[0] for r in requirements]
+    requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in names}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
+        requirements_utils._PACKAGES_TO_MODULES = None

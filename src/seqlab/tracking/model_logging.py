@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from seqlab import one_line
+from seqlab.tracking.mlflow_private import given_requirements
 from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
 from seqlab.tracking.outbox import transient
 
@@ -169,7 +170,11 @@ def log_network(
     level = pytorch_log.level
     pytorch_log.setLevel(logging.ERROR)
     try:
-        with run_scope(tracker.tracking_uri, tracker.experiment_id):
+        requirements = pip_requirements()
+        with (
+            run_scope(tracker.tracking_uri, tracker.experiment_id),
+            given_requirements(requirements),
+        ):
             model_id = _logged_model(tracker, name, tags)
             info = mlflow.pytorch.log_model(
                 cpu,
@@ -177,7 +182,7 @@ def log_network(
                 model_id=model_id,
                 signature=signature,
                 input_example=example,
-                pip_requirements=pip_requirements(),
+                pip_requirements=requirements,
                 registered_model_name=register_as or None,
                 serialization_format=SERIALIZATION,
             )
@@ -329,7 +334,16 @@ def log_onnx(
                 f"{exported.max_difference:.3g} (at most {TOLERANCE:g})"
             )
         example = np.ascontiguousarray(inputs[:N_EXAMPLE], dtype=np.float32)
-        with run_scope(tracker.tracking_uri, tracker.experiment_id):
+        requirements = [
+            f"onnx=={onnx.__version__}",
+            f"onnxruntime=={onnxruntime.__version__}",
+            f"mlflow=={mlflow.__version__}",
+            "numpy",
+        ]
+        with (
+            run_scope(tracker.tracking_uri, tracker.experiment_id),
+            given_requirements(requirements),
+        ):
             model_id = _logged_model(
                 tracker,
                 ONNX,
@@ -345,12 +359,7 @@ def log_onnx(
                 # warns at every load without it; a network this small predicts on the CPU.
                 onnx_execution_providers=["CPUExecutionProvider"],
                 save_as_external_data=False,
-                pip_requirements=[
-                    f"onnx=={onnx.__version__}",
-                    f"onnxruntime=={onnxruntime.__version__}",
-                    f"mlflow=={mlflow.__version__}",
-                    "numpy",
-                ],
+                pip_requirements=requirements,
             )
             link_metrics(tracker, model_id, step)
     except Exception as error:  # noqa: BLE001 - the run keeps its PyTorch model: ONNX is a copy of it
