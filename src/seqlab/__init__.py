@@ -4,7 +4,11 @@ Importing the package is cheap on purpose (no torch, Lightning or MLflow): the C
 path (`train.py --help`, `--cfg job`) goes through here.
 """
 
+import gc
 import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 __version__ = "0.1.0"
 
@@ -48,3 +52,24 @@ def require_tested(package: str, version: str, tested: tuple[str, ...], name: st
             f"{package} {version} is installed, but seqlab uses {name} internals tested only with "
             f"{', '.join(v + 'x' for v in tested)}: install that version (make install does: requirements.lock)"
         )
+
+
+@contextmanager
+def imports_without_gc(module: str) -> Iterator[None]:
+    """The first import of a heavy `module` (torch, Lightning and MLflow with seqlab.train; MLflow's
+    SQL store), without the cyclic garbage collector. Such imports make hundreds of thousands of
+    long-lived objects and almost no garbage, yet each full collection walks every one of them:
+    about 9 of them while the default run imported (1.3 s on the 2-core VM). Once in, they are
+    frozen out of the collector's view (gc.freeze, as CPython's docs advise for a long-lived
+    process's start-up objects), so that later collections and the interpreter's last one at exit
+    (1.2 s of the default run's exit) leave them alone. Nothing is done where `module` is loaded
+    already: a sweep's later jobs would otherwise freeze the earlier jobs' garbage for good."""
+    if module in sys.modules:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()

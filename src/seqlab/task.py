@@ -5,14 +5,12 @@ and leaves). The training itself is seqlab.train's, and a pack's seqlab.packing.
 
 from __future__ import annotations
 
-import gc
 import logging
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 from omegaconf import DictConfig
 
-from seqlab import SeqlabError, ending_status, one_line
+from seqlab import SeqlabError, ending_status, imports_without_gc, one_line
 from seqlab.hydra_version import trusted_targets
 from seqlab.resume.requeue import Preempted
 from seqlab.sweeps.job import Job, JobResult, ready
@@ -27,27 +25,6 @@ def main(cfg: DictConfig) -> Optional[float]:
     the sweep callback prints the summary and sets the exit code."""
     with trusted_targets():  # a launcher's worker process comes here without the command line's
         return _task(cfg)
-
-
-@contextmanager
-def _heavy_imports() -> Iterator[None]:
-    """torch, Lightning and MLflow load here, without the cyclic garbage collector: their imports
-    make hundreds of thousands of long-lived objects and almost no garbage, yet each full collection
-    walks them all (about 9 of them, 1.3 s on the 2-core VM, while the default run imported). Once
-    they are in, they are frozen out of the collector's view (gc.freeze, as CPython's docs advise
-    for a long-lived process's start-up objects): later collections and the interpreter's final one
-    at exit (1.2 s of the default run's exit) no longer walk them. Once per process: a sweep's later
-    jobs would otherwise freeze the earlier jobs' garbage for good."""
-    first = gc.get_freeze_count() == 0
-    if first:
-        gc.disable()
-    try:
-        with PROCESS.phase("imports"):
-            yield
-    finally:
-        if first:
-            gc.freeze()
-            gc.enable()
 
 
 def _task(cfg: DictConfig) -> Optional[float]:
@@ -66,7 +43,7 @@ def _task(cfg: DictConfig) -> Optional[float]:
     if (
         cfg.get("pack_job") is not None
     ):  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
-        with _heavy_imports():
+        with PROCESS.phase("imports"), imports_without_gc("seqlab.packing.task"):
             from seqlab.packing.task import (  # heavy (torch, Lightning, MLflow): only for a pack's job
                 run_pack,
             )
@@ -87,7 +64,7 @@ def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:
             cfg, job
         )  # light: a job a resumed sweep's plan says is done is skipped without torch
         if result is None:
-            with _heavy_imports():
+            with PROCESS.phase("imports"), imports_without_gc("seqlab.train"):
                 from seqlab.train import (  # heavy (torch, Lightning, MLflow): only for a job that trains
                     fit_job,
                 )

@@ -3,7 +3,10 @@ copies, and a run whose config holds a database password."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,16 @@ def _another_user_reads(tmp_path, refused) -> None:
     finally:
         for folder, mode in opened:
             folder.chmod(stat.S_IMODE(mode))
+
+
+def test_mlflow_telemetry_is_off_unless_the_user_turns_it_on():
+    """Nothing of a run leaves for MLflow's makers by default (seqlab/__init__.py)."""
+    code = "import os, seqlab, mlflow.telemetry.utils as t; print(os.environ['MLFLOW_DISABLE_TELEMETRY'], t.is_telemetry_disabled())"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["true", "True"], out.stderr[-2000:]
+    env["MLFLOW_DISABLE_TELEMETRY"] = "false"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split()[0] == "false", out.stderr[-2000:]

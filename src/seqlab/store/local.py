@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from seqlab import SeqlabError, one_line
+from seqlab import SeqlabError, imports_without_gc, one_line
 from seqlab.secrets import mask_uris
 
 # Creating and migrating a new store takes a few seconds; many processes may queue behind it.
@@ -229,10 +229,12 @@ def open_client(tracking_uri: str):
         if problem:
             raise StoreError(problem)
         try:
-            client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-            client.search_experiments(
-                max_results=1
-            )  # the registry's tables too, while the lock is held
+            # MLflow's SQL store loads with the first client of a store (SQLAlchemy, alembic)
+            with imports_without_gc("mlflow.store.tracking.sqlalchemy_store"):
+                client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+                client.search_experiments(
+                    max_results=1
+                )  # the registry's tables too, while the lock is held
         except Exception as error:  # a newer or older schema, a damaged file
             raise StoreError(f"the MLflow store {db}: {one_line(error)}") from None
     key = _identity(tracking_uri, db)

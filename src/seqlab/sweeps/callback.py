@@ -26,7 +26,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from seqlab import SeqlabError
+from seqlab import SeqlabError, imports_without_gc
 from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.job import PlannedJob, SweepInfo, is_run_id, job_key
 from seqlab.sweeps.study import VERDICT_FILE
@@ -165,7 +165,8 @@ class MlflowSweepCallback(Callback):
         private(sweep_dir)  # its jobs' folders hold their resolved configs
         self.sweep_id = f"{sweep_dir.name}-{uuid.uuid4().hex[:6]}"
         self.sweep_dir = sweep_dir
-        self.tracker = instantiate(config.logger)
+        with imports_without_gc("seqlab.tracking.run"):  # MLflow loads here, for the parent run
+            self.tracker = instantiate(config.logger)
         overrides = self.overrides = list(config.hydra.overrides.task)
         guard(
             overrides
