@@ -2,7 +2,8 @@
 through the fluent, process-wide active run, which seqlab does not use (a run is written through
 its own client, to its own store, and a sweep's jobs in one process write to different stores):
 - a dataset as the entity `MlflowClient.log_inputs` takes (public: `mlflow.log_input`, fluent);
-- the system-metrics monitor for a run id (public: `mlflow.start_run(log_system_metrics=True)`, fluent);
+- the system-metrics samplers (public: `mlflow.start_run(log_system_metrics=True)`, fluent, a
+  thread per run that reads the run back at every sample: tracking/system_metrics.py);
 - the module map of MLflow's requirement check, which a model logged with its requirements given
   does not need (no public switch: `given_requirements`).
 An MLflow upgrade can break them, so each call checks first that the installed MLflow is one these
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from seqlab import require_tested
 
@@ -40,12 +41,25 @@ def dataset_input(dataset: Any, context: str) -> Any:
     )
 
 
-def system_metrics_monitor(run_id: str, interval_s: float, tracking_uri: Optional[str]) -> Any:
-    """MLflow's sampler of CPU, memory and GPU into `run_id` as system/... metrics (not started)."""
+def system_samplers() -> list[Any]:
+    """MLflow's samplers of CPU and memory, disk, network and a GPU (NVIDIA's, else AMD's, where
+    one answers), as its system-metrics monitor builds them; each has collect_metrics,
+    aggregate_metrics (name -> value, the names of its system/... metrics) and clear_metrics."""
     check_version()
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+    from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+    from mlflow.system_metrics.metrics.rocm_monitor import ROCMMonitor
 
-    return SystemMetricsMonitor(run_id, sampling_interval=interval_s, tracking_uri=tracking_uri)
+    samplers = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
+    for gpu in (GPUMonitor, ROCMMonitor):
+        try:
+            samplers.append(gpu())
+            break
+        except Exception:  # noqa: BLE001 - no such GPU, or no library to read it (as MLflow decides)
+            continue
+    return samplers
 
 
 @contextmanager

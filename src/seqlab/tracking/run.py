@@ -26,9 +26,9 @@ from seqlab.store.server_auth import client_credentials
 from seqlab.tracking.connect import artifact_location, client_for, ensure_experiment, is_server
 from seqlab.tracking.costs import Costs
 from seqlab.tracking.history import MetricHistory
-from seqlab.tracking.mlflow_private import system_metrics_monitor
 from seqlab.tracking.replayed_steps import logged_through, not_yet_logged
 from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
+from seqlab.tracking.system_metrics import listen, stop_listening
 
 log = logging.getLogger("seqlab")
 
@@ -98,7 +98,7 @@ class MlflowTracker:
         )
         self.log_onnx = log_onnx  # the network kept also as ONNX (tracking.model_logging.log_onnx)
         self.rank = rank
-        self.monitor = None
+        self.samples = None  # tracking.system_metrics: this run's, while it is sampled
         self.ended = False  # this process ended its run (a heartbeat then knows an end is its own)
         self.client: Optional[mlflow.MlflowClient] = None
         self.run_id: Optional[str] = None
@@ -211,24 +211,31 @@ class MlflowTracker:
         return self.run_id
 
     def start_system_metrics(self) -> None:
-        """Sample CPU, memory (and NVIDIA GPU utilisation, memory, power) into this run, as
-        system/... metrics, so utilisation shows next to throughput. Lightning's MLflow logger
-        does not switch MLflow's monitor on; it is started here for the run's id."""
-        if not self.system_metrics or self.monitor is not None or self.rank > 0:
+        """Sample CPU, memory (and GPU utilisation, memory, power) into this run, as system/...
+        metrics, so utilisation shows next to throughput: the process's sampler
+        (tracking.system_metrics), its samples sent with the run's next metrics."""
+        if not self.system_metrics or self.samples is not None or self.rank > 0:
             return
-        self.monitor = system_metrics_monitor(
-            self.run_id, self.system_metrics_interval_s, self.tracking_uri
-        )
-        self.monitor.start()
+        self.samples = listen(self.system_metrics_interval_s)
+
+    def _stop_system_metrics(self) -> None:
+        """What was sampled so far sent, and no more sampling into this run."""
+        if self.samples is None:
+            return
+        stop_listening(self.samples, self.system_metrics_interval_s)
+        self.sender.metrics(self._sampled())
+        self.samples = None
+
+    def _sampled(self) -> list[Metric]:
+        rows = self.samples.take() if self.samples is not None else []
+        return [Metric(k, v, ts, step) for k, v, ts, step in rows]
 
     def end(self, status: str, reason: Optional[str] = None) -> None:
         self.ended = True
-        if self.monitor is not None:
-            try:
-                self.monitor.finish()  # logs what it sampled last
-            except Exception:  # noqa: BLE001 - system metrics are not worth losing the run over
-                pass
-            self.monitor = None
+        try:
+            self._stop_system_metrics()
+        except Exception:  # noqa: BLE001 - system metrics are not worth losing the run over
+            self.samples = None
         self.sender.end(status, reason)
         self._give_up_process()
 
@@ -333,7 +340,8 @@ class MlflowTracker:
         self.history.add(metrics)
         if self.replayed:
             metrics = not_yet_logged(metrics, self.replayed)
-        self.sender.metrics(metrics)
+        # With the system metrics sampled since (their own steps 0, 1, ...: not the replayed ones)
+        self.sender.metrics(metrics + self._sampled())
 
     def wait_for_metrics(self) -> None:
         """Every metric sent so far is stored when this returns."""
