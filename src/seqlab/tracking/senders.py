@@ -98,6 +98,10 @@ class DirectSender:
     ) -> None:
         self.client, self.run_id, self.synchronous = client, run_id, synchronous
         self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
+        # After wait() (the run's metrics stored for its models), the few metrics left (the last
+        # system samples) are written at once: MLflow's background writes are waited for in
+        # batches (1 s at a run's end, measured)
+        self.waited = False
         self.writer = None
         if step_writer == "process":
             self.writer = StepWriter(client.tracking_uri, run_id)
@@ -134,7 +138,7 @@ class DirectSender:
             ):
                 self._close_writer(TAKE_OVER_WAIT_S)
             return
-        self._log(metrics, self.synchronous)
+        self._log(metrics, self.synchronous or self.waited)
 
     def _log(self, metrics: list[Metric], synchronous: bool) -> None:
         for i in range(0, len(metrics), MAX_BATCH):
@@ -175,6 +179,7 @@ class DirectSender:
     def wait(self) -> None:
         """Every metric sent so far is stored when this returns (the step writer is closed: later
         metrics go through MLflow's client from this process)."""
+        self.waited = True
         self._close_writer()
         pending, self.pending = self.pending, []
         for operation in pending:
