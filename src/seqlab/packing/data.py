@@ -46,6 +46,8 @@ class PackData:
     # samples (the memory is then the sets' own, as before the sharing, and no validation gathers them
     # again); None: gathered a chunk at a time from the shared rows (val_chunks).
     val_x: Optional[torch.Tensor] = None
+    # This epoch's orders are one (orders()): every member's batch is the same rows, gathered once.
+    one_order: bool = False
     _x_buffer: Optional[torch.Tensor] = field(default=None, repr=False)  # batch()'s inputs, reused
 
     @classmethod
@@ -111,10 +113,26 @@ class PackData:
         """(K, samples): each member's order for this epoch, drawn as its run alone draws it (a
         permutation of its training set), as rows of x."""
         if not self.shuffle:
-            return self.train_rows
-        n, device = self.n_samples, self.x.device
-        order = torch.stack([torch.randperm(n, generator=m.order, device=device) for m in members])
-        return self.train_rows.gather(1, order)
+            rows = self.train_rows
+        else:
+            n, device = self.n_samples, self.x.device
+            order = torch.stack(
+                [torch.randperm(n, generator=m.order, device=device) for m in members]
+            )
+            rows = self.train_rows.gather(1, order)
+        # Members that differ in optimizer.lr, module.l2_regularization, model.dropout or the
+        # threshold, not in data.seed, draw the same order from generators of one seed: they share
+        # each batch (batch()). Checked once an epoch (one read-back), not assumed.
+        self.one_order = len(rows) > 1 and bool((rows == rows[:1]).all())
+        return rows
+
+    def shares_order(self, members: list[Member]) -> bool:
+        """Whether the members will draw one data order (one training split, and order generators
+        in one state, or no shuffling): then they share each batch (orders(), batch())."""
+        if len(members) < 2 or not bool((self.train_rows == self.train_rows[:1]).all()):
+            return False
+        first = members[0].order.get_state()
+        return not self.shuffle or all(torch.equal(m.order.get_state(), first) for m in members)
 
     def val_targets(self) -> torch.Tensor:
         """(K, samples, responses): each member's validation targets."""
@@ -126,11 +144,16 @@ class PackData:
         from the shared rows (K whole copies would cost K validation sets of memory)."""
         k, n = self.val_rows.shape
         chunk = max(1, VAL_ROWS // (k * self.steps))
+        one = k > 1 and bool((self.val_rows == self.val_rows[:1]).all())  # one split: as batch()
         for i in range(0, n, chunk):
             if self.val_x is not None:
                 yield self.val_x[:, i : i + chunk]
                 continue
             idx = self.val_rows[:, i : i + chunk]
+            if one:
+                shared = self.x.index_select(0, idx[0])
+                yield shared.unsqueeze(0).expand(k, idx.shape[1], *self.x.shape[1:])
+                continue
             yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], *self.x.shape[1:])
 
     def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +164,17 @@ class PackData:
         this project's VM); the targets are new, as the epoch's train metrics keep them."""
         idx = orders[:, b * self.batch_size : (b + 1) * self.batch_size]
         k, n = idx.shape
+        if self.one_order:
+            # One gathered batch for every member, handed on as a view with a stride of 0 over
+            # the members: the packed network reads it once (PackedCNNLSTM.forward_one_step: one
+            # product for every member's convolution) instead of K copies of the same rows.
+            x = self._gather(idx[0]).unsqueeze(0).expand(k, n, *self.x.shape[1:])
+            return x, self.y.index_select(0, idx[0]).unsqueeze(0).expand(k, n, -1)
         flat = idx.reshape(-1)
-        if self._x_buffer is None or self._x_buffer.shape[0] != len(flat):
-            self._x_buffer = self.x.new_empty((len(flat), *self.x.shape[1:]))
-        x = torch.index_select(self.x, 0, flat, out=self._x_buffer)
+        x = self._gather(flat)
         return x.view(k, n, *self.x.shape[1:]), self.y.index_select(0, flat).view(k, n, -1)
+
+    def _gather(self, rows: torch.Tensor) -> torch.Tensor:
+        if self._x_buffer is None or self._x_buffer.shape[0] != len(rows):
+            self._x_buffer = self.x.new_empty((len(rows), *self.x.shape[1:]))
+        return torch.index_select(self.x, 0, rows, out=self._x_buffer)

@@ -274,11 +274,12 @@ def _fit(
     )
     trainer = build_trainer(cfg, device, callbacks, False, True, has_val, val_every)
     log.info(
-        "pack      %s: %d members in one step on %s (%s); %s",
+        "pack      %s: %d members in one step on %s (%s)%s; %s",
         first.job.pack_id,
         len(members),
         device.accelerator,
         device.name,
+        ", one batch for all (one data order)" if data.shares_order(members) else "",
         ", ".join(m.name for m in members),
     )
     for m in members:

@@ -58,6 +58,29 @@ def test_each_member_computes_what_its_network_computes_alone():
         assert int(packed.bn_num_batches_tracked[k]) == int(member.bn.num_batches_tracked) == 1
 
 
+def test_members_sharing_one_batch_compute_and_learn_what_each_computes_alone():
+    """Issue 35, point 3: one batch for every member (a view with a stride of 0 over them, as
+    PackData.batch hands a shared data order on) takes one product for every member's convolution;
+    each member's outputs and gradients are what its network alone computes on that batch."""
+    members, _ = _members([0, 1, 2, 3])
+    packed = PackedCNNLSTM(members)
+    batch = torch.randn(32, SHAPE["n_features"])
+    shared = batch.unsqueeze(0).expand(4, -1, -1)
+    assert shared.stride(0) == 0
+    out = packed.forward_one_step(shared)
+    out.pow(2).sum().backward()
+    for k, member in enumerate(members):
+        alone = member.forward_one_step(batch)
+        torch.testing.assert_close(out[k], alone, rtol=1e-5, atol=1e-6)
+        alone.pow(2).sum().backward()
+        torch.testing.assert_close(
+            packed.conv_weight.grad[k], member.conv.weight.grad, rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(
+            packed.fc_weight.grad[k], member.fc.weight.grad, rtol=1e-5, atol=1e-6
+        )
+
+
 def test_a_member_comes_out_as_a_plain_network_and_goes_back():
     members, _ = _members([5, 6])
     packed = PackedCNNLSTM(members)
