@@ -5,6 +5,7 @@ and the 1440 x 1 shape, at one or more batch sizes.
     python scripts/benchmark.py                      # the full table (a few minutes on 2 cores)
     python scripts/benchmark.py --shapes seed --batch-sizes 64,512,4096 --loops bare,default
     python scripts/benchmark.py --shapes seed --loops bare,packed --pack 1,3,8,32   # many networks in one step
+    python scripts/benchmark.py --shapes seed --loops packed,packed-lr --pack 32    # 32 seeds, and 32 rates of one seed
     python scripts/benchmark.py --smoke --out b.json # seconds: checks that it all runs
     python scripts/benchmark.py --mlflow             # also stored as a run in experiment seqlab-benchmark
     python scripts/benchmark.py --overhead           # what the default run, a pack of 8 and 8 jobs one
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     shapes = args.shapes.split(",")
     loops = tuple(args.loops.split(","))
-    if args.pack and "packed" not in loops:
+    if args.pack and not set(benchmark.PACKED) & set(loops):
         loops += ("packed",)
     batch_sizes, packs = _integers(args.batch_sizes), _integers(args.pack or "8")
     if [s for s in shapes if s not in benchmark.SHAPES] or [
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "shapes": args.shapes,
         "loops": ",".join(loops),
-        **({"pack": ",".join(map(str, packs))} if "packed" in loops else {}),
+        **({"pack": ",".join(map(str, packs))} if set(benchmark.PACKED) & set(loops) else {}),
     }
     print(f"machine: {benchmark.machine()}")
     rows = benchmark.run(

@@ -5,7 +5,8 @@ the limit the default is held to; (c) `naive`: perf=naive; (d) `default` (perf=f
 tracking on for (c) and (d); (e) `packed`: K networks in one packed step, trained as the product
 trains a pack (seqlab.packing.module, through the Trainer every job gets) without tracking, whose
 model-steps/s (K x its steps/s) is set against `bare`'s, which is what K bare loops one after
-another give. Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
+another give; its members differ in seed (their weights, data order and dropout), or, with
+`packed-lr`, only in the learning rate (one data order: each batch shared, issue 35). Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
 machine slows all of them alike; each figure is the median over repeats of the median epoch, the
 first epoch (warm-up) left out, the device synchronised before every clock read."""
 
@@ -61,8 +62,9 @@ SMOKE_SHAPES = {
     "profile": (["data=daily_profile"], 2, 2),
     "study": (["data=synthetic"], 2, 2),
 }
-LOOPS = ("plain", "bare", "naive", "default", "packed")
+LOOPS = ("plain", "bare", "naive", "default", "packed", "packed-lr")
 DEFAULT_LOOPS = LOOPS[:4]
+PACKED = ("packed", "packed-lr")  # the loops of K networks in one step (--pack sets the Ks)
 
 
 @dataclass
@@ -207,18 +209,21 @@ class _NoRun:
         pass
 
 
-def packed_loop(cfg, device: str, members: int) -> list[float]:
+def packed_loop(cfg, device: str, members: int, one_order: bool = False) -> list[float]:
     """`members` networks of the config trained as the product trains a pack: its LightningModule
     (seqlab.packing.module.PackModule: the packed network, the fused optimizer over the packed
     tensors, each member's own order each epoch) driven by the Trainer every job gets
-    (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k.
+    (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k;
+    one_order: every member from cfg.seed, with its own learning rate (0.3x to 3x the config's), as
+    an optimizer.lr sweep of one seed packs: one data order, each batch shared.
     Returns the pack's steps/s per epoch, as the module times them (model-steps/s: members x that)."""
 
     quiet_libraries(cfg.perf.loader)
     dev, x, y, _, _ = _setup(cfg, device)
     nets = []
+    seeds = [cfg.seed] * members if one_order else [cfg.seed + k for k in range(members)]
     for k in range(members):
-        torch.manual_seed(cfg.seed + k)
+        torch.manual_seed(seeds[k])
         nets.append(instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]))
     model = PackedCNNLSTM(nets).to(dev)
     optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(
@@ -240,7 +245,7 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
             cfg=None,
             job=None,
             tracker=_NoRun(),
-            order=torch.Generator(device=dev).manual_seed(cfg.seed + k),
+            order=torch.Generator(device=dev).manual_seed(seeds[k]),
         )
         for k in range(members)
     ]
@@ -253,7 +258,7 @@ def packed_loop(cfg, device: str, members: int) -> list[float]:
         float,
         data,
         pack,
-        lr_scale=torch.ones(members),
+        lr_scale=torch.logspace(-0.5, 0.5, members) if one_order else torch.ones(members),
         steps_per_call=cfg.perf.steps_per_call,
         flush_every_n_steps=cfg.logger.flush_every_n_steps,
         flush_every_s=cfg.logger.flush_every_s,
@@ -313,13 +318,13 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
                 for loop in loops
             }
             # (loop, members): each pack size is a loop of its own.
-            variants = [(loop, k) for loop in loops for k in (packs if loop == "packed" else (1,))]
+            variants = [(loop, k) for loop in loops for k in (packs if loop in PACKED else (1,))]
             runs: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
             for repeat in range(repeats):
                 for loop, k in list(variants):
                     cfg = configs[loop]
-                    if loop == "packed":
-                        rates = packed_loop(cfg, device, k)
+                    if loop in PACKED:
+                        rates = packed_loop(cfg, device, k, one_order=loop == "packed-lr")
                     else:
                         rates = (
                             _BARE_LOOPS[loop](cfg, device)
@@ -358,7 +363,7 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
 
 
 def _label(loop: str, members: int) -> str:
-    return f"packed{members}" if loop == "packed" else loop
+    return f"packed{members}{loop[len('packed') :]}" if loop in PACKED else loop
 
 
 def table(rows: list[Row]) -> str:
