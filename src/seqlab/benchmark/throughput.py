@@ -6,9 +6,10 @@ tracking on for (c) and (d); (e) `packed`: K networks in one packed step, traine
 trains a pack (seqlab.packing.module, through the Trainer every job gets) without tracking, whose
 model-steps/s (K x its steps/s) is set against `bare`'s, which is what K bare loops one after
 another give; its members differ in seed (their weights, data order and dropout), or, with
-`packed-lr`, only in the learning rate (one data order: each batch shared, issue 35). Runs alternate (a, b, c, d, e, a, b, ...) so that a noisy
-machine slows all of them alike; each figure is the median over repeats of the median epoch, the
-first epoch (warm-up) left out, the device synchronised before every clock read."""
+`packed-lr`, only in the learning rate (one data order: each batch shared, issue 35). Runs
+alternate (a, b, c, d, e, a, b, ...) so that a noisy machine slows all alike; each figure is the
+median over repeats of the median epoch, the first (warm-up) left out, the device synchronised
+before each clock read; each row's FLOP and bytes against the machine's peaks: roofline.py."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 import seqlab.schema  # noqa: F401
+from seqlab.benchmark.roofline import Peaks, config_step_cost, fractions, measure_peaks
 from seqlab.callbacks.timing import epoch_median
 from seqlab.hydra_version import VERSION_BASE
 from seqlab.packing.data import PackData
@@ -77,12 +79,16 @@ class Row:
     it_per_s: float
     samples_per_s: float
     ratio_to_plain: float = 0.0  # model-steps/s over plain's
-    ratio_to_bare: float = (
-        0.0  # model-steps/s over bare's (for a pack: over K bare loops one after another)
-    )
+    ratio_to_bare: float = 0.0  # model-steps/s over bare's (a pack's: K bare loops in turn)
     runs: list[float] = field(default_factory=list)  # it/s of each repeat
     members: int = 1  # networks trained by each step (a pack's K)
     model_steps_per_s: float = 0.0  # members x it_per_s; samples_per_s is this x batch_size
+    # The step's arithmetic and the bytes it must move at the least (benchmark.roofline), and the
+    # share of this machine's measured peak of each that the row's steps a second use.
+    flop_per_step: float = 0.0
+    bytes_per_step: float = 0.0
+    flop_fraction: float = 0.0
+    byte_fraction: float = 0.0
 
 
 def machine() -> dict[str, str]:
@@ -309,9 +315,16 @@ def run(
 
 def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -> list[Row]:
     rows: list[Row] = []
+    peaks: dict[str, Peaks] = {}
     with tempfile.TemporaryDirectory(prefix="seqlab-bench-") as tmp:
         root = Path(tmp)
         for device, shape, batch_size in itertools.product(devices, shapes, batch_sizes):
+            if device not in peaks:  # timed before its rows, on the device they run on
+                peaks[device] = measure_peaks(torch.device("cuda" if device == "gpu" else device))
+                progress(
+                    f"  {device:4} peaks: {peaks[device].flop_per_s / 1e9:,.1f} GFLOP/s (fp32 "
+                    f"matrix product), {peaks[device].bytes_per_s / 1e9:,.1f} GB/s (copy)"
+                )
             overrides, batches, _ = _overrides(shape, device, batch_size, smoke, root)
             configs = {
                 loop: _compose([*overrides, "perf=naive"] if loop == "naive" else overrides)
@@ -343,6 +356,8 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
             )
             for (loop, k), it in medians.items():
                 model_steps = it * k
+                cost = config_step_cost(configs[loop], batch_size, k, loop == "packed-lr")
+                flop_fraction, byte_fraction = fractions(cost, it, peaks[device])
                 rows.append(
                     Row(
                         device,
@@ -357,6 +372,10 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
                         runs[(loop, k)],
                         k,
                         model_steps,
+                        cost.flop,
+                        cost.bytes,
+                        flop_fraction,
+                        byte_fraction,
                     )
                 )
     return rows
@@ -369,13 +388,18 @@ def _label(loop: str, members: int) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         f"{'device':6} {'shape':8} {'batch':>5} {'loop':9} {'it/s':>9} {'model-steps/s':>13} {'samples/s':>11} "
-        f"{'vs plain':>8} {'vs bare':>8}"
+        f"{'vs plain':>8} {'vs bare':>8} {'FLOP':>6} {'bytes':>6}"
     ]
     for r in rows:
         lines.append(
             f"{r.device:6} {r.shape:8} {r.batch_size:5} {_label(r.loop, r.members):9} {r.it_per_s:9,.1f} "
             f"{r.model_steps_per_s:13,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
+            f" {r.flop_fraction:6.1%} {r.byte_fraction:6.1%}"
         )
+    lines.append(
+        "FLOP, bytes: the share of this machine's measured peak arithmetic and memory traffic the "
+        "row's steps use (benchmark/roofline.py); far below both: bound by launches and Python"
+    )
     if any(r.members > 1 for r in rows):
         lines.append(
             "packedK: K networks in one step; it/s is the pack's steps/s, model-steps/s K x that; "
