@@ -265,8 +265,8 @@ def test_benchmark_overhead_smoke_reads_every_phase_of_a_packs_members(tmp_path)
         totals["wall"] == command["wall_s"] and totals["other"] > 0
     )  # every phase within the wall
     assert "pack command" in proc.stdout and "\nmodels " in proc.stdout
-    (imports,) = data["imports_s"]  # the yardstick, timed in the repeat beside the command
-    assert imports > 0 and "imports alone (import torch, pytorch_lightning" in proc.stdout
+    # The yardstick is timed beside each repeat of a real measure (tests/unit/benchmark), not here.
+    assert data["imports_s"] == [] and "not timed (--smoke)" in proc.stdout
     bad = run_script(ROOT / "scripts" / "benchmark.py", ["--overhead", "--cases", "pakc"])
     assert bad.returncode == 2
     assert bad.stderr.strip() == (

@@ -75,3 +75,24 @@ def test_the_verdicts_hold_each_repeat_to_its_own_yardstick_and_give_the_range()
     assert lines[2].startswith(
         "imports alone (import torch, pytorch_lightning, mlflow, hydra): 8.00"
     )
+
+
+def test_each_repeat_times_the_yardstick_beside_its_commands_and_a_smoke_run_does_not(
+    monkeypatch, tmp_path
+):
+    from seqlab.benchmark import overhead
+
+    ran = []
+    monkeypatch.setattr(overhead, "time_imports", lambda: ran.append("imports") or 7.0)
+    monkeypatch.setattr(
+        overhead,
+        "run_command",
+        lambda case, args, root: (
+            ran.append(case) or Command(case, 1.0, [_run(None, None, 1, 0, 1)])
+        ),
+    )
+    measured = overhead.measure(["single", "pack"], 2, False, tmp_path)
+    assert ran == ["imports", "single", "pack", "imports", "single", "pack"]
+    assert measured.imports_s == [7.0, 7.0] and len(measured.commands) == 4
+    ran.clear()
+    assert overhead.measure(["single"], 1, True, tmp_path).imports_s == [] and ran == ["single"]
