@@ -99,6 +99,16 @@ _SAMPLERS: dict[float, Sampler] = {}
 _LOCK = threading.Lock()
 
 
+def _forget_samplers() -> None:
+    """A forked child has none of its parent's threads: its runs start samplers of their own."""
+    global _LOCK
+    _SAMPLERS.clear()
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_samplers)
+
+
 def listen(interval_s: float) -> Samples:
     """A run's samples from now on, every interval_s seconds (one sampler per interval and process)."""
     with _LOCK:

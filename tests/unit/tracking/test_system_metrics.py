@@ -50,3 +50,18 @@ def test_a_run_that_listens_after_the_thread_ended_is_sampled_again():
     finally:
         stop_listening(late, INTERVAL)
     _wait_for(lambda: _threads() == 0)
+
+
+def test_a_forked_child_forgets_its_parents_samplers():
+    # What a child's runs find: no sampler whose thread lives only in the parent.
+    samples = listen(INTERVAL)
+    parents = system_metrics._SAMPLERS[INTERVAL]
+    try:
+        system_metrics._forget_samplers()  # what os.register_at_fork runs in the child
+        assert not system_metrics._SAMPLERS
+        child = listen(INTERVAL)  # a run of the child: a sampler (and thread) of its own
+        assert system_metrics._SAMPLERS[INTERVAL] is not parents
+        stop_listening(child, INTERVAL)
+    finally:
+        parents.remove(samples)
+    _wait_for(lambda: _threads() == 0)
