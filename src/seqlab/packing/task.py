@@ -8,9 +8,11 @@ by seqlab.packing.member_runs; this module builds the members and trains the pac
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -168,7 +170,8 @@ def _train(
     # network; its dropout then draws from where the build left the global stream. Members whose
     # samples are the same read them once and share them (data.samples_key); each splits them as its run
     # alone would, and drops its split's copies until its run ends (SeqDataModule.release).
-    samples: dict[str, Any] = {}
+    with PROCESS.phase("data and networks"):
+        samples = _load_samples(members)
     steps = set()
     for m in members:
         with PROCESS.phase("data and networks"):
@@ -187,6 +190,23 @@ def _train(
         stack.push(lambda kind, error, tb: close(members, error))
         checkpoint = open_runs(cfg, job, members, stack, device)
         return _fit(cfg, job, members, device, resume_run_ids, checkpoint)
+
+
+def _load_samples(members: list[Member]) -> dict[str, Any]:
+    """Each distinct set of the members' samples (data.samples_key) loaded once, as many at a time
+    as the job has cores: NumPy releases the GIL in the arithmetic and random draws that make
+    synthetic data and in a file's reads, and each set depends on its own seed alone. The members'
+    networks are then built in turn (_build_member: their seeds go through the one global stream)."""
+    configs: dict[str, DictConfig] = {}
+    for m in members:
+        configs.setdefault(samples_key(m.cfg.data), m.cfg.data)
+    modules = {key: instantiate(data) for key, data in configs.items()}
+    with ThreadPoolExecutor(max(1, min(len(modules), torch.get_num_threads()))) as pool:
+        # Each in a copy of this context: Hydra's target policy (a context variable) holds there too.
+        loads = {
+            key: pool.submit(contextvars.copy_context().run, dm.load) for key, dm in modules.items()
+        }
+        return {key: load.result() for key, load in loads.items()}
 
 
 def _build_member(m: Member, samples: dict[str, Any], device) -> None:
