@@ -28,7 +28,7 @@ from seqlab.tracking.costs import Costs
 from seqlab.tracking.history import MetricHistory
 from seqlab.tracking.replayed_steps import logged_through, not_yet_logged
 from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
-from seqlab.tracking.system_metrics import listen, stop_listening
+from seqlab.tracking.system_metrics import listen
 
 log = logging.getLogger("seqlab")
 
@@ -222,7 +222,7 @@ class MlflowTracker:
         """What was sampled so far sent, and no more sampling into this run."""
         if self.samples is None:
             return
-        stop_listening(self.samples, self.system_metrics_interval_s)
+        self.samples.stop()
         self.sender.metrics(self._sampled())
         self.samples = None
 

@@ -26,9 +26,14 @@ PREFIX = "system/"
 class Samples:
     """One run's samples: (metrics, step, time in ms) in the order taken, taken by its run's thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, sampler: "Sampler") -> None:
+        self.sampler = sampler  # the process's, for the run's interval
         self.queue: deque = deque()  # appended by the sampler's thread, emptied by the run's
         self.step = 0  # MLflow's monitor numbers a run's samples 0, 1, 2, ...
+
+    def stop(self) -> None:
+        """No more samples into this run (those waiting stay, for take)."""
+        self.sampler.remove(self)
 
     def take(self) -> list[tuple[str, float, int, int]]:
         """Every sample waiting, as (key, value, timestamp ms, step) rows."""
@@ -113,13 +118,6 @@ def listen(interval_s: float) -> Samples:
     """A run's samples from now on, every interval_s seconds (one sampler per interval and process)."""
     with _LOCK:
         sampler = _SAMPLERS.setdefault(interval_s, Sampler(interval_s))
-    samples = Samples()
+    samples = Samples(sampler)
     sampler.add(samples)
     return samples
-
-
-def stop_listening(samples: Samples, interval_s: float) -> None:
-    with _LOCK:
-        sampler = _SAMPLERS.get(interval_s)
-    if sampler is not None:
-        sampler.remove(samples)

@@ -6,7 +6,7 @@ import threading
 import time
 
 from seqlab.tracking import system_metrics
-from seqlab.tracking.system_metrics import listen, stop_listening
+from seqlab.tracking.system_metrics import listen
 
 INTERVAL = 0.05
 
@@ -37,8 +37,8 @@ def test_two_runs_share_one_sampler_and_each_gets_every_sample_with_its_own_step
         steps = sorted({step for *_, step in rows})
         assert steps == list(range(len(steps)))  # each run numbers its samples from 0
         assert all(isinstance(value, float) and ts > 0 for _, value, ts, _ in rows)
-    stop_listening(first, INTERVAL)
-    stop_listening(second, INTERVAL)
+    first.stop()
+    second.stop()
     _wait_for(lambda: _threads() == 0)  # nobody listens: the thread ends at once
     assert system_metrics._SAMPLERS[INTERVAL].thread is None
 
@@ -48,7 +48,7 @@ def test_a_run_that_listens_after_the_thread_ended_is_sampled_again():
     try:
         _wait_for(lambda: len(late.queue) >= 1)
     finally:
-        stop_listening(late, INTERVAL)
+        late.stop()
     _wait_for(lambda: _threads() == 0)
 
 
@@ -61,7 +61,7 @@ def test_a_forked_child_forgets_its_parents_samplers():
         assert not system_metrics._SAMPLERS
         child = listen(INTERVAL)  # a run of the child: a sampler (and thread) of its own
         assert system_metrics._SAMPLERS[INTERVAL] is not parents
-        stop_listening(child, INTERVAL)
+        child.stop()
     finally:
-        parents.remove(samples)
+        samples.stop()  # its sampler is the parent's, forgotten: its thread ends all the same
     _wait_for(lambda: _threads() == 0)
