@@ -168,7 +168,7 @@ def _train(
     devices.use_cores(device, cfg.deterministic, job.cpu_share())
     # Each member built as its run alone builds it (train._fit, _build): its seed, its data, its
     # network; its dropout then draws from where the build left the global stream. Members whose
-    # samples are the same read them once and share them (data.samples_key); each splits them as its run
+    # samples are the same read them once (_load_samples) and share them; each splits them as its run
     # alone would, and drops its split's copies until its run ends (SeqDataModule.release).
     with PROCESS.phase("data and networks"):
         samples = _load_samples(members)
@@ -210,14 +210,11 @@ def _load_samples(members: list[Member]) -> dict[str, Any]:
 
 
 def _build_member(m: Member, samples: dict[str, Any], device) -> None:
-    """The member's data (`samples`: what members with the same samples share), network, dropout
-    stream and sample order, as its run alone builds them."""
+    """The member's data (`samples`: _load_samples's, what members with the same samples share),
+    network, dropout stream and sample order, as its run alone builds them."""
     pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
     m.datamodule = instantiate(m.cfg.data)
-    key = samples_key(m.cfg.data)
-    if key not in samples:
-        samples[key] = m.datamodule.load()
-    m.datamodule.setup("fit", samples=samples[key])
+    m.datamodule.setup("fit", samples=samples[samples_key(m.cfg.data)])
     m.network = instantiate(
         m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
     )
