@@ -14,6 +14,7 @@ before each clock read; each row's FLOP and bytes against the machine's peaks: r
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import itertools
 import json
@@ -40,6 +41,7 @@ from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
 from seqlab.packing.model import PackedCNNLSTM
 from seqlab.packing.module import PackModule
+from seqlab.packing.task import packed_update
 from seqlab.tracking import MlflowTracker
 from seqlab.train import train
 from seqlab.training import devices
@@ -217,8 +219,9 @@ class _NoRun:
 
 def packed_loop(cfg, device: str, members: int, one_order: bool = False) -> list[float]:
     """`members` networks of the config trained as the product trains a pack: its LightningModule
-    (seqlab.packing.module.PackModule: the packed network, the fused optimizer over the packed
-    tensors, each member's own order each epoch) driven by the Trainer every job gets
+    (seqlab.packing.module.PackModule: the packed network, its optimizer and schedule as
+    packing.task.packed_update builds them, each member's own order each epoch, and on a CPU each
+    member's own dropout stream) driven by the Trainer every job gets
     (training.trainer.build_trainer), without tracking. Member k is built from seed cfg.seed + k;
     one_order: every member from cfg.seed, with its own learning rate (0.3x to 3x the config's), as
     an optimizer.lr sweep of one seed packs: one data order, each batch shared.
@@ -226,15 +229,21 @@ def packed_loop(cfg, device: str, members: int, one_order: bool = False) -> list
 
     quiet_libraries(cfg.perf.loader)
     dev, x, y, _, _ = _setup(cfg, device)
-    nets = []
     seeds = [cfg.seed] * members if one_order else [cfg.seed + k for k in range(members)]
+    scales = torch.logspace(-0.5, 0.5, members).tolist() if one_order else [1.0] * members
+    pack = []
     for k in range(members):
+        member_cfg = copy.deepcopy(cfg)
+        member_cfg.optimizer.lr = cfg.optimizer.lr * scales[k]
         torch.manual_seed(seeds[k])
-        nets.append(instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1]))
-    model = PackedCNNLSTM(nets).to(dev)
-    optimizer = optimizer_factory(instantiate(cfg.optimizer), cfg.perf.optimizer_impl)(
-        model.parameters()
-    )
+        net = instantiate(cfg.model, n_features=x.shape[2], n_outputs=y.shape[1])
+        stream = torch.Generator()  # the global stream where its build left it (packing.task)
+        stream.set_state(torch.get_rng_state())
+        order = torch.Generator(device=dev).manual_seed(seeds[k])
+        pack.append(Member(k, member_cfg, None, _NoRun(), network=net, dropout_stream=stream))
+        pack[-1].order = order
+    model = PackedCNNLSTM([m.network for m in pack]).to(dev)
+    optimizer, scheduler, gradients, lr_scale = packed_update(cfg, pack, model, x.shape[1] == 1)
     bs = cfg.data.batch_size
     data = PackData(
         x=x[:, 0] if x.shape[1] == 1 else x,
@@ -245,30 +254,20 @@ def packed_loop(cfg, device: str, members: int, one_order: bool = False) -> list
         n_batches=len(x) // bs,
         shuffle=True,
     )
-    pack = [
-        Member(
-            k,
-            cfg=None,
-            job=None,
-            tracker=_NoRun(),
-            order=torch.Generator(device=dev).manual_seed(seeds[k]),
-        )
-        for k in range(members)
-    ]
     module = PackModule(
         model,
         optimizer,
-        None,
-        None,
+        scheduler,
+        gradients,
         cfg.module.loss,
         float,
         data,
         pack,
-        lr_scale=torch.logspace(-0.5, 0.5, members) if one_order else torch.ones(members),
+        lr_scale=lr_scale,
         steps_per_call=cfg.perf.steps_per_call,
         flush_every_n_steps=cfg.logger.flush_every_n_steps,
         flush_every_s=cfg.logger.flush_every_s,
-        exact_dropout=False,
+        exact_dropout=device == "cpu",
     )
     trainer = build_trainer(cfg, devices.resolve(device), [], False, True, False, None)
     trainer.fit(module)

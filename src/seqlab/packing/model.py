@@ -27,9 +27,9 @@ from torch.func import functional_call
 from seqlab.model import CNNLSTM
 from seqlab.training.gradients import l2_parameters
 
-# A CNNLSTM state dict key -> this module's packed parameter or buffer.
+# A CNNLSTM state dict key -> this module's packed parameter or buffer. conv.weight is two of
+# them (PackedCNNLSTM.conv_weight()): its centre tap and its other taps.
 _KEYS = {
-    "conv.weight": "conv_weight",
     "conv.bias": "conv_bias",
     "bn.weight": "bn_weight",
     "bn.bias": "bn_bias",
@@ -77,7 +77,22 @@ class PackedCNNLSTM(nn.Module):
         named = dict(first.named_parameters())
         # Which packed tensors MATLAB's L2 applies to: those of the member's l2_parameters.
         chosen = {id(p) for p in l2_parameters(first)}
-        self._l2_names = [_KEYS[key] for key, p in named.items() if id(p) in chosen]
+        self._l2_names = [
+            name
+            for key, p in named.items()
+            if id(p) in chosen
+            for name in (("conv_centre", "conv_sides") if key == "conv.weight" else (_KEYS[key],))
+        ]
+        # The convolution's centre tap apart from its other taps: one-step data uses the centre tap
+        # alone (forward_one_step), so its product, its gradient and, where nothing decays the other
+        # taps, its optimizer step touch a fifth of the weights (freeze_sides): at K = 32 on the seed
+        # shape, the full (K, filters, 1440, 5) tensor's zeroing, gradient and Adam update were 2.5 ms
+        # of a 5.3 ms step here (AMD EPYC).
+        conv = torch.stack([s["conv.weight"] for s in states])
+        self.tap = (self.kernel_size - 1) // 2
+        self.conv_centre = nn.Parameter(conv[..., self.tap].contiguous())
+        sides = [i for i in range(self.kernel_size) if i != self.tap]
+        self.conv_sides = nn.Parameter(conv[..., sides].contiguous())
         for key, name in _KEYS.items():
             stacked = torch.stack(
                 [s[key] for s in states]
@@ -94,18 +109,47 @@ class PackedCNNLSTM(nn.Module):
         # (functional_call): each member's sequences through nn.LSTM's own kernel. Not a submodule:
         # its weights are the packed tensors' (the template's own are never trained or saved).
         self._lstm = [nn.LSTM(first.lstm.input_size, first.lstm.hidden_size, batch_first=True)]
+        self._groups = None  # the members' dropout streams, grouped (_stream_groups)
+
+    def learnables(self) -> list[tuple[nn.Parameter, ...]]:
+        """The packed tensors of each learnable parameter of a member's network, in its order
+        (conv.weight is two: its centre tap and its other taps); frozen ones left out. What
+        MATLAB's per-parameter gradient threshold takes the norm of (packing.optim)."""
+        groups = [(self.conv_centre, self.conv_sides)] + [
+            (getattr(self, name),) for key, name in _KEYS.items() if key not in _BUFFERS
+        ]
+        kept = [tuple(p for p in group if p.requires_grad) for group in groups]
+        return [group for group in kept if group]
 
     def l2_parameters(self) -> list[nn.Parameter]:
         """The packed tensors MATLAB's L2 regularises (seqlab.training.gradients.l2_parameters)."""
         return [getattr(self, name) for name in self._l2_names]
 
+    def conv_weight(self) -> torch.Tensor:
+        """(K, filters, features, kernel): every member's convolution weight, its taps in order."""
+        t = self.tap
+        sides = self.conv_sides
+        return torch.cat([sides[..., :t], self.conv_centre.unsqueeze(-1), sides[..., t:]], dim=-1)
+
+    def freeze_sides(self) -> None:
+        """One-step data, and nothing that decays the weights (no weight decay, no L2): the other
+        taps get no gradient and no update ever (Adam's step on a zero gradient from zero moments
+        is zero), so they leave the optimizer and the gradient buffers."""
+        self.conv_sides.requires_grad_(False)
+
     def member(self, k: int) -> dict[str, torch.Tensor]:
         """Member k as a CNNLSTM state dict (copies)."""
-        return {key: getattr(self, name)[k].detach().clone() for key, name in _KEYS.items()}
+        state = {key: getattr(self, name)[k].detach().clone() for key, name in _KEYS.items()}
+        return {"conv.weight": self.conv_weight()[k].detach().clone(), **state}
 
     @torch.no_grad()
     def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
         """Put a CNNLSTM state dict back as member k."""
+        weight = state["conv.weight"]
+        self.conv_centre[k].copy_(weight[..., self.tap])
+        self.conv_sides[k].copy_(
+            torch.cat([weight[..., : self.tap], weight[..., self.tap + 1 :]], -1)
+        )
         for key, name in _KEYS.items():
             getattr(self, name)[k].copy_(state[key])
 
@@ -120,7 +164,7 @@ class PackedCNNLSTM(nn.Module):
         # Every member's convolution at once: its features are its own group of channels.
         h = nn.functional.conv1d(
             x.permute(1, 0, 3, 2).reshape(n, k * features, steps),
-            self.conv_weight.reshape(-1, features, self.kernel_size),
+            self.conv_weight().reshape(-1, features, self.kernel_size),
             self.conv_bias.reshape(-1),
             padding="same",
             groups=k,
@@ -149,12 +193,11 @@ class PackedCNNLSTM(nn.Module):
         one step needs only the convolution's centre tap and the LSTM's first step). In training,
         member k's dropout mask is drawn from generators[k] where given (its run alone draws it
         from its own stream)."""
-        tap = (self.kernel_size - 1) // 2
-        # (filters x features) @ x^T, the centre tap copied out first: as x @ (a strided slice)^T,
-        # MKL's batched product and its backward took 1.30 ms of a K=8 step and 3.7 ms of a K=32
-        # one here (AMD EPYC), this way 0.48 and 2.0 ms (the backward's weight gradient is then a
-        # product with the small matrix first).
-        centre = self.conv_weight[:, :, :, tap].contiguous()
+        # (filters x features) @ x^T, the centre tap a contiguous tensor of its own: as x @ (a
+        # strided slice)^T, MKL's batched product and its backward took 1.30 ms of a K=8 step and
+        # 3.7 ms of a K=32 one here (AMD EPYC), this way 0.48 and 2.0 ms (the backward's weight
+        # gradient is then a product with the small matrix first).
+        centre = self.conv_centre
         k, n, features = x.shape
         if k > 1 and x.stride(0) == 0:
             # One batch for every member (packing.data.PackData.batch: the members share a data
@@ -216,6 +259,25 @@ class PackedCNNLSTM(nn.Module):
             self.bn_eps,
         )
 
+    def _stream_groups(
+        self, generators: Sequence[torch.Generator]
+    ) -> tuple[list[tuple[float, torch.Generator]], Optional[torch.Tensor]]:
+        """The distinct (dropout rate, generator) pairs among the members, in member order, and each
+        member's place among them (None: every member has its own)."""
+        key = tuple(map(id, generators))
+        if self._groups is None or self._groups[0] != key:
+            pairs = list(zip(self.dropout, generators))
+            places = {}
+            for p, g in pairs:
+                places.setdefault((p, id(g)), (len(places), (p, g)))
+            groups = [pair for _, pair in places.values()]
+            index = None
+            if len(groups) < len(pairs):
+                index = torch.tensor([places[(p, id(g))][0] for p, g in pairs])
+            self._groups = (key, groups, index)
+        _, groups, index = self._groups
+        return groups, index
+
     def _dropout(
         self, h: torch.Tensor, generators: Optional[Sequence[torch.Generator]]
     ) -> torch.Tensor:
@@ -223,16 +285,36 @@ class PackedCNNLSTM(nn.Module):
             return h
         if generators is not None:
             # What CPU dropout computes (noise = bernoulli(1 - p) / (1 - p); input * noise), each
-            # member's noise drawn from its own stream into one buffer (a member without dropout
-            # draws nothing, as its run alone would not).
-            noise = torch.empty_like(h)
-            for k, (p, g) in enumerate(zip(self.dropout, generators)):
+            # member's noise drawn from its own stream (a member without dropout draws nothing, as
+            # its run alone would not). Members given one generator object (share_streams: their
+            # runs alone would draw the very same masks) draw one mask, used by each of them.
+            groups, index = self._stream_groups(generators)
+            noise = h.new_empty((len(groups), *h.shape[1:]))
+            keep = []
+            for j, (p, g) in enumerate(groups):
                 if p == 0.0:
-                    noise[k].fill_(1.0)
+                    noise[j].fill_(1.0)
                 else:
-                    noise[k].bernoulli_(1 - p, generator=g).div_(1 - p)
-            return h * noise
+                    noise[j].bernoulli_(1 - p, generator=g)
+                keep.append(1 - p)
+            noise.div_(_along_members(h.new_tensor(keep), noise))  # each mask by its own 1 - p
+            return h * (noise if index is None else noise[index])
         if len(set(self.dropout)) == 1:
             return nn.functional.dropout(h, self.dropout[0], True)
         p = h.new_tensor(self.dropout).view(-1, 1, 1)
         return h * (torch.rand_like(h) >= p) / (1 - p)
+
+
+def _along_members(values: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """(K,) -> (K, 1, ..., 1): one value per member, broadcast over a packed tensor."""
+    return values.view(-1, *([1] * (tensor.dim() - 1)))
+
+
+def share_streams(streams: Sequence[torch.Generator], rates: Sequence[float]) -> list:
+    """The members' dropout streams with one generator object for members whose streams are in one
+    state and who drop at one rate: alone, each would draw the very same mask each step (an
+    optimizer.lr or L2 sweep of one seed), so the pack draws it once for them (_dropout)."""
+    first: dict[tuple[float, bytes], torch.Generator] = {}
+    return [
+        first.setdefault((p, g.get_state().numpy().tobytes()), g) for g, p in zip(streams, rates)
+    ]

@@ -28,7 +28,7 @@ import torch
 from seqlab import SeqlabError
 from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
-from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM, share_streams
 from seqlab.tracking.steps import StepLog
 from seqlab.training.devices import synchronize
 from seqlab.training.lightning_private import batches_done_in_epoch, count_optimizer_steps
@@ -113,7 +113,14 @@ class PackModule(pl.LightningModule):
         self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
         self.end_member = end_member  # a member's run ended where it stopped (packing.member_runs.finish_or_fail: its job alone's end)
         # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
-        self.streams = [m.dropout_stream for m in members] if exact_dropout else None
+        # Members whose runs alone would draw the very same masks (one seed, one rate) share one
+        # stream object, so that the pack draws each mask once for them.
+        self.streams = None
+        if exact_dropout:
+            shared = share_streams([m.dropout_stream for m in members], model.dropout)
+            for m, stream in zip(members, shared):
+                m.dropout_stream = stream
+            self.streams = shared
         self.loop: Optional[FusedLoop] = (
             None  # a run alone's loop, with the member dimension; built as training starts
         )

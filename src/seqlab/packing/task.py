@@ -242,10 +242,10 @@ def _fit(
         "off",
         "false",
     )
-    optimizer, scheduler, gradients, lr_scale = _packed_update(
-        cfg, members, model, capturable=graphs
-    )
     data = PackData.of(members, device.torch_device)
+    optimizer, scheduler, gradients, lr_scale = packed_update(
+        cfg, members, model, data.x.dim() == 2, capturable=graphs
+    )
     has_val = data.val_rows is not None
     per_call, val_every = steps_per_call(
         cfg.perf.steps_per_call, data.n_batches, cfg.trainer.val_check_interval if has_val else None
@@ -315,22 +315,31 @@ def _fit(
     return [finish_or_fail(m, module, trainer, device, wall) for m in members]
 
 
-def _packed_update(cfg: DictConfig, members: list[Member], model, capturable: bool = False):
+def packed_update(
+    cfg: DictConfig, members: list[Member], model, one_step: bool, capturable: bool = False
+):
     """The pack's optimizer, schedule and gradient treatment over its packed tensors, and each
     member's rate as a multiple of the optimizer's (lr_scale). Each member's optimizer is built as its
     run alone builds it (conf/optimizer/ instantiated, over its own network); the members differ only
-    in their rate (a packable key), the rest is the pack's."""
+    in their rate (a packable key), the rest is the pack's. `one_step`: the data has one step per
+    sample (the convolution's other taps then take no part where nothing decays them)."""
     own = [instantiate(m.cfg.optimizer)(params=m.network.parameters()) for m in members]
+    decays = any(o.defaults.get("weight_decay", 0.0) for o in own) or any(
+        m.cfg.module.l2_regularization for m in members
+    )
+    if one_step and not decays:
+        model.freeze_sides()
+    params = [p for p in model.parameters() if p.requires_grad]
     lrs = [o.param_groups[0]["lr"] for o in own]
     if len(set(lrs)) == 1:
         # One learning rate: the configured optimizer over the packed tensors is each member's own
         # (Adam, AdamW, SGD and RMSprop are elementwise), fused as a single run's.
         optimizer = optimizer_factory(
             instantiate(members[0].cfg.optimizer), cfg.perf.optimizer_impl, capturable=capturable
-        )(params=model.parameters())
+        )(params=params)
         lr_scale = torch.ones(len(members))
     else:
-        optimizer = packed_optimizer(own, model.parameters())
+        optimizer = packed_optimizer(own, params)
         lr_scale = torch.tensor(lrs)
     first = members[0].cfg
     scheduler = (
@@ -341,7 +350,7 @@ def _packed_update(cfg: DictConfig, members: list[Member], model, capturable: bo
     module_cfgs = [m.cfg.module for m in members]
     gradients = PackedGradientTreatment(
         model.l2_parameters(),
-        [p for p in model.parameters() if p.requires_grad],
+        model.learnables(),
         [c.l2_regularization for c in module_cfgs],
         [c.gradient_threshold for c in module_cfgs],
         first.module.gradient_threshold_method,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqlab.model import CNNLSTM
-from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM
+from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM, share_streams
 from seqlab.training.module import LOSS_FUNCTIONS
 
 SHAPE = dict(n_features=16, n_outputs=1, filters=3, kernel_size=5, hidden_size=8)
@@ -73,8 +73,9 @@ def test_members_sharing_one_batch_compute_and_learn_what_each_computes_alone():
         alone = member.forward_one_step(batch)
         torch.testing.assert_close(out[k], alone, rtol=1e-5, atol=1e-6)
         alone.pow(2).sum().backward()
+        tap = (SHAPE["kernel_size"] - 1) // 2  # one step: only the centre tap has a gradient
         torch.testing.assert_close(
-            packed.conv_weight.grad[k], member.conv.weight.grad, rtol=1e-5, atol=1e-6
+            packed.conv_centre.grad[k], member.conv.weight.grad[..., tap], rtol=1e-5, atol=1e-6
         )
         torch.testing.assert_close(
             packed.fc_weight.grad[k], member.fc.weight.grad, rtol=1e-5, atol=1e-6
@@ -94,7 +95,7 @@ def test_a_member_comes_out_as_a_plain_network_and_goes_back():
         not packed.lstm_bias_hh.requires_grad
     )  # MATLAB's second LSTM bias stays frozen, as in the members
     packed.load_member(0, members[1].state_dict())
-    assert torch.equal(packed.conv_weight[0], packed.conv_weight[1])
+    assert all(torch.equal(v, packed.member(1)[key]) for key, v in packed.member(0).items())
     with pytest.raises(ValueError, match="one shape"):
         PackedCNNLSTM([members[0], CNNLSTM(**{**SHAPE, "hidden_size": 9})])
 
@@ -162,6 +163,23 @@ def test_packed_training_equals_each_member_trained_alone(dropout):
     assert got[:, -1].mean() < 0.5 * got[:, 0].mean()  # they trained
 
 
+def test_members_of_one_seed_and_rate_draw_one_dropout_mask_each_the_one_it_draws_alone():
+    """Issue 35: members whose streams are in one state and who drop at one rate (an optimizer.lr
+    sweep of one seed) share one stream object, and the pack draws each mask once for them: every
+    member's masks, and its stream where the steps leave it, are those of its own stream."""
+    seeds, rates = [0, 0, 1, 0], [0.25, 0.25, 0.25, 0.5]
+    members, own = _members(seeds, rates)
+    _, copies = _members(seeds, rates)
+    shared = share_streams(copies, rates)
+    assert shared[0] is shared[1]  # one seed, one rate
+    assert len({id(g) for g in shared}) == 3  # another seed, another rate: their own
+    alone, packed = PackedCNNLSTM(members), PackedCNNLSTM(members)
+    h = torch.randn(4, 16, SHAPE["hidden_size"])
+    for _ in range(5):
+        assert torch.equal(packed._dropout(h, shared), alone._dropout(h, own))
+    assert all(torch.equal(g.get_state(), o.get_state()) for g, o in zip(shared, own))
+
+
 # -- per-member settings ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "method,clip",
@@ -174,6 +192,7 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     issue 32): then torch's clip_grad_norm_ over each member's parameters, as the fused loop clips."""
     from seqlab.packing.optim import PackedAdam, PackedGradientTreatment
     from seqlab.training.gradients import GradientTreatment
+    from seqlab.training.loop import gradient_buffers
 
     seeds, lrs, l2s, thresholds = (
         [0, 1, 2],
@@ -196,9 +215,10 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
         (model,), _ = _members([seed])
         optimizer = torch.optim.Adam(model.parameters(), lr=lrs[k], fused=True)
         treatment = GradientTreatment(model, l2s[k], thresholds[k], method)
+        alone_grads = gradient_buffers([p for p in model.parameters() if p.requires_grad])
         losses = []
         for i in range(steps):
-            optimizer.zero_grad()
+            torch._foreach_zero_(alone_grads)
             loss = LOSS_FUNCTIONS["half_mse"](
                 model.forward_one_step(x[batch(k, i), 0]), y[batch(k, i)]
             )
@@ -217,12 +237,16 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     params = [p for p in packed.parameters() if p.requires_grad]
     optimizer = PackedAdam(params, lrs)
     treatment = PackedGradientTreatment(
-        packed.l2_parameters(), params, l2s, thresholds, method, clip=clip
+        packed.l2_parameters(), packed.learnables(), l2s, thresholds, method, clip=clip
     )
+    # Gradients kept as zeroed buffers, as the fused loop keeps them for a run alone and a pack
+    # (training.loop): tensors one-step data leaves unused (the LSTM's recurrent weights, the
+    # convolution's other taps) still get MATLAB's L2 and their update.
+    grads = gradient_buffers(params)
     losses = []
     for i in range(steps):
         idx = torch.stack([batch(k, i) for k in range(len(seeds))])
-        optimizer.zero_grad()
+        torch._foreach_zero_(grads)
         per_member = MEMBER_LOSSES["half_mse"](packed.forward_one_step(x[idx, 0]), y[idx])
         per_member.sum().backward()
         treatment()
@@ -231,7 +255,15 @@ def test_members_with_their_own_rate_l2_and_threshold_train_as_each_alone(method
     torch.testing.assert_close(torch.tensor(losses).T, torch.tensor(expected), rtol=1e-4, atol=1e-6)
     assert {
         n for n, p in packed.named_parameters() if any(p is q for q in packed.l2_parameters())
-    } == {"conv_weight", "bn_weight", "bn_bias", "lstm_weight_ih", "lstm_weight_hh", "fc_weight"}
+    } == {
+        "conv_centre",
+        "conv_sides",
+        "bn_weight",
+        "bn_bias",
+        "lstm_weight_ih",
+        "lstm_weight_hh",
+        "fc_weight",
+    }
 
 
 @pytest.mark.parametrize("weight_decay", [None, 0.05], ids=["as-configured", "weight_decay"])
