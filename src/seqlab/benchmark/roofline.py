@@ -79,9 +79,12 @@ def step_cost(
     a batch of (batch, steps, features) each; shared_batch: one batch for all of them (one data
     order). A one-step sample needs only the convolution's centre tap and the LSTM's first step."""
     taps = 1 if steps == 1 else kernel_size
-    # What the optimizer must update: one-step data leaves the other taps without a gradient (a
-    # pack leaves them out of its step where nothing decays them: PackedCNNLSTM.freeze_sides).
-    parameters -= (kernel_size - taps) * filters * features
+    # What the optimizer must update: one-step data leaves the other taps and the LSTM's
+    # recurrent weights without a gradient (a pack leaves them out of its step where nothing
+    # decays them: PackedCNNLSTM.freeze_unused).
+    parameters -= (kernel_size - taps) * filters * features + (
+        4 * hidden * hidden if steps == 1 else 0
+    )
     conv = 2 * batch * steps * features * filters * taps
     lstm = 2 * batch * 4 * hidden * (steps * filters + (steps - 1) * hidden)
     fc = 2 * batch * hidden * outputs

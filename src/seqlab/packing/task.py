@@ -328,7 +328,7 @@ def packed_update(
         m.cfg.module.l2_regularization for m in members
     )
     if one_step and not decays:
-        model.freeze_sides()
+        model.freeze_unused()
     params = [p for p in model.parameters() if p.requires_grad]
     lrs = [o.param_groups[0]["lr"] for o in own]
     if len(set(lrs)) == 1:

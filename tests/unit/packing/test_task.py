@@ -22,7 +22,7 @@ from seqlab.packing.task import packed_update
     ],
     ids=["one-step", "more-steps", "l2", "adamw", "weight-decay"],
 )
-def test_the_convolutions_other_taps_leave_the_optimizer_only_where_nothing_moves_them(
+def test_weights_one_step_leaves_unused_leave_the_optimizer_only_where_nothing_moves_them(
     compose_cfg, overrides, one_step, frozen
 ):
     members = []
@@ -33,6 +33,8 @@ def test_the_convolutions_other_taps_leave_the_optimizer_only_where_nothing_move
     model = PackedCNNLSTM([m.network for m in members])
     optimizer, _, _, lr_scale = packed_update(members[0].cfg, members, model, one_step)
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    # one step from a zero state: the LSTM's recurrent weights get no gradient either
     assert (id(model.conv_sides) not in stepped) is frozen
+    assert (id(model.lstm_weight_hh) not in stepped) is frozen
     assert id(model.conv_centre) in stepped
     assert lr_scale.tolist() == pytest.approx([1e-3, 3e-3])
