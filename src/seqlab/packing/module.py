@@ -361,6 +361,13 @@ class PackModule(pl.LightningModule):
             raise SeqlabError(
                 "the pack's checkpoint is another pack's: run the sweep again without resume="
             )
+        if "model.conv_weight" in checkpoint.get("state_dict", {}):
+            # Written before 2026-12-04, when the convolution's taps were one packed tensor (and
+            # the optimizer's state one tensor for them): not this version's layout.
+            raise SeqlabError(
+                "the pack's checkpoint was written by an older seqlab (before 2026-12-04): "
+                "continue it with that version, or run the sweep again without resume="
+            )
         for m, state in zip(self.members, pack["members"]):
             m.load_state(state)
             if (

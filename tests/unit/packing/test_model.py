@@ -485,3 +485,7 @@ def test_a_failed_members_status_and_its_data_order_come_back_from_the_packs_che
     assert torch.equal(replayed[0][0], orders[0])  # the same order as the stopped epoch's
     with pytest.raises(SeqlabError, match="another pack's"):
         module(("a", "c")).on_load_checkpoint(checkpoint)
+    # one from before the convolution's taps were two tensors: refused in one line, not a traceback
+    older = {**checkpoint, "state_dict": {"model.conv_weight": torch.zeros(2, 3, 16, 5)}}
+    with pytest.raises(SeqlabError, match="older seqlab"):
+        module().on_load_checkpoint(older)
