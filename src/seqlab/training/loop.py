@@ -24,6 +24,7 @@ from pytorch_lightning.strategies import SingleDeviceStrategy
 from torch import nn
 
 from seqlab.training.cudagraph import GraphedStep
+from seqlab.training.perf import DirectFusedStep
 from seqlab.training.profiling import phase
 
 log = logging.getLogger("seqlab")
@@ -131,7 +132,9 @@ class FusedLoop:
             and getattr(model, "forward_one_step", None) is not None
         )
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
-        self.optimizer_step = optimizer_step or optimizer.step
+        self.optimizer_step = optimizer_step or (
+            DirectFusedStep(optimizer) if DirectFusedStep.applies(optimizer) else optimizer.step
+        )
         self.backward = backward or torch.Tensor.backward
         self.grads = gradient_buffers(self.params)
         self.epoch_preds: list[torch.Tensor] = []
