@@ -22,11 +22,14 @@ def _task_of(proc, job: str) -> psutil.Process:
     """The training process of submitit's local job `job` (its controller's pid): the task started
     with SUBMITIT_LOCAL_JOB_ID=job, where submitit's executor sends its signal."""
     for p in psutil.Process(proc.pid).children(recursive=True):
-        if (
-            "submitit.core._submit" in " ".join(p.cmdline())
-            and p.environ().get("SUBMITIT_LOCAL_JOB_ID") == job
-        ):
-            return p
+        try:
+            if (
+                "submitit.core._submit" in " ".join(p.cmdline())
+                and p.environ().get("SUBMITIT_LOCAL_JOB_ID") == job
+            ):
+                return p
+        except psutil.Error:  # a child that ended (a zombie, gone) since the list was taken
+            continue
     raise AssertionError(f"no training process of local job {job}")
 
 

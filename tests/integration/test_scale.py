@@ -307,7 +307,12 @@ def test_make_server_keeps_the_databases_password_off_every_command_line(
     try:
         wait_until_up(f"http://127.0.0.1:{port}", timeout_s=120)
         tree = [psutil.Process(make.pid), *psutil.Process(make.pid).children(recursive=True)]
-        lines = [" ".join(p.cmdline()) for p in tree if p.is_running()]
+        lines = []
+        for p in tree:
+            try:
+                lines.append(" ".join(p.cmdline()))
+            except psutil.Error:  # ended (a zombie, gone) since the tree was read
+                pass
         assert any("mlflow" in line and "server" in line for line in lines), lines
         assert [line for line in lines if POSTGRES_PASSWORD in line] == []
         client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
