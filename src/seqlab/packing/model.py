@@ -312,17 +312,12 @@ class PackedCNNLSTM(nn.Module):
                 else:
                     noise[j].bernoulli_(1 - p, generator=g)
                 keep.append(1 - p)
-            noise.div_(_along_members(h.new_tensor(keep), noise))  # each mask by its own 1 - p
+            noise.div_(h.new_tensor(keep).view(-1, 1, 1))  # each mask by its own 1 - p
             return h * (noise if index is None else noise[index])
         if len(set(self.dropout)) == 1:
             return nn.functional.dropout(h, self.dropout[0], True)
         p = h.new_tensor(self.dropout).view(-1, 1, 1)
         return h * (torch.rand_like(h) >= p) / (1 - p)
-
-
-def _along_members(values: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    """(K,) -> (K, 1, ..., 1): one value per member, broadcast over a packed tensor."""
-    return values.view(-1, *([1] * (tensor.dim() - 1)))
 
 
 def share_streams(streams: Sequence[torch.Generator], rates: Sequence[float]) -> list:
