@@ -90,10 +90,10 @@ class ModelConfig:
 
 @dataclass
 class ModuleConfig:
-    """How the LightningModule trains: the settings MATLAB's trainNetwork fixes and PyTorch leaves
-    to the user (see docs/matlab.md)."""
+    """How the LightningModule (every job's: seqlab.packing.module) trains: the settings MATLAB's
+    trainNetwork fixes and PyTorch leaves to the user (see docs/matlab.md)."""
 
-    _target_: str = "seqlab.training.module.SeqRegressor"
+    _target_: str = "seqlab.packing.module.SeqRegressor"
     _partial_: bool = True
     # half_mse: 0.5 * mean over the batch of the sum over responses (MATLAB's regressionLayer); mse: torch's mse_loss
     loss: Loss = Loss.half_mse

@@ -1,7 +1,7 @@
 """The Hydra task of train.py, light: one job's result file, exit status and one-line errors, and
 what decides whether it trains at all (`sweeps.job.ready`), before torch, Lightning and MLflow load
 (`python train.py --help` and `--cfg job` never come here; a resumed sweep's finished job comes here
-and leaves). The training itself is seqlab.train's, and a pack's seqlab.packing.task's."""
+and leaves). The training itself, a job alone's and a pack's, is seqlab.train's."""
 
 from __future__ import annotations
 
@@ -40,16 +40,30 @@ def _task(cfg: DictConfig) -> Optional[float]:
             cfg.replicas,
         )
         raise SystemExit(1)
-    if (
-        cfg.get("pack_job") is not None
-    ):  # a pack of a multirun (seqlab.packing); members it cannot pack run as jobs
-        with PROCESS.phase("imports"), imports_without_gc("seqlab.packing.task"):
-            from seqlab.packing.task import (  # heavy (torch, Lightning, MLflow): only for a pack's job
-                run_pack,
-            )
-
-        return run_pack(cfg, job, alone=_main_job)
+    if cfg.get("pack_job") is not None:  # a pack of a multirun (seqlab.packing)
+        return _pack_job(cfg, job)
     return _main_job(cfg, job)
+
+
+def _pack_job(cfg: DictConfig, job: Job) -> None:
+    """A pack's job: its members trained together, each its own run. A failure ends every member's
+    run and writes its result; the sweep goes on and its summary reports it."""
+    try:
+        with PROCESS.phase("imports"), imports_without_gc("seqlab.train"):
+            from seqlab.train import fit_pack  # heavy (torch, Lightning, MLflow): only for training
+
+        fit_pack(cfg, job)
+    except Preempted as error:
+        log.error("preempted: the pack's runs ended KILLED; the job is requeued and continues them")
+        error.requeue()  # submitit requeues the job and ends this process
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except SeqlabError as error:
+        log.error("error: %s", one_line(error))
+    except Exception as error:  # noqa: BLE001 - each member's run has been ended and its result written
+        log.exception("pack failed: %s", one_line(error))
 
 
 def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:

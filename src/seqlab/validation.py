@@ -157,7 +157,7 @@ def _check_data(d: DictConfig) -> None:
 
 
 def _check_model(cfg: DictConfig) -> None:
-    m, u, t = cfg.model, cfg.module, cfg.trainer
+    m, u = cfg.model, cfg.module
     for key in ("filters", "kernel_size", "hidden_size"):
         _require(m[key] > 0, f"model.{key} must be a positive integer, got {m[key]}")
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
@@ -172,14 +172,6 @@ def _check_model(cfg: DictConfig) -> None:
     _require(
         u.validation_patience is None or u.validation_patience > 0,
         f"module.validation_patience must be a positive integer (or null: never stop early), got {u.validation_patience}",
-    )
-    _require(
-        not (
-            str(t.precision) == "16-mixed"
-            and (u.l2_regularization or u.gradient_threshold or t.gradient_clip_val)
-        ),
-        "trainer.precision=16-mixed scales the loss, and the gradient treatment (module.l2_regularization, "
-        "module.gradient_threshold, trainer.gradient_clip_val) would act on scaled gradients; use bf16-mixed or 32-true",
     )
 
 

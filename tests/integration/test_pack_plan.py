@@ -20,12 +20,13 @@ def test_why_unpackable_names_the_key(compose_cfg):
         ["optimizer=adamw"],
         ["trainer.gradient_clip_val=0.5"],
         ["trainer.precision=bf16-mixed"],
+        ["trainer.precision=16-mixed"],  # its treatment on unscaled gradients (issue 32)
+        ["trainer.precision=64-true"],
         ["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=5"],
         ["data=daily_profile"],
     ):
         assert why_unpackable(compose_cfg(*packs_now)) is None, packs_now  # refused before issue 32
-    # Loss scaling would reach MATLAB's L2 and threshold with scaled gradients.
-    assert "precision" in why_unpackable(compose_cfg("trainer.precision=16-mixed"))
+    assert "CNN-LSTM" in why_unpackable(compose_cfg("model._target_=my.Net"))
 
 
 def test_replicas_make_each_job_a_pack_of_its_config_with_distinct_seeds(compose_cfg):

@@ -205,19 +205,20 @@ def test_each_member_trains_as_its_job_alone_per_packable_key(run_cli, store, wh
 KILL_AFTER_A_CHECKPOINT = """
 import math, os, runpy, signal, sys, time
 sys.argv.pop(0)
+from seqlab import train
 from seqlab.packing import module
 from seqlab.resume import points
 from seqlab.resume.checkpoints import TimedCheckpoint
 publish = points.publish_resume_point
 published = []
-after_step = module.PackModule.after_step
+after_step = module.SeqRegressor.after_step
 
 def step_then_due_at(self):  # the time-based checkpoint comes due once step {at} is trained
     after_step(self)
     timed = next(c for c in self.trainer.callbacks if isinstance(c, TimedCheckpoint))
     timed._last = -math.inf if self.trained >= {at} else time.monotonic()
 
-module.PackModule.after_step = step_then_due_at
+module.SeqRegressor.after_step = step_then_due_at
 
 def publish_then_die(tracker, path, step):
     publish(tracker, path, step)
@@ -226,6 +227,7 @@ def publish_then_die(tracker, path, step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 points.publish_resume_point = publish_then_die
+train.publish_resume_point = publish_then_die  # the harness's process has imported it already
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 # 819 training samples in batches of 32: 26 steps an epoch (the last of 19 samples), 4 epochs. Losses are sent at each epoch's end
@@ -340,11 +342,12 @@ def test_a_pack_trains_on_the_gpu_and_each_member_is_a_run(run_cli, store):
 STOP_AFTER_DIVERGENCE = """
 import math, os, runpy, signal, sys, time
 sys.argv.pop(0)
+from seqlab import train
 from seqlab.packing import module
 from seqlab.resume import points
 from seqlab.resume.checkpoints import TimedCheckpoint
 how = "{how}"
-after_step, publish = module.PackModule.after_step, points.publish_resume_point
+after_step, publish = module.SeqRegressor.after_step, points.publish_resume_point
 published = []
 
 def step_then_stop(self):
@@ -361,8 +364,9 @@ def publish_then_die(tracker, path, step):
     if how == "kill" and len(published) == 2:  # both members' runs have it, the failed one's too
         os.kill(os.getpid(), signal.SIGKILL)
 
-module.PackModule.after_step = step_then_stop
+module.SeqRegressor.after_step = step_then_stop
 points.publish_resume_point = publish_then_die
+train.publish_resume_point = publish_then_die  # the harness's process has imported it already
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 # Member 2 (lr 1e-9) learns nothing: module.validation_patience=2 stops it at epoch 3 (step 39), and
@@ -441,7 +445,7 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
     with the reason; the pack's other members train on and finish."""
     from seqlab.packing import module
 
-    after_step = module.PackModule.after_step
+    after_step = module.SeqRegressor.after_step
 
     def step_then_delete(self):
         after_step(self)
@@ -449,7 +453,7 @@ def test_a_members_run_deleted_mid_pack_fails_that_member_only(run_cli, store, m
             m = self.members[1]
             m.tracker.client.delete_run(m.tracker.run_id)  # what the UI's Delete does
 
-    monkeypatch.setattr(module.PackModule, "after_step", step_then_delete)
+    monkeypatch.setattr(module.SeqRegressor, "after_step", step_then_delete)
     proc = run_cli(
         "-m",
         "seed=0,1",
@@ -504,8 +508,9 @@ def test_members_of_one_file_share_its_samples_and_each_trains_as_its_job_alone(
         "logger.system_metrics=false",
     ]
     _, member, single, a, b = _packed_then_alone(run_cli, store, "0,1,2", "2", own)
-    (data,) = built  # the pack's; the job alone has none
-    assert data.x.shape == (512, 32)  # the file's rows once, not 3 sets of them
+    data, alone = built  # the pack's, then the job alone's (a pack of one)
+    assert data.x.shape == alone.x.shape == (512, 32)  # the file's rows once, not 3 sets of them
+    assert alone.train_rows.shape == (1, 410)
     assert (
         data.train_rows.shape == (3, 410) and len({tuple(r.tolist()) for r in data.train_rows}) == 3
     )  # 3 splits

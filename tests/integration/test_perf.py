@@ -14,7 +14,7 @@ from harness.perf import _eager_capture
 from hydra.utils import instantiate
 
 from seqlab.train import train
-from seqlab.training.module import half_mse
+from seqlab.training.evaluation import half_mse
 
 
 def _plain_losses(cfg, n_steps: int) -> list[float]:
@@ -119,8 +119,9 @@ def test_matlab_settings_on_the_fast_path_match_a_plain_matlab_loop(compose_cfg,
 
 
 def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatch):
-    """Every way a tensor's value reaches the host is counted while the fused loop runs;
-    per-step metrics are read back only when flushed, outside the loop here."""
+    """Every way a tensor's value reaches the host is counted while the fused loop runs (its
+    batches gathered on the way included); per-step metrics are read back only when flushed,
+    outside the loop here."""
     from seqlab.training.loop import FusedLoop
 
     inside = {"loop": False, "reads": [], "calls": 0}
@@ -133,7 +134,7 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    run = FusedLoop.run
+    run = FusedLoop.run_batches
 
     def watched(self, *args, **kwargs):
         inside["loop"] = True
@@ -143,7 +144,7 @@ def test_the_fused_loop_never_reads_back_from_the_device(compose_cfg, monkeypatc
         finally:
             inside["loop"] = False
 
-    monkeypatch.setattr(FusedLoop, "run", watched)
+    monkeypatch.setattr(FusedLoop, "run_batches", watched)
     result = train(
         compose_cfg("data.n_samples=700", "trainer.max_epochs=2", "perf.steps_per_call=3")
     )
@@ -167,10 +168,11 @@ def test_graph_replays_train_exactly_like_eager_steps_and_count_as_steps(
     def cpu_graph(self, cuda_graph):
         graphs.append(
             GraphedStep(
-                lambda x, y, lengths: self.step(x, y, lengths, self.shortcut),
+                self.step,
                 self.batch_size,
                 capture=lambda step, inputs: _eager_capture(step, inputs, replays),
                 warm_up=lambda s, i: s(*i),
+                batch_dim=1,
             )
         )
         return graphs[-1]

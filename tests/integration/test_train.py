@@ -135,7 +135,7 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
     """On a fake clock that only training and validation steps move: each training call takes
     1 s, each validation batch 100 s. The epochs' times hold exactly the training seconds."""
     from seqlab.callbacks import timing
-    from seqlab.training.module import SeqRegressor
+    from seqlab.packing.module import SeqRegressor
 
     clock = {"now": 0.0, "train_calls": 0}
 
@@ -143,8 +143,8 @@ def test_epoch_time_leaves_validation_out(compose_cfg, store, monkeypatch):
         clock["now"] += seconds
 
     class FakeClockTimer(timing.EpochTimer):
-        def __init__(self, tracker=None):  # the parameters a builder looks for by name
-            super().__init__(tracker, clock=lambda: clock["now"])
+        def __init__(self):
+            super().__init__(clock=lambda: clock["now"])
 
     training_step, validation_step = SeqRegressor.training_step, SeqRegressor.validation_step
 

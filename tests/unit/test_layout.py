@@ -173,7 +173,7 @@ def test_every_target_in_conf_names_a_current_path():
         walk(yaml.safe_load(path.read_text()))
     ours = sorted(t for t in targets if t.startswith("seqlab."))
     assert (
-        "seqlab.training.module.SeqRegressor" in ours
+        "seqlab.packing.module.SeqRegressor" in ours
         and "seqlab.sweeps.callback.MlflowSweepCallback" in ours
     )
     for target in ours:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqlab.model import CNNLSTM
-from seqlab.training.module import half_mse
+from seqlab.training.evaluation import half_mse
 
 
 @pytest.mark.parametrize("steps, features", [(1, 1440), (3, 1440), (1440, 1)])

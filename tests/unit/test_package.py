@@ -20,7 +20,8 @@ def test_a_heavy_modules_first_import_runs_without_the_collector_and_is_frozen_a
         with imports_without_gc("gc"):
             assert gc.isenabled()
             more = [[i] for i in range(1000)]
-        assert gc.get_freeze_count() == now and more
+        # (frozen objects that die meanwhile, another thread's, leave the count: it can only drop)
+        assert gc.get_freeze_count() <= now and more
     finally:
         gc.enable()
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
-
-import pytorch_lightning as pl
-from pytorch_lightning.trainer.states import TrainerFn
+from typing import Optional
 
 METRIC = "val_rmse"
 
 
 @dataclass
 class BestSoFar:
-    """The lowest val_rmse so far (its value, step and epoch) and the validations since it: what a
-    run alone's callback (BestValRmse, OutputNetwork) and each pack member (packing.members) keep."""
+    """The lowest val_rmse so far (its value, step and epoch) and the validations since it: what each
+    member of a job keeps (packing.members.Member.record), offered each validation by the `best`
+    callback (callbacks.output_network.OutputNetwork)."""
 
     patience: Optional[int] = None  # module.validation_patience: None, never out of patience
     best: Optional[dict[str, float]] = None
@@ -45,43 +43,3 @@ class BestSoFar:
     def out_of_patience(self) -> bool:
         """MATLAB's ValidationPatience: this many validations in a row without a new best."""
         return self.patience is not None and self.since_best >= self.patience
-
-
-class BestValRmse(pl.Callback):
-    """Logs best_val_rmse, best_val_rmse_step and best_val_rmse_epoch at each improvement, so the
-    run's latest values are its best so far even if it is stopped. Saved in checkpoints: a
-    resumed run keeps the best of its first part."""
-
-    def __init__(self, tracker: Optional[Any] = None, patience: Optional[int] = None) -> None:
-        self.tracker = tracker
-        self.record = BestSoFar(patience)
-
-    @property
-    def best(self) -> Optional[dict[str, float]]:
-        return self.record.best
-
-    @property
-    def value(self) -> Optional[float]:
-        return self.record.value
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.record.best}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.record.best = state.get("best")
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.validated(trainer)
-
-    def validated(self, trainer: pl.Trainer) -> Optional[bool]:
-        """This validation's val_rmse offered to the record (one read-back per validation, which reads
-        its metrics anyway); None where there is none (sanity check, no validation metric)."""
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
-            return None
-        value = trainer.callback_metrics.get(METRIC)
-        if value is None:
-            return None
-        new = self.record.offer(float(value), trainer.global_step, trainer.current_epoch + 1)
-        if new and self.tracker is not None:
-            self.tracker.log_metrics(self.record.best, trainer.global_step)
-        return new

@@ -3,58 +3,55 @@
 ValidationPatience (module.validation_patience: stop once validation has not improved on its
 best this many times in a row; null, MATLAB's Inf, never).
 
-Built on best.BestValRmse, which already finds each new lowest val_rmse: this keeps that
-network's weights and counts the validations since. For a fixed validation set, the lowest RMSE
-is the lowest loss (each is a monotone function of the summed squared error)."""
+Member by member (a run alone is a job of one member; seqlab.packing.members): each validation's
+val_rmse is offered to each training member's record (callbacks.best.BestSoFar), a new best is
+logged to its run (best_val_rmse and its step and epoch, so that a run's latest values are its
+best so far even if it is stopped) and, to keep it, its weights are copied on the training device
+(no read-back); a member out of patience stops there while the others train on, and the job stops
+once none trains. For a fixed validation set, the lowest RMSE is the lowest loss (each is a
+monotone function of the summed squared error). What it keeps is in the member, saved with every
+checkpoint, so a resumed run keeps it."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Optional
 
 import pytorch_lightning as pl
+from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab import SeqlabError
-from seqlab.callbacks.best import METRIC, BestValRmse
-from seqlab.tracking.model_logging import Kept, log_new_best
+from seqlab.tracking.model_logging import log_new_best
 
 log = logging.getLogger("seqlab")
 
 
-class OutputNetwork(BestValRmse):
-    """best_val_rmse as BestValRmse logs it, plus: with keep='best', a copy of the weights at each
-    new best (on the training device: no read-back); with a patience, `trainer.should_stop` once
-    that many validations in a row did not improve (MATLAB: 'larger than or equal to the
-    previously smallest'). Saved in checkpoints, so a resumed run keeps both."""
+def validated(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Optional[dict[str, list]]:
+    """The validation that just ran, per member (SeqRegressor.val); None for a sanity check or a
+    validation outside fit."""
+    if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+        return None
+    return pl_module.val
+
+
+class OutputNetwork(pl.Callback):
+    """keep='best': each member's weights at its new bests, to end with; `patience`: a member stops
+    once that many validations in a row did not improve (MATLAB: 'larger than or equal to the
+    previously smallest'); `checkpoints` (logger.log_checkpoints): best keeps the best weights to
+    log them at the end (seqlab.tracking.model_logging), all also logs the network at each new best
+    as it comes (an MLflow logged model each)."""
 
     def __init__(
-        self,
-        tracker: Optional[Any] = None,
-        keep: str = "last",
-        patience: Optional[int] = None,
-        checkpoints: str = "none",
+        self, keep: str = "last", patience: Optional[int] = None, checkpoints: str = "none"
     ) -> None:
-        super().__init__(tracker, patience)
         self.keep = keep
         self.patience = patience
-        # logger.log_checkpoints: best keeps the best weights to log them at the end (seqlab.train);
-        # all also logs the network at each new best as it comes (an MLflow logged model each).
         self.checkpoints = checkpoints
-        self.logged: list[
-            tuple[str, int]
-        ] = []  # (model id, step) of each network logged during training
-        self.weights: Optional[dict[str, Any]] = None
-        self.stopped: Optional[dict[str, int]] = None  # where patience ran out: step, epoch
-
-    @property
-    def state_key(self) -> str:
-        # Checkpoints saved before this class existed hold the best under BestValRmse's key.
-        return "BestValRmse"
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        datamodule = getattr(trainer, "datamodule", None)
         needs_val = self.keep == "best" or self.patience is not None
-        if needs_val and datamodule is not None and not datamodule.has_val():
+        if needs_val and pl_module.data.val_rows is None:
             asked = " and ".join(
                 ([f"module.output_network={self.keep}"] if self.keep == "best" else [])
                 + (
@@ -68,69 +65,45 @@ class OutputNetwork(BestValRmse):
                 "(or give the data its own validation set)"
             )
 
-    @property
-    def since_best(self) -> int:
-        return self.record.since_best
-
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        new = self.validated(trainer)
-        if new is None:
+        val = validated(trainer, pl_module)
+        if val is None:
             return
-        if new:
-            if self.keep == "best" or self.checkpoints in ("best", "all"):
-                self.weights = {
-                    k: v.detach().clone() for k, v in pl_module.model.state_dict().items()
-                }
-            if self.checkpoints == "all" and self.tracker is not None and trainer.is_global_zero:
-                self._log_checkpoint(trainer, pl_module)
-            return
-        if self.record.out_of_patience and not trainer.should_stop:
-            trainer.should_stop = True
-            self.stopped = {"step": trainer.global_step, "epoch": trainer.current_epoch + 1}
-            log.info(
-                "stopped   early at step %d (epoch %d): val_rmse has not improved on %s for %d validation(s) "
-                "(module.validation_patience=%d)",
-                trainer.global_step,
-                trainer.current_epoch + 1,
-                f"{self.value:.4g}",
-                self.since_best,
-                self.patience,
-            )
+        step, epoch = pl_module.trained, trainer.current_epoch + 1
+        for m in pl_module.members:
+            if not m.active:
+                continue
+            m.record.patience = self.patience
+            with m.own_failure("its best", step):
+                if m.record.offer(val["rmse"][m.k], step, epoch):
+                    m.tracker.log_metrics(m.record.best, step)
+                    if self.keep == "best" or self.checkpoints in ("best", "all"):
+                        m.best_weights = pl_module.model.member(m.k)
+                    if self.checkpoints == "all" and trainer.is_global_zero:
+                        self._log_checkpoint(m, step)
+                elif m.record.out_of_patience:
+                    m.stop(step, pl_module.model.member(m.k))
+                    m.stopped = {"step": step, "epoch": epoch}
+                    others = any(o.active for o in pl_module.members)
+                    log.info(
+                        "stopped   %searly at step %d (epoch %d): val_rmse has not improved on %s "
+                        "for %d validation(s) (module.validation_patience=%d)%s",
+                        f"member {m.k} " if len(pl_module.members) > 1 else "",
+                        step,
+                        epoch,
+                        "-" if m.record.value is None else f"{m.record.value:.4g}",
+                        m.record.since_best,
+                        self.patience,
+                        "; the pack goes on" if others else "",
+                    )
+        pl_module.members_stopped(trainer)
 
-    def _log_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    @staticmethod
+    def _log_checkpoint(m: Any, step: int) -> None:
         """The network of this new best as a logged model now (its metrics are linked at the end,
-        when those of its step are all logged): once per checkpoint, not per step."""
-        done = log_new_best(
-            self.tracker, pl_module.model, trainer.datamodule.train.x, trainer.global_step
-        )
+        when those of its step are all logged): once per new best, not per step."""
+        network = copy.deepcopy(m.network)
+        network.load_state_dict(m.best_weights)
+        done = log_new_best(m.tracker, network, m.datamodule.example_x, step)
         if done is not None:
-            self.logged.append(done)
-
-    def state_dict(self) -> dict[str, Any]:
-        weights = None if self.weights is None else {k: v.cpu() for k, v in self.weights.items()}
-        return {**super().state_dict(), "weights": weights, "since_best": self.record.since_best}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.weights = state.get("weights")
-        self.record.since_best = state.get("since_best", 0)
-
-    def restore(self, model: Any, global_step: int) -> Kept:
-        """Put the network kept into `model` (the best validation's weights for keep='best'; the
-        last ones are there already) and say which."""
-        stopped = (
-            f"step {self.stopped['step']} (epoch {self.stopped['epoch']})"
-            if self.stopped is not None
-            else None
-        )
-        if self.keep == "best" and self.weights is not None:
-            model.load_state_dict(self.weights)
-            return Kept(
-                "best",
-                int(self.best[f"best_{METRIC}_step"]),
-                int(self.best[f"best_{METRIC}_epoch"]),
-                stopped,
-            )
-        return Kept(
-            "last", global_step, stopped_early=stopped
-        )  # last, or best when no validation gave a finite value
+            m.logged.append(done)

@@ -1,5 +1,7 @@
 """Honest epoch throughput: the device is synchronised before each clock read, and validation is
-left out. The numbers land in MLflow as epoch_time_s, it_per_s and samples_per_s."""
+left out. The numbers land in each training member's run (seqlab.packing.members: a run alone is a
+job of one member) as epoch_time_s, it_per_s and samples_per_s, and a pack's networks trained per
+second as pack_model_steps_per_s."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from typing import Any, Callable, Optional
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
-from seqlab.tracking import MlflowTracker
 from seqlab.training.devices import synchronize
 
 
@@ -18,14 +19,10 @@ class EpochTimer(pl.Callback):
     """Training time per epoch as the sum of its training segments: a segment runs from the
     epoch's start, or from the first batch after a validation, to the next validation or the
     epoch's end. Validation, and the epoch-end work that follows a validation closing the
-    epoch, are left out."""
+    epoch, are left out. Each member that trained the epoch (Member.trains_at) gets its row, in
+    its run and its `epochs` (its medians at its end); its steps are the job's, so is its time."""
 
-    def __init__(
-        self,
-        tracker: Optional[MlflowTracker] = None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.tracker = tracker
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock  # seconds; tests pass a fake one
         self.start: Optional[float] = None  # the epoch's start (the progress line's clock too)
         self.segment_start: Optional[float] = None  # None while training is paused
@@ -78,14 +75,24 @@ class EpochTimer(pl.Callback):
             "epoch_time_s": seconds,
             "it_per_s": self.steps(trainer) / seconds,
             # Every process trains as many samples as this one (DDP shards are equal).
-            "samples_per_s": (getattr(pl_module, "samples_trained", 0) - self.first_sample)
+            "samples_per_s": (pl_module.samples_trained - self.first_sample)
             * trainer.world_size
             / seconds,
         }
         self.epochs.append(row)
         self.trained_s += seconds
-        if self.tracker is not None:
-            self.tracker.log_metrics(row, trainer.global_step)
+        members = pl_module.members
+        logged = dict(row)
+        if (
+            len(members) > 1
+        ):  # the pack's networks trained per second (the comparison's model-steps/s)
+            logged["pack_model_steps_per_s"] = len(members) * row["it_per_s"]
+        for m in members:
+            if m.trains_at(pl_module.trained):
+                m.epochs.append(row)
+                m.trained_s += seconds
+                with m.own_failure("its epoch's timing", pl_module.trained):
+                    m.tracker.log_metrics(logged, pl_module.trained)
 
     # Saved in checkpoints, so that a resumed run's training time continues.
     def state_dict(self) -> dict[str, Any]:
@@ -112,50 +119,33 @@ def epoch_median(values: list[float]) -> Optional[float]:
 
 class TimeToTarget(pl.Callback):
     """Time to quality (as MLPerf reports time-to-train): the training time, from the timer's
-    synchronised clock with validation left out, at which val_rmse first reached the target;
-    also the step and epoch. Runs that never reach it are tagged target_reached=false. A target
-    of None: nothing is tracked."""
+    synchronised clock with validation left out, at which a member's val_rmse first reached the
+    target; also the step and epoch (Member.reached, logged to its run). Runs that never reach it
+    are tagged target_reached=false at their end (seqlab.packing.member_runs). A target of None:
+    nothing is tracked."""
 
-    def __init__(
-        self,
-        timer: EpochTimer,
-        target_rmse: Optional[float],
-        tracker: Optional[MlflowTracker] = None,
-    ) -> None:
+    def __init__(self, timer: EpochTimer, target_rmse: Optional[float]) -> None:
         self.timer = timer
         self.target = target_rmse
-        self.tracker = tracker
-        self.reached: Optional[dict[str, float]] = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"reached": self.reached}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.reached = state.get("reached")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if (
             self.target is None
-            or self.reached is not None
             or trainer.sanity_checking
             or trainer.state.fn != TrainerFn.FITTING
+            or pl_module.val is None
         ):
             return
-        value = trainer.callback_metrics.get("val_rmse")
-        if value is not None:
-            self.reached = reached(
-                self.target,
-                float(value),
-                self.timer.trained_s_at_val,
-                trainer.global_step,
-                trainer.current_epoch + 1,
+        step, epoch = pl_module.trained, trainer.current_epoch + 1
+        for m in pl_module.members:
+            if not m.active or m.reached is not None:
+                continue
+            m.reached = reached(
+                self.target, pl_module.val["rmse"][m.k], self.timer.trained_s_at_val, step, epoch
             )
-            if self.reached is not None and self.tracker is not None:
-                self.tracker.log_metrics(self.reached, trainer.global_step)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.target is not None and self.tracker is not None:
-            self.tracker.set_tags(target_tags(self.target, self.reached))
+            if m.reached is not None:
+                with m.own_failure("its time to target", step):
+                    m.tracker.log_metrics(m.reached, step)
 
 
 def reached(

@@ -1,11 +1,12 @@
-"""A pack's data on the training device (issue 32, point 4): each distinct set of samples once, and
-each member's training and validation rows into it, in the order its run alone would use them."""
+"""A job's data on the training device, for its K >= 1 members (a run alone is a pack of one; issue
+32, point 4): each distinct set of samples once, and each member's training and validation rows into
+it, in the order its run alone would use them."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -27,6 +28,8 @@ def samples_key(data: DictConfig) -> str:
 # Sample steps gathered at once for a validation: the K members' samples of one chunk (member-major).
 VAL_ROWS = 8192
 
+Batch = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]  # inputs, targets, lengths
+
 
 @dataclass
 class PackData:
@@ -37,6 +40,7 @@ class PackData:
 
     x: torch.Tensor  # (rows, features) for one-step data, (rows, steps, features) otherwise
     y: torch.Tensor  # (rows, responses)
+    lengths: Optional[torch.Tensor]  # (rows,) real steps of right-padded sequences; None: all full
     train_rows: torch.Tensor  # (K, training samples) long
     val_rows: Optional[torch.Tensor]  # (K, validation samples) long; None: no validation
     batch_size: int
@@ -48,7 +52,7 @@ class PackData:
     val_x: Optional[torch.Tensor] = None
     # This epoch's orders are one (orders()): every member's batch is the same rows, gathered once.
     one_order: bool = False
-    _x_buffer: Optional[torch.Tensor] = field(default=None, repr=False)  # batch()'s inputs, reused
+    _x_buffer: Optional[torch.Tensor] = field(default=None, repr=False)  # batches()' inputs, reused
 
     @classmethod
     def of(cls, members: list[Member], device: torch.device) -> "PackData":
@@ -69,8 +73,10 @@ class PackData:
             train_rows.append(base + train)
             val_rows.append(base + val)
 
-        def rows(what: str, one_step: bool) -> torch.Tensor:
+        def rows(what: str, one_step: bool) -> Optional[torch.Tensor]:
             # One block on the CPU is the samples' own memory (from_numpy, .to: no copy).
+            if getattr(blocks[0], what) is None:
+                return None
             arrays = [getattr(b, what)[:, 0] if one_step else getattr(b, what) for b in blocks]
             joined = (
                 torch.from_numpy(arrays[0])
@@ -88,6 +94,7 @@ class PackData:
         data = cls(
             x=rows("x", one_step),
             y=rows("y", False),
+            lengths=rows("lengths", False),
             train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
             val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
             batch_size=bs,
@@ -100,6 +107,14 @@ class PackData:
                 k, n_val, *data.x.shape[1:]
             )
         return data
+
+    def cast(self, dtype: torch.dtype) -> "PackData":
+        """The data in the network's floating type (trainer.precision=64-true: Lightning has made
+        the network double; autocast's mixed precision keeps float32 inputs)."""
+        if self.x.dtype == dtype:
+            return self
+        val_x = None if self.val_x is None else self.val_x.to(dtype)
+        return replace(self, x=self.x.to(dtype), y=self.y.to(dtype), val_x=val_x, _x_buffer=None)
 
     @property
     def steps(self) -> int:
@@ -123,7 +138,7 @@ class PackData:
         # Members that differ in optimizer.lr, module.l2_regularization, model.dropout or the
         # threshold, not in data.seed, draw the same order from generators of one seed: they share
         # each batch (batch()). Checked once an epoch (one read-back), not assumed.
-        self.one_order = len(rows) > 1 and bool((rows == rows[:1]).all())
+        self.one_order = len(rows) == 1 or bool((rows == rows[:1]).all())
         return rows
 
     def shares_order(self, members: list[Member]) -> bool:
@@ -139,40 +154,77 @@ class PackData:
         k, n = self.val_rows.shape
         return self.y.index_select(0, self.val_rows.reshape(-1)).view(k, n, -1)
 
-    def val_chunks(self):
-        """Each member's validation inputs, (K, chunk, features), a chunk of samples at a time: gathered
-        from the shared rows (K whole copies would cost K validation sets of memory)."""
+    def val_chunks(self) -> Iterator[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """Each member's validation inputs and lengths, (K, chunk, ...), a chunk of samples at a time:
+        gathered from the shared rows (K whole copies would cost K validation sets of memory). A
+        chunk holds VAL_ROWS rows of one-step data, 1024 sequences of longer ones (its LSTM's
+        activations are a sequence's steps long), shared by the members."""
         k, n = self.val_rows.shape
-        chunk = max(1, VAL_ROWS // (k * self.steps))
-        one = k > 1 and bool((self.val_rows == self.val_rows[:1]).all())  # one split: as batch()
+        chunk = max(1, (VAL_ROWS if self.steps == 1 else 1024) // k)
+        one = k > 1 and bool((self.val_rows == self.val_rows[:1]).all())  # one split: as batches()
         for i in range(0, n, chunk):
-            if self.val_x is not None:
-                yield self.val_x[:, i : i + chunk]
-                continue
             idx = self.val_rows[:, i : i + chunk]
-            if one:
+            if self.val_x is not None:
+                yield self.val_x[:, i : i + chunk], self._lengths(idx)
+            elif one:
                 shared = self.x.index_select(0, idx[0])
-                yield shared.unsqueeze(0).expand(k, idx.shape[1], *self.x.shape[1:])
-                continue
-            yield self.x.index_select(0, idx.reshape(-1)).view(k, idx.shape[1], *self.x.shape[1:])
+                yield (
+                    shared.unsqueeze(0).expand(k, idx.shape[1], *self.x.shape[1:]),
+                    self._lengths(idx),
+                )
+            else:
+                flat = idx.reshape(-1)
+                yield (
+                    self.x.index_select(0, flat).view(k, idx.shape[1], *self.x.shape[1:]),
+                    self._lengths(idx),
+                )
 
-    def batch(self, orders: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mini-batch b of every member: (K, batch, features), (K, batch, responses), gathered in
-        one index_select each (advanced indexing of a (K, batch) index cost a third of the step).
-        The inputs go into one buffer reused from step to step (a step's graph is gone by the next:
-        a new tensor of K batches each step cost about a quarter of the pack's speed at K = 32 on
-        this project's VM); the targets are new, as the epoch's train metrics keep them."""
-        idx = orders[:, b * self.batch_size : (b + 1) * self.batch_size]
-        k, n = idx.shape
+    def _lengths(self, idx: torch.Tensor) -> Optional[torch.Tensor]:
+        """(K, n) lengths of the rows `idx` (K, n), or None for data without padding."""
+        if self.lengths is None:
+            return None
+        return self.lengths.index_select(0, idx.reshape(-1)).view(idx.shape)
+
+    def batches(self, orders: torch.Tensor, first: int, stop: int) -> Iterator[Batch]:
+        """Mini-batches first..stop-1 of this epoch for every member: (K, batch, features), (K,
+        batch, responses) and (K, batch) lengths or None, gathered with index_select (advanced
+        indexing of a (K, batch) index cost a third of the step). The inputs go into one buffer
+        reused from item to item (a step's graph is gone by the next: a new tensor of K batches each
+        step cost about a quarter of the pack's speed at K = 32 on this project's VM); the targets
+        are new, as the epoch's train metrics keep them.
+
+        Members of one order (a run alone, or members that differ in optimizer.lr, L2, dropout or
+        the threshold, not in data.seed) share each batch: the item's rows are gathered at once (one
+        copy for its steps, as a run alone's epoch was, rather than one per step), and each batch is
+        handed on as a view with a stride of 0 over the members: the packed network reads it once
+        (PackedCNNLSTM.forward_one_step: one product for every member's convolution) instead of K
+        copies of the same rows."""
+        bs = self.batch_size
         if self.one_order:
-            # One gathered batch for every member, handed on as a view with a stride of 0 over
-            # the members: the packed network reads it once (PackedCNNLSTM.forward_one_step: one
-            # product for every member's convolution) instead of K copies of the same rows.
-            x = self._gather(idx[0]).unsqueeze(0).expand(k, n, *self.x.shape[1:])
-            return x, self.y.index_select(0, idx[0]).unsqueeze(0).expand(k, n, -1)
-        flat = idx.reshape(-1)
-        x = self._gather(flat)
-        return x.view(k, n, *self.x.shape[1:]), self.y.index_select(0, flat).view(k, n, -1)
+            rows = orders[0, first * bs : stop * bs]
+            x, y, lengths = self._gather(rows), self.y.index_select(0, rows), None
+            if self.lengths is not None:
+                lengths = self.lengths.index_select(0, rows)
+            k = len(orders)
+            for start in range(0, len(rows), bs):
+                n = min(bs, len(rows) - start)
+                yield (
+                    x[start : start + n].unsqueeze(0).expand(k, n, *x.shape[1:]),
+                    y[start : start + n].unsqueeze(0).expand(k, n, -1),
+                    None
+                    if lengths is None
+                    else lengths[start : start + n].unsqueeze(0).expand(k, n),
+                )
+            return
+        for b in range(first, stop):
+            idx = orders[:, b * bs : (b + 1) * bs]
+            k, n = idx.shape
+            flat = idx.reshape(-1)
+            yield (
+                self._gather(flat).view(k, n, *self.x.shape[1:]),
+                self.y.index_select(0, flat).view(k, n, -1),
+                self._lengths(idx),
+            )
 
     def _gather(self, rows: torch.Tensor) -> torch.Tensor:
         if self._x_buffer is None or self._x_buffer.shape[0] != len(rows):

@@ -1,26 +1,26 @@
-"""The MLflow runs of a pack's members (issue 22), opened and ended as each member's job alone opens
-and ends its own: `open_runs` opens each one (or continues it, on a resume) with its params, tags,
-config and datasets; `finish_or_fail` ends a member FINISHED with its final metrics, checkpoint and
-model, or FAILED where its own run refuses; `stopped` marks the training ones KILLED at a signal, and
-`close` ends whatever the pack leaves open. Each end writes the member's result file (`ended`). The
-pack's training itself is seqlab.packing.task's."""
+"""The MLflow run of each member of a job (issues 22 and 32), a run alone's and a pack member's alike:
+`open_runs` opens each one (or continues it, on a resume) with its params, tags and config, and
+`log_datasets` adds its training and validation sets once the data is loaded; `finish_or_fail`
+ends a member FINISHED with its final metrics, checkpoint and model, or FAILED where it failed (its
+loss diverged, its own run refused a write); `stopped` marks the training ones KILLED at a signal,
+and `close` ends whatever the job leaves open. Each end writes the member's result file (`ended`).
+The training itself is seqlab.train's."""
 
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import ExitStack
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig
 
 from seqlab import ending_status, one_line
 from seqlab.callbacks.timing import target_tags
 from seqlab.packing.members import Member
-from seqlab.packing.module import PackModule
-from seqlab.resume.interrupt import GracefulStop, prepare_resume
+from seqlab.resume.checkpoints import save_checkpoint
+from seqlab.resume.interrupt import prepare_resume
+from seqlab.resume.points import fetch_checkpoint
 from seqlab.store.ghosts import heartbeat
 from seqlab.sweeps.job import Job, JobResult
 from seqlab.sweeps.trial import open_trial
@@ -36,21 +36,21 @@ from seqlab.tracking.lifecycle import (
     open_run,
     record_end,
 )
-from seqlab.training.module import final_metrics
+from seqlab.training.evaluation import final_metrics
 
 log = logging.getLogger("seqlab")
 
 
-def open_runs(
-    cfg: DictConfig, job: Job, members: list[Member], stack: ExitStack, device
-) -> Optional[Path]:
-    """Each member's run opened (continued, where it has resume_run_id); the pack's checkpoint a
-    continued pack starts from."""
+def open_runs(job: Job, members: list[Member], stack: ExitStack, device: Any) -> Optional[Path]:
+    """Each member's run opened (continued, where it has resume_run_id: its config checked against
+    the run's, what its server had not stored sent first); the checkpoint a continued job starts
+    from, fetched once (a pack's members share one). A DDP job's other processes fetch their own."""
     sweep = job.sweep_info()
     checkpoint = None
+    pack = len(members) > 1
     for m in members:
         if m.ended_before:
-            continue  # its run stays as it ended: FAILED
+            continue  # its run stays as it ended
         m.tracker = open_tracker(m.cfg.logger, m.job, sweep)
         m.opening = describe_run(
             m.cfg,
@@ -58,16 +58,15 @@ def open_runs(
             m.tracker,
             device,
             sweep,
-            pack_id=m.job.pack_id,
-            pack_size=str(len(members)),
-            pack_member=str(m.k),
+            **(
+                dict(pack_id=m.job.pack_id, pack_size=str(len(members)), pack_member=str(m.k))
+                if pack
+                else {}
+            ),
             torch_threads=str(torch.get_num_threads()),
             **(m.trial_link.tags() if m.trial_link else {}),
         )
-        m.name = m.opening.name
-        if m.resume_run_id:
-            # A run alone's resume, before the run reopens: the config checked against the run's, what
-            # its server had not stored sent first; the pack's one checkpoint fetched once.
+        if m.resume_run_id and job.rank == 0:
             fetched = prepare_resume(
                 m.tracker.connect(),
                 m.resume_run_id,
@@ -76,10 +75,20 @@ def open_runs(
                 fetch=checkpoint is None,
             )
             checkpoint = checkpoint or fetched
+            m.opening.name = m.tracker.client.get_run(m.resume_run_id).info.run_name
+        elif m.resume_run_id:  # under SLURM the processes start together, maybe on other hosts
+            import mlflow
+
+            client = mlflow.MlflowClient(m.tracker.tracking_uri)
+            checkpoint = fetch_checkpoint(
+                client, m.resume_run_id, m.job.output_dir / "resume" / f"rank{job.rank}"
+            )
+        m.name = m.opening.name
         # The journal in the member's folder: a server's backlog that kill -9 cut off is sent by the resume.
         open_run(m.tracker, m.cfg, m.job, sweep, m.opening, m.resume_run_id)
         stack.enter_context(heartbeat(m.tracker))
-        m.trial = open_trial(m.trial_link) if m.trial_link else None
+        if job.rank == 0 and m.trial_link is not None:
+            m.trial = open_trial(m.trial_link)
         record_config(
             m.cfg,
             m.job,
@@ -88,15 +97,6 @@ def open_runs(
             continued=m.resume_run_id is not None,
             code=m.opening.code,
         )
-        m.datamodule.setup("fit")  # its sets, for their digests, one member at a time
-        log_training_data(
-            m.tracker,
-            m.cfg.data,
-            m.datamodule,
-            resumed=m.resume_run_id is not None,
-            data_changed=cfg.resume_data == "changed",
-        )  # the resumed sweep's command line says it
-        m.datamodule.release()
     # The members' trials live while this process trains them, whatever becomes of the sweeper (sweeps.workers).
     trials = [m.trial for m in members if m.trial is not None]
     if trials:
@@ -104,35 +104,39 @@ def open_runs(
     return checkpoint
 
 
-def stopped(members: list[Member], stop: GracefulStop, step: int) -> NoReturn:
-    """A signal stopped the pack, its checkpoint published: the training members' runs end KILLED
-    (their ExitStack), then the job is requeued (submitit's USR2: run_pack) or exits 130/143."""
-    preempted = stop.preempted()
+def log_datasets(m: Member, data_changed: bool) -> None:
+    """The member's training and validation sets (its data module set up) as its run's dataset
+    inputs (the UI's Dataset column)."""
+    if not m.run_open or m.job.rank != 0:
+        return
+    log_training_data(
+        m.tracker,
+        m.cfg.data,
+        m.datamodule,
+        resumed=m.resume_run_id is not None,
+        data_changed=data_changed,
+    )
+
+
+def stopped(members: list[Member], signal: str, step: int) -> None:
+    """A signal stopped training, its checkpoint published: the training members' runs end KILLED
+    (their ExitStack, seqlab.train), with the step."""
     for m in members:
         if m.active:
-            m.status, m.reason = "KILLED", f"stopped by {stop.signal} at step {step}"
-    if preempted is not None:
-        then = "the job is requeued and continues these runs"
-    elif os.environ.get("SLURM_JOB_ID"):  # scontrol requeue, or scancel: SIGTERM says not which
-        then = "if SLURM requeued the job, it continues these runs by itself; else continue the sweep with its command and resume=latest"
-    else:
-        then = "continue the sweep with its command and resume=latest"
-    log.error("stopped by %s at step %d; checkpoint %s; %s", stop.signal, step, stop.saved, then)
-    if preempted is not None:
-        raise preempted from None  # run_pack requeues the job once every run has ended
-    raise SystemExit(130 if stop.signal == "SIGINT" else 143) from None
+            m.status, m.reason = "KILLED", f"stopped by {signal} at step {step}"
 
 
-def finish_or_fail(m: Member, module: PackModule, trainer, device, wall: float) -> JobResult:
-    """The member's run ended as its job alone ends it; where its own run refuses (deleted in the UI,
-    an upload its store refuses), that member ends FAILED and the pack's other members still end theirs.
-    Its own training and validation sets are split again for its end, and dropped after it."""
+def finish_or_fail(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> JobResult:
+    """The member's run ended as its job alone ends it (FINISHED; FAILED where it failed); where its
+    own run refuses (deleted in the UI, an upload its store refuses), that member ends FAILED and
+    the pack's other members still end theirs. Its own training and validation sets are split
+    again for its end, and dropped after it."""
     if m.job.result is not None and m.job.result.status != "RUNNING":
         return m.job.result  # its run ended where it stopped, or before this start of the pack
     if m.status != "FAILED":
         m.datamodule.setup("fit")
     try:
-        return _finish(m, module, trainer, device, wall)
+        return _finish(m, model, trainer, device, wall)
     except Exception as error:  # noqa: BLE001 - one member's run, not the pack's
         m.status = "RUNNING"  # it did not end as FINISHED
         m.fail(f"its MLflow run refused the end of its run: {one_line(error)}")
@@ -145,18 +149,21 @@ def finish_or_fail(m: Member, module: PackModule, trainer, device, wall: float) 
         m.datamodule.release()
 
 
-def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobResult:
+def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> JobResult:
     """The member's run as its job alone ends it: the network kept, final metrics, checkpoint,
     curves, model, status; its result."""
     tracker, cfg = m.tracker, m.cfg
-    tracker.costs.training_s = wall  # the pack's, to this member's end
+    tracker.costs.training_s = wall  # the job's, to this member's end
     if m.status == "FAILED":
         return ended(m)
     step = m.final_step or trainer.global_step
-    weights, kept = m.kept(module.model.member(m.k), trainer.global_step)
+    weights, kept = m.kept(model.member(m.k), trainer.global_step)
     m.network.load_state_dict(weights)
-    m.network.to(device.torch_device)
+    # In single precision, as the data: trainer.precision=64-true trains a double network, and
+    # what a run keeps and is scored by is the network a float32 input predicts with.
+    m.network.to(device.torch_device, torch.float32)
     baseline = m.datamodule.baseline_val_rmse()
+    # On every DDP process: torchmetrics gathers the processes' states for its result.
     summary = final_metrics(
         m.network,
         cfg.module.loss,
@@ -167,11 +174,34 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
         m.median,
         baseline,
     )
-    if (
-        m.median("it_per_s") is not None
-    ):  # the pack's networks trained per second (the comparison's model-steps/s)
-        summary["pack_model_steps_per_s_median"] = len(module.members) * m.median("it_per_s")
-    if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's tags, for a run alone
+    checkpoint = m.job.output_dir / "checkpoints" / "last.ckpt"
+    if model.n_members == 1:
+        # A run alone's is the job's own checkpoint: its network kept, as its final metrics scored
+        # it (after BatchNorm's population pass, module.bn_statistics; a pack of one holds the
+        # network's own state dict), the optimizer state and loops of the last step, so that
+        # ckpt_path= trains on from it. Every DDP process takes part; rank 0 writes.
+        save_checkpoint(trainer, checkpoint)
+    elif m.job.rank == 0:
+        # A pack member's: its network as a Lightning checkpoint's state_dict (what predict and a
+        # model's checkpoint artifact read); its optimizer state is in the pack's checkpoint.
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
+                "global_step": step,
+                "epoch": trainer.current_epoch,
+                "pack_id": m.job.pack_id,
+                "pack_member": m.job.member,
+            },
+            checkpoint,
+        )
+    if m.job.rank != 0:  # rank 0 speaks for a DDP job
+        return JobResult("FINISHED", m.job.num, None, m.job.overrides)
+    k = model.n_members
+    if k > 1 and m.median("it_per_s") is not None:
+        # The pack's networks trained per second (the comparison's model-steps/s).
+        summary["pack_model_steps_per_s_median"] = k * m.median("it_per_s")
+    if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's, at the run's end
         tracker.set_tags(target_tags(cfg.metrics.target_rmse, m.reached))
     ending = Ending(
         m.network,
@@ -179,7 +209,7 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
         kept,
         summary,
         step,
-        m.job.output_dir / "checkpoints" / "last.ckpt",
+        checkpoint,
         baseline,
         best=m.best,
         best_weights=m.best_weights,
@@ -187,35 +217,24 @@ def _finish(m: Member, module: PackModule, trainer, device, wall: float) -> JobR
         time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
         pruned=m.pruned,
     )
-    ending.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    # The member's network as a Lightning checkpoint's state_dict; its optimizer state is in the pack's.
-    torch.save(
-        {
-            "state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
-            "global_step": step,
-            "epoch": trainer.current_epoch,
-            "pack_id": m.job.pack_id,
-            "pack_member": m.k,
-        },
-        ending.checkpoint,
-    )
     record_end(tracker, m.job, m.name, ending)
     m.status = "FINISHED"
     result = finished_result(cfg, m.job, tracker, m.opening, ending)
     ended(m, result)
-    log.info(
-        "done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)",
-        m.name,
-        m.k,
-        m.job.pack_id,
-        _fmt(result.val_rmse),
-        _fmt(result.best_val_rmse),
-        _fmt(result.it_per_s, ",.0f"),
-    )
+    if m.job.member is not None:
+        log.info(
+            "done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)",
+            m.name,
+            m.k,
+            m.job.pack_id,
+            _fmt(result.val_rmse),
+            _fmt(result.best_val_rmse),
+            _fmt(result.it_per_s, ",.0f"),
+        )
     return result
 
 
-def _fmt(value, spec: str = ".4g") -> str:
+def _fmt(value: Any, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
@@ -240,17 +259,16 @@ def ended(m: Member, result: Optional[JobResult] = None) -> JobResult:
         ):  # a FINISHED one's was written as it ended (or by the resumed sweep's plan)
             m.job.write(result)
         return m.job.result
+    job_dir = m.job.output_dir.parent if m.job.member is not None else m.job.output_dir
     try:
-        end_run(
-            tracker, m.status, m.reason, m.job, m.job.output_dir.parent
-        )  # the pack job's files: its members share them
+        end_run(tracker, m.status, m.reason, m.job, job_dir)  # a pack's members share its files
     finally:
         m.job.write(result)  # whatever its run did, the sweep reads the member's result
     return result
 
 
 def close(members: list[Member], error: Optional[BaseException]) -> None:
-    """Runs the pack leaves open (an error, Ctrl-C, a stop): ended KILLED or FAILED, each result written."""
+    """Runs the job leaves open (an error, Ctrl-C, a stop): ended KILLED or FAILED, each result written."""
     for m in members:
         if (
             m.tracker is None
@@ -260,7 +278,7 @@ def close(members: list[Member], error: Optional[BaseException]) -> None:
             continue  # never opened, or ended already
         if m.status == "RUNNING":
             m.status, reason = (
-                ending_status(error) if error is not None else ("FAILED", "the pack ended")
+                ending_status(error) if error is not None else ("FAILED", "the job ended")
             )
             m.reason = m.reason or reason
         try:

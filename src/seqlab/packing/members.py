@@ -1,14 +1,13 @@
-"""One member of a pack as the run it is (issue 22, point 4): its config, its job (folder, result
-file), its MLflow run, its data and network built as its run alone builds them, and what its
-callbacks would keep when it trains alone (epoch timing, best val_rmse and the network to keep,
-time to target, validation patience), in plain Python: the pack's module (seqlab.packing.module) hands
-each member its own numbers, and a member ends (diverged, stopped early) without the others."""
+"""One member of a job as the run it is (issues 22 and 32): a run alone is a job of one member, a
+pack's K members share one packed step. Its config, its job (folder, result file), its MLflow run,
+its data and network built as its run alone builds them, and what the callbacks record of it
+(epoch timing, best val_rmse and the network to keep, time to target, patience, a search's
+pruning: seqlab.callbacks and seqlab.sweeps.pruning, member by member), so that a member ends
+(diverged, stopped early, pruned) without the others, and a checkpoint keeps it as it was."""
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -18,12 +17,11 @@ from omegaconf import DictConfig
 
 from seqlab import one_line
 from seqlab.callbacks.best import BestSoFar
-from seqlab.callbacks.timing import epoch_median, reached
+from seqlab.callbacks.timing import epoch_median
 from seqlab.sweeps.job import Job
-from seqlab.sweeps.pruning import reported
-from seqlab.sweeps.trial import PRUNED_AT, TrialLink
+from seqlab.sweeps.trial import TrialLink
 from seqlab.tracking.lifecycle import Opening
-from seqlab.tracking.model_logging import Kept, log_new_best
+from seqlab.tracking.model_logging import Kept
 
 log = logging.getLogger("seqlab")
 
@@ -74,6 +72,9 @@ class Member:
     logged: list[tuple[str, int]] = field(
         default_factory=list
     )  # logger.log_checkpoints=all: (model id, step) logged
+    lr_scale: float = (
+        1.0  # its learning rate as a multiple of the optimizer's (packing.optim.Update)
+    )
 
     @property
     def run_id(self) -> Optional[str]:
@@ -153,87 +154,17 @@ class Member:
             return
         self.active, self.status, self.reason = False, "FAILED", reason
         self.final_step = self.final_step or step
-        log.warning("failed    member %d (%s): %s; the pack goes on", self.k, self.name, reason)
+        if self.job is not None and self.job.member is not None:  # a run alone's error ends its job
+            log.warning("failed    member %d (%s): %s; the pack goes on", self.k, self.name, reason)
 
-    # -- an epoch's end, as the member's callbacks see it --------------------------------------
-    def timed_epoch(self, seconds: float, steps: int, samples: int, step: int) -> None:
-        """callbacks.timing.EpochTimer: this epoch's training time (the pack's: what it took)."""
-        seconds = max(seconds, 1e-9)
-        row = {
-            "epoch_time_s": seconds,
-            "it_per_s": steps / seconds,
-            "samples_per_s": samples / seconds,
-        }
-        self.epochs.append(row)
-        self.trained_s += seconds
-        self.tracker.log_metrics(row, step)
+    def stop(self, step: int, weights: dict[str, torch.Tensor]) -> None:
+        """Its training ends at `step` (patience, its pruner): frozen there, with these weights,
+        while the others train on (SeqRegressor.after_step puts them back after each step)."""
+        self.active, self.final_step, self.last_weights = False, step, weights
 
-    def validated(self, val_rmse: float, step: int, epoch: int, weights: Any) -> None:
-        """callbacks.best.BestValRmse, output_network.OutputNetwork and timing.TimeToTarget after a
-        validation; `weights()` gives the member's state dict (taken only for a new best)."""
-        if self.reached is None:
-            self.reached = reached(
-                self.cfg.metrics.target_rmse, val_rmse, self.trained_s, step, epoch
-            )
-            if self.reached is not None:
-                self.tracker.log_metrics(self.reached, step)
-        self.record.patience = self.cfg.module.validation_patience
-        if self.record.offer(val_rmse, step, epoch):
-            self.tracker.log_metrics(self.record.best, step)
-            checkpoints = self.tracker.log_checkpoints
-            if self.cfg.module.output_network == "best" or checkpoints in ("best", "all"):
-                self.best_weights = weights()
-            if checkpoints == "all":
-                self._log_checkpoint(step)
-            return
-        if self.record.out_of_patience and self.active:
-            self.active, self.final_step = False, step
-            self.stopped = {"step": step, "epoch": epoch}
-            log.info(
-                "stopped   member %d early at step %d (epoch %d): val_rmse has not improved for %d validation(s) "
-                "(module.validation_patience=%d); the pack goes on",
-                self.k,
-                step,
-                epoch,
-                self.record.since_best,
-                self.record.patience,
-            )
-
-    def _log_checkpoint(self, step: int) -> None:
-        """logger.log_checkpoints=all: this new best as a logged model now, as OutputNetwork logs a
-        run's alone (its metrics are linked at the end)."""
-        network = copy.deepcopy(self.network)
-        network.load_state_dict(self.best_weights)
-        done = log_new_best(self.tracker, network, self.datamodule.example_x, step)
-        if done is not None:
-            self.logged.append(done)
-
-    def reported(self, val_rmse: float, step: int, epoch: int) -> None:
-        """sweeps.pruning.TrialReporter: a search's trial gets the epoch's val_rmse, and where the
-        pruner gives up on it the member stops at this step (its run ends as a pruned trial's:
-        FINISHED, tagged trial_state=PRUNED) while the pack goes on."""
-        if self.trial is None or not self.active or not math.isfinite(val_rmse):
-            return
-        prune = reported(self.trial, val_rmse, epoch, self.trial_link.number)
-        if prune is None:
-            self.trial = None  # the study ended it meanwhile: the member trains on without reports
-        if not prune:
-            return
-        self.active, self.final_step = False, step
-        self.trial.set_user_attr(PRUNED_AT, epoch)
-        self.tracker.log_metrics({PRUNED_AT: float(epoch)}, step)
-        self.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
-        n = self.trial_link.number
-        self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {val_rmse:.4g}): worse than the trials before it"
-        log.info(
-            "pruned    trial %d (member %d) at epoch %d of %d: val_rmse %.4g is worse than the trials before it at "
-            "that epoch; the pack goes on",
-            n,
-            self.k,
-            epoch,
-            self.cfg.trainer.max_epochs,
-            val_rmse,
-        )
+    def trains_at(self, step: int) -> bool:
+        """Whether it trained up to `step`: still training, or stopped right there (not failed)."""
+        return self.status != "FAILED" and (self.active or self.final_step == step)
 
     def median(self, key: str) -> Optional[float]:
         """callbacks.timing.EpochTimer.median: over epochs, the first left out when there are others."""

@@ -45,13 +45,6 @@ _KEYS = {
 }
 _BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
 
-# Each loss of seqlab.training.module.LOSS_FUNCTIONS member by member: (K, batch, responses) -> (K,).
-# Their sum is the pack's loss: member k's parameters get member k's gradient alone.
-MEMBER_LOSSES = {
-    "half_mse": lambda pred, target: 0.5 * (pred - target).pow(2).sum(dim=2).mean(dim=1),
-    "mse": lambda pred, target: (pred - target).pow(2).mean(dim=(1, 2)),
-}
-
 
 class PackedCNNLSTM(nn.Module):
     """K CNNLSTMs of one shape, built from the members themselves: each member is made exactly
@@ -157,10 +150,14 @@ class PackedCNNLSTM(nn.Module):
             getattr(self, name)[k].copy_(state[key])
 
     def forward(
-        self, x: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None
+        self,
+        x: torch.Tensor,
+        generators: Optional[Sequence[torch.Generator]] = None,
+        lengths: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """x: (K, batch, features) for one-step data, (K, batch, steps, features) otherwise; returns
-        (K, batch, outputs): member k's output is its own network's on x[k] (CNNLSTM.forward)."""
+        (K, batch, outputs): member k's output is its own network's on x[k] (CNNLSTM.forward).
+        `lengths` (K, batch): the real steps of right-padded sequences, if any."""
         if x.dim() == 3:
             return self.forward_one_step(x, generators)
         k, n, steps, features = x.shape
@@ -184,7 +181,13 @@ class PackedCNNLSTM(nn.Module):
             out, _ = functional_call(
                 lstm, weights, (h[:, m].transpose(1, 2),)
             )  # (batch, steps, hidden)
-            last.append(out[:, -1])
+            # As CNNLSTM.forward: the LSTM is causal, its output at a sequence's last real step
+            # does not see the padding after it.
+            last.append(
+                out[:, -1]
+                if lengths is None
+                else out[torch.arange(n, device=out.device), lengths[m].to(out.device) - 1]
+            )
         h = self._dropout(torch.stack(last), generators)
         return torch.baddbmm(self.fc_bias.unsqueeze(1), h, self.fc_weight.transpose(1, 2))
 
@@ -328,3 +331,67 @@ def share_streams(streams: Sequence[torch.Generator], rates: Sequence[float]) ->
     return [
         first.setdefault((p, g.get_state().numpy().tobytes()), g) for g, p in zip(streams, rates)
     ]
+
+
+class OneMember(nn.Module):
+    """A pack of one: any network of conf/model/ as member 0 of the training loop's member
+    dimension, so that a run alone trains in the loop, the module and the lifecycle a pack trains
+    in (seqlab.training). Its inputs and outputs carry the member dimension (of size 1); inside, the
+    network computes what it computes alone (its own dropout on the global stream, its one-step
+    shortcut where `one_step_shortcut`, perf.exact_shortcuts), so a run alone is as fast as its
+    bare network. The network's parts are this module's under their own names, so a run alone's
+    checkpoint holds its network's own state dict (model.conv.weight, ...), as one saved alone."""
+
+    n_members = 1
+
+    def __init__(self, network: nn.Module, one_step_shortcut: bool = True) -> None:
+        super().__init__()
+        for name, child in network.named_children():
+            self.add_module(name, child)
+        for name, param in network.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buffer in network.named_buffers(recurse=False):
+            keep = name not in network._non_persistent_buffers_set
+            self.register_buffer(name, buffer, persistent=keep)
+        object.__setattr__(self, "net", network)  # not a submodule: its parts are this module's
+        self.shortcut = one_step_shortcut and hasattr(network, "forward_one_step")
+
+    def train(self, mode: bool = True) -> "OneMember":
+        super().train(mode)
+        self.net.training = mode  # its children are this module's; its own flag follows
+        return self
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - nn.Module's signature
+        super()._apply(fn, recurse)
+        for name in self.net._buffers:  # a buffer moved is a new tensor: the network's too
+            self.net._buffers[name] = self._buffers[name]
+        return self
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        generators: Optional[Sequence[torch.Generator]] = None,
+        lengths: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """x: (1, batch, features) for one-step data (the pack's data drops the step), (1, batch,
+        steps, features) otherwise; lengths (1, batch) or None. Returns (1, batch, outputs)."""
+        if x.dim() == 3:
+            out = self.net.forward_one_step(x[0]) if self.shortcut else self.net(x[0].unsqueeze(1))
+        else:
+            out = self.net(x[0], None if lengths is None else lengths[0])
+        return out.unsqueeze(0)
+
+    def member(self, k: int) -> dict[str, torch.Tensor]:
+        return {key: v.detach().clone() for key, v in self.net.state_dict().items()}
+
+    @torch.no_grad()
+    def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
+        self.net.load_state_dict(state)
+
+
+def pack_of(networks: Sequence[nn.Module], one_step_shortcut: bool = True) -> nn.Module:
+    """The training loop's network for K >= 1 members: one network as a pack of one (OneMember),
+    K CNN-LSTMs as one packed module (PackedCNNLSTM, which takes the one-step shortcut itself)."""
+    if len(networks) == 1:
+        return OneMember(networks[0], one_step_shortcut)
+    return PackedCNNLSTM(networks)

@@ -1,45 +1,55 @@
-"""The pack's LightningModule (issues 22 and 32): K members of the network (packing.model.PackedCNNLSTM),
-one optimizer step for all, driven by Lightning's Trainer as a run alone is. Lightning runs the
-epochs, validation (each epoch, every N epochs or every N iterations), max_steps, max_time (counted
-across a resume by its Timer), Ctrl-C/SIGTERM/USR2 (resume.interrupt.GracefulStop) and the
-checkpoints (resume.checkpoints.TimedCheckpoint); each training_step runs the optimizer steps of
-one item of `perf.steps_per_call` mini-batches, as the fused loop does for a run alone
-(seqlab.training.loop):
+"""The LightningModule of every job (issue 32): a network of K >= 1 members, trained in one step.
+A run alone is a pack of one (packing.model.OneMember: its network as member 0); a pack's K CNN-LSTMs
+are one packed module (PackedCNNLSTM). Lightning's Trainer drives the epochs, validation (each
+epoch, every N epochs or every N iterations), max_steps, max_time (its Timer's state is in the
+checkpoint, so it counts across starts), signals, precision and checkpoints, for every job alike.
 
-    zero the gradients -> forward (K, batch) -> each member's loss -> backward of their sum
-    -> MATLAB's L2 and threshold, clipping, per member -> one optimizer step over the packed tensors
+Two ways to step, one module:
 
-Nothing is read back to the host per step: each step leaves its (K,) losses, read back together a
-few times a second and sent to each member's run; a member whose loss became NaN or Inf ends
-FAILED there, the others go on. What each member's callbacks would record alone (timing, best,
-patience, time to target, a search's pruning) is kept per member (packing.members.Member), each
-sent to its own run: Lightning's loggers hold one run."""
+- perf=fast (the default): each training_step runs one item of `perf.steps_per_call` mini-batches
+  in the fused loop (seqlab.training.loop.FusedLoop), every member's batches from the job's data on
+  the device (packing.data.PackData), each member's order its run alone's:
+
+      zero the gradients -> forward (K, batch) -> each member's loss -> backward of their sum
+      -> MATLAB's L2 and threshold, clipping, per member -> one optimizer step for all
+
+- perf=naive and DDP: Lightning's automatic optimisation, one step a call, the batches from the data
+  module's loader (perf=naive: a DataLoader over a TensorDataset, the setup people write first; DDP:
+  each process its shard). One member.
+
+Nothing is read back to the host per step: each step leaves its (K,) losses in the step log, which
+tracking.StepMetricsRecorder reads back a few times a second and sends to each member's run. A
+validation predicts every member's own validation set in one call; its metrics go to each member's
+run, and what the callbacks make of them (seqlab.callbacks: best, patience, time to target; a
+search's pruning) is theirs, member by member. A member that stops (patience, its pruner, a loss
+that became NaN) is frozen where it stopped while the others train on; its run ends at the epoch's
+end (a failed one's with the job), or with the job when no member trains any more."""
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
+from typing import Any, Callable, Iterator, Optional
 
 import pytorch_lightning as pl
 import torch
+from torch import nn
 
 from seqlab import SeqlabError
 from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
-from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM, share_streams
-from seqlab.tracking.steps import StepLog
-from seqlab.training.devices import synchronize
-from seqlab.training.lightning_private import batches_done_in_epoch, count_optimizer_steps
+from seqlab.packing.model import share_streams
+from seqlab.packing.optim import Update
+from seqlab.training.evaluation import MEMBER_LOSSES
+from seqlab.training.lightning_private import (
+    batches_done_in_epoch,
+    count_optimizer_steps,
+    unscale_for_treatment,
+)
 from seqlab.training.loop import FusedLoop, lightning_steps
+from seqlab.training.profiling import phase
 
 log = logging.getLogger("seqlab")
-
-DIVERGED = (
-    "the training loss became {value} at step {step}: training diverged; lower optimizer.lr, "
-    "set module.gradient_threshold, or check the data"
-)
 
 Item = tuple[
     torch.Tensor, int, int
@@ -47,15 +57,13 @@ Item = tuple[
 
 
 class PackItems:
-    """The pack's training items, as Lightning iterates them: each pass draws every member's order
-    (its own generator: its run alone's order) and serves items of `per_item` mini-batches. A pass
-    resumed inside an epoch replays that epoch's order and skips the items it trained on."""
+    """The fused loop's training items, as Lightning iterates them: each pass draws every member's
+    order (its own generator: its run alone's order) and serves items of `per_item` mini-batches. A
+    pass resumed inside an epoch replays that epoch's order and skips the items it trained on."""
 
     def __init__(self, data: PackData, members: list[Member], per_item: int) -> None:
         self.data, self.members, self.per_item = data, members, max(per_item, 1)
-        self.pass_start: Optional[list[torch.Tensor]] = (
-            None  # the members' order states at this pass's start
-        )
+        self.pass_start: Optional[list[torch.Tensor]] = None  # the orders' states at its start
         self.resume_at: Optional[tuple[list[torch.Tensor], int]] = None
 
     def __len__(self) -> int:
@@ -69,139 +77,185 @@ class PackItems:
             for m, state in zip(self.members, states):
                 m.order.set_state(state)
         self.pass_start = [m.order.get_state() for m in self.members]
-        orders = self.data.orders(self.members)
+        with phase("data"):
+            orders = self.data.orders(self.members)
         for i in range(skip, len(self)):
             yield orders, i * self.per_item, min((i + 1) * self.per_item, self.data.n_batches)
 
 
-class PackModule(pl.LightningModule):
-    """Built by seqlab.packing.task with the packed network, its optimizer, schedule and gradient
-    treatment (packing.optim), the members' data and the members."""
+class SeqRegressor(pl.LightningModule):
+    """Built by seqlab.train from conf/module/ (a partial: the loss; MATLAB's L2 and threshold, each
+    member's own where a pack's members differ in them) with the network of the job's members, the
+    members, their data and how their update is made (`update`, called as training is configured:
+    packing.optim.build_update). `loop`: a partial of the fused loop (perf=fast), or None for
+    Lightning's automatic optimisation (perf=naive, DDP) over `batches` (a loader of the one
+    member's data module)."""
 
     def __init__(
         self,
-        model: PackedCNNLSTM,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        gradients: Any,
-        loss: str,
-        loss_to_mse: Callable[[float], float],
-        data: PackData,
+        model: nn.Module,
         members: list[Member],
+        data: PackData,
+        update: Callable[..., Update],
+        loss: str = "half_mse",
+        l2_regularization: Any = 0.0,
+        gradient_threshold: Any = None,
+        gradient_threshold_method: str = "l2norm",
+        bn_statistics: str = "moving",  # read at each member's end (training.evaluation.final_metrics)
+        output_network: str = "last",  # read by the callbacks group's `best` (conf/callbacks/)
+        validation_patience: Optional[int] = None,  # likewise
         *,
-        lr_scale: torch.Tensor,
-        steps_per_call: int,
-        flush_every_n_steps: int,
-        flush_every_s: float,
-        exact_dropout: bool,
-        cuda_graph: str = "auto",
-        progress: Optional[TextIO] = None,
-        end_member: Optional[Callable[[Member], Any]] = None,
+        step_log: Any = None,
+        loop: Optional[Callable[..., FusedLoop]] = None,
+        batches: Optional[Callable[[], Any]] = None,
+        exact_dropout: bool = False,
+        loss_on_progress_bar: bool = False,
     ) -> None:
         super().__init__()
-        self.automatic_optimization = (
-            False  # the item's steps are this module's own (as the fused loop's)
-        )
-        self.model = model
-        self.packed_optimizer, self.scheduler, self.gradients = optimizer, scheduler, gradients
-        self.loss_fn, self.loss_to_mse = MEMBER_LOSSES[loss], loss_to_mse
-        self.cuda_graph = cuda_graph
-        self.data, self.members = data, members
-        self.items = PackItems(data, members, steps_per_call)
-        self.lr_scale = lr_scale.tolist()  # member k's rate = the group's lr x lr_scale[k]
-        self.flush_every_n_steps, self.flush_every_s = flush_every_n_steps, flush_every_s
-        self.progress = progress  # perf.progress=line: a line an epoch, as a run alone prints (callbacks.progress)
-        self.end_member = end_member  # a member's run ended where it stopped (packing.member_runs.finish_or_fail: its job alone's end)
-        # CPU dropout as each member's run alone draws it (its own stream); elsewhere one draw for all.
-        # Members whose runs alone would draw the very same masks (one seed, one rate) share one
-        # stream object, so that the pack draws each mask once for them.
+        self.automatic_optimization = loop is None
+        self.model, self.members, self.data = model, members, data
+        self.loss_fn = MEMBER_LOSSES[loss]
+        self.loss_name = loss
+        k = len(members)
+        # Per member (a pack's members may differ in these: packable keys), else the job's.
+        self.l2 = _per_member(l2_regularization, k)
+        self.threshold = _per_member(gradient_threshold, k)
+        self.threshold_method = gradient_threshold_method
+        self.make_update, self.update = update, None
+        self.step_log = step_log
+        self.loop_factory, self.loop = loop, None  # the fused loop, built as training starts
+        self.batches, self.loss_on_progress_bar = batches, loss_on_progress_bar
+        self.items = PackItems(data, members, 1) if loop is not None else None
+        # CPU dropout as each pack member's run alone draws it (its own stream); a run alone draws
+        # from the global stream itself. Members whose runs alone would draw the very same masks
+        # (one seed, one rate) share one stream object, so that the pack draws each mask once.
         self.streams = None
-        if exact_dropout:
-            shared = share_streams([m.dropout_stream for m in members], model.dropout)
-            for m, stream in zip(members, shared):
+        if exact_dropout and k > 1:
+            self.streams = share_streams([m.dropout_stream for m in members], model.dropout)
+            for m, stream in zip(members, self.streams):
                 m.dropout_stream = stream
-            self.streams = shared
-        self.loop: Optional[FusedLoop] = (
-            None  # a run alone's loop, with the member dimension; built as training starts
-        )
         self.trained = 0  # optimizer steps trained: the step each member's run records
-        self.step_log = StepLog()  # each step's (K,) losses, until flushed to the members' runs
-        self.last_flush = time.monotonic()
-        self.last_val: Optional[dict[str, list[float]]] = None
-        self._epoch: dict[str, Any] = {}
+        self.samples_trained = 0  # samples per member the steps have used (callbacks.timing)
+        self.last_loss: Optional[torch.Tensor] = None  # the last step's (K,) losses (progress)
+        self.val: Optional[dict[str, list[float]]] = None  # the last validation's, per member
+        self.resuming = False  # the checkpoint fit starts from is these runs' own (not ckpt_path=)
+        self.end_member: Optional[Callable[[Member], Any]] = None  # its run's end (seqlab.train)
+        self.epoch_preds: list[torch.Tensor] = []  # automatic optimisation's, for train metrics
+        self.epoch_targets: list[torch.Tensor] = []
+        self._closed = False  # this epoch's train metrics are sent
+
+    def set_items_per_call(self, per_item: int) -> None:
+        if self.items is not None:
+            self.items.per_item = max(per_item, 1)
 
     # -- Lightning's side ------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
-        if self.scheduler is None:
-            return self.packed_optimizer
-        # Saved and restored with the checkpoint by Lightning; stepped here each epoch (manual optimisation).
+        # Built here, where Lightning has put the network on its device (each process's, under DDP).
+        self.update = self.make_update(
+            self.model, l2=self.l2, threshold=self.threshold, method=self.threshold_method
+        )
+        for m, scale in zip(self.members, self.update.lr_scale):
+            m.lr_scale = scale
+        if self.update.scheduler is None:
+            return self.update.optimizer
+        # Saved and restored with the checkpoint by Lightning; stepped each epoch (by Lightning in
+        # automatic optimisation, by on_train_epoch_end otherwise).
         return {
-            "optimizer": self.packed_optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler, "interval": "epoch"},
+            "optimizer": self.update.optimizer,
+            "lr_scheduler": {"scheduler": self.update.scheduler, "interval": "epoch"},
         }
 
-    def train_dataloader(self) -> PackItems:
-        return self.items
+    def train_dataloader(self) -> Any:
+        return self.items if self.items is not None else self.batches()
 
     def val_dataloader(self) -> list:
-        return (
-            [0] if self.data.val_rows is not None else []
-        )  # one call: the members' sets a chunk at a time
+        # One call: the members' sets a chunk at a time.
+        return [0] if self.data.val_rows is not None else []
+
+    def on_fit_start(self) -> None:
+        # trainer.precision=64-true: Lightning made the network double before fit; the data follows.
+        self.data = self.data.cast(next(self.model.parameters()).dtype)
+        if self.items is not None:
+            self.items.data = self.data
 
     def on_train_start(self) -> None:
         self.trained = self.trainer.global_step
-        # The loop a run alone trains with (training.loop), over the packed network: (K,) losses, each
-        # member's dropout stream, and its frozen members put back after each step.
-        self.loop = FusedLoop(
-            self.model,
-            self.packed_optimizer,
-            self.loss_fn,
-            self.step_log,
-            self.data.batch_size,
-            gradients=self.gradients,
-            cuda_graph=self.cuda_graph,
+        if self.loop_factory is None:
+            return
+        self.loop = self.loop_factory(
+            model=self.model,
+            optimizer=self.update.optimizer,
+            loss_fn=self.loss_fn,
+            step_log=self.step_log,
+            batch_size=self.data.batch_size,
+            gradients=self.update.gradients,
             dropout_streams=self.streams,
             after_step=self.after_step,
             **lightning_steps(self),
         )
 
     def on_validation_model_zero_grad(self) -> None:
-        pass  # Lightning would free the gradients before validation; the loop keeps them (zeroed in place)
+        # Lightning frees gradients before validation; the fused loop keeps them (zeroed in place
+        # each step), so that a captured CUDA graph's gradient tensors stay the live ones.
+        if self.automatic_optimization:
+            super().on_validation_model_zero_grad()
 
     def on_train_epoch_start(self) -> None:
-        self._epoch = {"start": time.perf_counter(), "val_s": 0.0, "steps": 0, "closed": False}
+        self._closed = False
 
-    def training_step(self, item: Item, batch_idx: int) -> None:
-        orders, first, stop = item
-        if not self._epoch:  # resumed inside an epoch: Lightning does not start it again
-            self.on_train_epoch_start()
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.loop is None:
+            return self._automatic_step(batch)
+        orders, first, stop = batch
         if self.trainer.max_steps > 0:
             stop = min(stop, first + self.trainer.max_steps - self.trained)
-        n, _ = self.loop.run_batches(
-            ((*self.data.batch(orders, b), None) for b in range(first, stop)), self.trained + 1
-        )
+        n, loss = self.loop.run_batches(self.data.batches(orders, first, stop), self.trained + 1)
         if not self.loop.counts_steps:  # Lightning's optimizer wrapper counts its own steps
-            count_optimizer_steps(
-                self.optimizers(), n
-            )  # Lightning's global_step, max_steps, validation interval
-        self._epoch["steps"] += n
+            # Lightning's global_step, max_steps and validation interval advance by the n steps.
+            count_optimizer_steps(self.optimizers(), n)
+        self.samples_trained += max(
+            min(stop * self.data.batch_size, self.data.n_samples) - first * self.data.batch_size, 0
+        )
+        self.last_loss = loss
+        return loss
+
+    def _automatic_step(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """One step of Lightning's automatic optimisation (perf=naive, DDP): the one member's
+        batch, its loss; Lightning runs the backward, the gradient treatment and clipping
+        (configure_gradient_clipping) and the optimizer."""
+        x, y, *rest = batch
+        lengths = rest[0].unsqueeze(0) if rest else None
+        self.samples_trained += len(x)
+        with phase("forward"):
+            pred = self.model(x.unsqueeze(0), None, lengths)
+            loss = self.loss_fn(pred, y.unsqueeze(0))
+        self.epoch_preds.append(pred.detach())
+        self.epoch_targets.append(y.unsqueeze(0))
+        if self.loss_on_progress_bar:  # perf=naive: what a first Lightning module does
+            self.log("loss", loss[0], prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        with phase("logging"):
+            # Called before Lightning's optimizer step: this step is global_step + 1.
+            self.step_log.add(
+                loss.detach(),
+                self.global_step + 1,
+                self.trainer.optimizers[0].param_groups[0]["lr"],
+            )
+        self.last_loss = loss.detach()
+        return loss.sum()
 
     def after_step(self) -> None:
-        """Each step's end (the loop calls it, outside any CUDA graph): the step counted; members that
-        stopped early or were pruned put back where they stopped."""
+        """Each fused step's end (the loop calls it, outside any CUDA graph): the step counted;
+        members that stopped put back where they stopped."""
         self.trained += 1
         for m in self.members:
             if m.last_weights is not None:  # stopped early or pruned: frozen where it stopped
                 self.model.load_member(m.k, m.last_weights)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if (
-            len(self.step_log) >= self.flush_every_n_steps
-            and time.monotonic() - self.last_flush >= self.flush_every_s
-        ):
-            self.flush()
+        if self.loop is None:
+            self.trained = self.trainer.global_step
         # The epoch's training part ends with its last item, at max_steps, or when Lightning stops
-        # (trainer.max_time): before the validation Lightning then runs.
+        # (trainer.max_time): its train metrics before the validation Lightning then runs.
         if (
             batch_idx + 1 >= self.trainer.num_training_batches
             or 0 < self.trainer.max_steps <= self.trained
@@ -209,194 +263,176 @@ class PackModule(pl.LightningModule):
         ):
             self._close_epoch()
 
-    def on_validation_start(self) -> None:
-        if (
-            self._epoch and not self._epoch["closed"]
-        ):  # inside an epoch (every N iterations): not its training time
-            synchronize(self.data.x.device)
-            self._epoch["val_from"] = time.perf_counter()
-
-    def on_validation_end(self) -> None:
-        if self._epoch.get("val_from") is not None:
-            self._epoch["val_s"] += time.perf_counter() - self._epoch.pop("val_from")
-
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         target = self.data.val_targets()
-        pred = torch.cat([self.model(x) for x in self.data.val_chunks()], dim=1)
-        self.last_val = metrics_per_member(pred, target)
-        self.last_val["loss"] = self.loss_fn(pred, target).tolist()
-
-    def on_validation_epoch_end(self) -> None:
-        self._validated(self.last_val, self.trained, self.current_epoch + 1)
-        if not any(m.active for m in self.members):
-            self.trainer.should_stop = True  # every member diverged, stopped early or was pruned
+        pred = torch.cat([self.model(x, None, n) for x, n in self.data.val_chunks()], dim=1)
+        self.val = metrics_per_member(pred, target)
+        self.val["loss"] = self.loss_fn(pred, target).tolist()
+        if self.trainer.sanity_checking:
+            return
+        for m in self.members:
+            if m.active:
+                with m.own_failure("its validation metrics", self.trained):
+                    m.tracker.log_metrics(
+                        {f"val_{k}": v[m.k] for k, v in self.val.items()}, self.trained
+                    )
 
     def on_train_epoch_end(self) -> None:
         self._close_epoch()  # an epoch a signal or max_time ended before its last item
-        if self.scheduler is not None:
-            self.scheduler.step()  # Lightning steps it only in automatic optimisation
-        if self.progress is not None:
-            self._progress_line()
-        self.last_val, self._epoch = None, {}
+        if not self.automatic_optimization and self.update.scheduler is not None:
+            self.update.scheduler.step()  # Lightning steps it only in automatic optimisation
+        # Members that stopped this epoch (patience, pruned) end their runs now, as their runs
+        # alone would end, while the others train on; the last ones end with the job. One that
+        # failed (its loss diverged) ends with the job: its run takes the job's checkpoints, which
+        # keep it FAILED in its slot when the job is continued.
+        if self.end_member is not None and any(m.active for m in self.members):
+            for m in self.members:
+                if not m.active and m.status != "FAILED" and m.run_open:
+                    self.end_member(m)
 
-    # -- what each member's run gets ---------------------------------------------------------------
-    def flush(self, also: Sequence[Member] = ()) -> None:
-        """Every waiting step's losses, read back in one go, to each training member's run; a member
-        whose loss became NaN or Inf ends FAILED with the step (DivergenceCheck, member by member)."""
-        self.last_flush = time.monotonic()
-        if not len(self.step_log):
-            return
-        losses, steps, lrs, times = self.step_log.take()
-        table = torch.stack(losses).t().tolist()  # (K, steps): the one synchronisation
-        group_lrs = (
-            torch.stack(lrs).tolist()
-            if isinstance(lrs[0], torch.Tensor)
-            else [float(lr) for lr in lrs]
-        )
-        for m, values in zip(self.members, table):
-            if (
-                not m.active and m not in also
-            ):  # `also`: members stopped at the last step flushed, ending now
-                continue
-            rmse = [
-                math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in values
-            ]
-            lr = [group_lr * self.lr_scale[m.k] for group_lr in group_lrs]
-            with m.own_failure("its step metrics", steps[0]):
-                m.tracker.log_series(
-                    {"train_loss": values, "train_rmse": rmse, "lr": lr}, steps, times
-                )
-            bad = next(((s, v) for s, v in zip(steps, values) if not math.isfinite(v)), None)
-            if bad is not None:
-                m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
+    def members_stopped(self, trainer: pl.Trainer) -> None:
+        """A callback stopped members (Member.stop, Member.fail): training stops once none trains."""
+        if not any(m.active for m in self.members):
+            trainer.should_stop = True
 
     @torch.no_grad()
     def _close_epoch(self) -> None:
-        """Each training member's epoch as its callbacks record it alone: timing (the pack's time: what
-        its steps took, validation left out) and the epoch's train metrics."""
-        epoch = self._epoch
-        if not epoch or epoch["closed"]:
+        """Each training member's epoch train metrics (over the epoch's predictions), once."""
+        if self._closed:
             return
-        epoch["closed"] = True
-        synchronize(self.data.x.device)
-        seconds = max(time.perf_counter() - epoch["start"] - epoch["val_s"], 1e-9)
-        self.flush()
-        steps, step = epoch["steps"], self.trained
-        # A pack resumed from a checkpoint taken after an epoch's last step trains no step of it here.
-        trained = self.loop.take_epoch() if self.loop is not None else None
-        epoch["rate"] = steps / seconds
-        train = metrics_per_member(*trained) if trained is not None else {}
-        for m in self.members:
-            if not m.active:
-                continue
-            row = {f"train_{k}_epoch": v[m.k] for k, v in train.items()}
-            with m.own_failure("its epoch's metrics", step):
-                if steps:
-                    m.timed_epoch(seconds, steps, trained[0].shape[1], step)
-                    row["pack_model_steps_per_s"] = len(self.members) * steps / seconds
-                if row:
-                    m.tracker.log_metrics(row, step)
-
-    def _validated(self, val: dict[str, list[float]], step: int, epoch: int) -> None:
-        """Each training member after a validation: its metrics, best, patience, time to target, a
-        search's pruning (Member.validated, reported). A member that stops here (patience, its
-        pruner) ends its run now, as its run alone would (`end_member`), while the pack trains on."""
-        stopped = []
-        for m in self.members:
-            if not m.active:
-                continue
-            with m.own_failure("its validation metrics", step):
-                m.tracker.log_metrics({f"val_{k}": v[m.k] for k, v in val.items()}, step)
-                m.validated(val["rmse"][m.k], step, epoch, lambda k=m.k: self.model.member(k))
-            if m.status != "FAILED":
-                m.reported(
-                    val["rmse"][m.k], step, epoch
-                )  # a search's trial: its pruner may stop it here
-                if not m.active:  # stopped early or pruned: its network is the one of this step
-                    m.last_weights = self.model.member(m.k)
-                    stopped.append(m)
-        if stopped and self.end_member is not None:
-            # Every step so far reaches their runs first (each is one of theirs: they stopped at this one).
-            self.flush(also=stopped)
-            for m in stopped:
-                self.end_member(m)
-
-    def _progress_line(self) -> None:
-        training = [m.k for m in self.members if m.active]
-        parts = [
-            f"epoch {self.current_epoch + 1}/{self.trainer.max_epochs}",
-            f"step {self.trained}",
-            f"{self._epoch.get('rate', 0.0):,.0f} it/s",
-            f"{len(training)} of {len(self.members)} members training",
-        ]
-        if self.last_val is not None and training:
-            rmse = [self.last_val["rmse"][k] for k in training]
-            parts.append(f"val_rmse {min(rmse):.4g}-{max(rmse):.4g}")
-        self.progress.write("  ".join(parts) + "\n")
-        self.progress.flush()
-
-    # -- checkpoints: the members and where in the epoch's order the pack stopped --------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # The steps trained so far are sent first: a resume continues after the checkpoint and does not
-        # send again what a run already holds, so a step trained before it must not be left unsent.
-        self.flush()
-        done = batches_done_in_epoch(self.trainer)
-        if (
-            done >= len(self.items) or self.items.pass_start is None
-        ):  # the epoch is over: the next draws anew
-            starts, done = None, 0
+        self._closed = True
+        if self.loop is not None:
+            trained = self.loop.take_epoch()
+        elif self.epoch_preds:
+            trained = torch.cat(self.epoch_preds, 1), torch.cat(self.epoch_targets, 1)
+            self.epoch_preds, self.epoch_targets = [], []
         else:
-            starts = self.items.pass_start
-        checkpoint["pack"] = {
+            trained = None
+        if trained is None:  # resumed from a checkpoint after an epoch's last step
+            return
+        train = metrics_per_member(*trained)
+        for m in self.members:
+            if m.active:
+                with m.own_failure("its epoch's metrics", self.trained):
+                    m.tracker.log_metrics(
+                        {f"train_{k}_epoch": v[m.k] for k, v in train.items()}, self.trained
+                    )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # The fused loop through Lightning's optimizer (mixed precision): its gradient treatment
+        # here, inside the step, on the gradients unscaled.
+        if self.loop is not None and self.loop.counts_steps and self.update.gradients is not None:
+            unscale_for_treatment(self.trainer, optimizer)
+            self.update.gradients()
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: Optional[float] = None,
+        gradient_clip_algorithm: Optional[str] = None,
+    ) -> None:
+        # Automatic optimisation: Lightning calls this after backward and before the optimizer
+        # step, which is where MATLAB adds the L2 term and applies the threshold (in that order).
+        if self.update.gradients is not None:
+            unscale_for_treatment(self.trainer, optimizer)
+            self.update.gradients()
+        if gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # Lightning's automatic optimisation runs these two hooks: marked for the profiler.
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with phase("backward"):
+            super().backward(loss, *args, **kwargs)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        with phase("optimizer"):
+            super().optimizer_step(*args, **kwargs)
+
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        with phase("host_to_device"):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # -- checkpoints: the members, where in the epoch's orders training stopped, the streams -------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        done = batches_done_in_epoch(self.trainer)
+        starts = None
+        if self.items is not None and self.items.pass_start is not None and done < len(self.items):
+            starts = self.items.pass_start  # inside an epoch: a resume replays its order
+        else:
+            done = 0  # the epoch is over: the next one draws anew
+        checkpoint["members"] = {
             "run_ids": [m.run_id for m in self.members],
-            "members": [m.state() for m in self.members],
+            "states": [m.state() for m in self.members],
             "epoch_start_orders": starts,
             "items_done": done,
-            "torch_rng": torch.get_rng_state(),
         }
+        # Dropout draws from the global generators (a run alone's): a resumed run continues them.
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+        if self.batches is not None:  # automatic optimisation: the data module's order
+            checkpoint["train_order"] = self.members[0].datamodule.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        pack = checkpoint.get("pack")
-        if pack is None or pack["run_ids"] != [m.run_id for m in self.members]:
+        saved = checkpoint.get("members")
+        if saved is None:
+            # Written before 2026-12-04, when a run alone and a pack trained in modules of their
+            # own: not this version's layout.
             raise SeqlabError(
-                "the pack's checkpoint is another pack's: run the sweep again without resume="
+                "the checkpoint was written by an older seqlab (before 2026-12-04): continue it "
+                "with that version, or start again without resume= or ckpt_path="
             )
-        if "model.conv_weight" in checkpoint.get("state_dict", {}):
-            # Written before 2026-12-04, when the convolution's taps were one packed tensor (and
-            # the optimizer's state one tensor for them): not this version's layout.
+        if len(saved["states"]) != len(self.members):
             raise SeqlabError(
-                "the pack's checkpoint was written by an older seqlab (before 2026-12-04): "
-                "continue it with that version, or run the sweep again without resume="
+                f"the checkpoint holds {len(saved['states'])} member(s) and this job {len(self.members)}: "
+                "it is another job's"
             )
-        for m, state in zip(self.members, pack["members"]):
+        if self.resuming and saved["run_ids"] != [m.run_id for m in self.members]:
+            raise SeqlabError(
+                "the checkpoint is another pack's: run the sweep again without resume="
+            )
+        for m, state in zip(self.members, saved["states"]):
             m.load_state(state)
-            if (
-                m.ended_before and m.active
-            ):  # its run ended after this checkpoint: it stays as it ended, frozen
+            if m.ended_before and m.active:  # its run ended after this checkpoint: it stays ended
                 m.active = False
                 if m.status == "FAILED":
                     m.reason = m.reason or "failed in an earlier start of its pack"
-        if pack["epoch_start_orders"] is not None:
-            self.items.resume_at = (pack["epoch_start_orders"], pack["items_done"])
-        torch.set_rng_state(pack["torch_rng"])
-        pack_id = self.members[0].job.pack_id if self.members[0].job is not None else "-"
-        log.info(
-            "resume    pack %s continues its %d members from step %d",
-            pack_id,
-            len(self.members),
-            checkpoint.get("global_step", 0),
-        )
+        if saved["epoch_start_orders"] is not None and self.items is not None:
+            self.items.resume_at = (saved["epoch_start_orders"], saved["items_done"])
+        states = checkpoint.get("rng_states") or {}
+        if "torch" in states:
+            torch.set_rng_state(states["torch"])
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+        if "train_order" in checkpoint and self.batches is not None:
+            self.members[0].datamodule.load_state_dict(checkpoint["train_order"])
+        if len(self.members) > 1:
+            first = self.members[0]
+            log.info(
+                "resume    pack %s continues its %d members from step %d",
+                first.job.pack_id if first.job is not None else "-",
+                len(self.members),
+                checkpoint.get("global_step", 0),
+            )
+
+
+def _per_member(value: Any, k: int) -> list:
+    """A setting as each member's: a list (a pack's members' own) as it is, else the job's for all."""
+    return list(value) if isinstance(value, (list, tuple)) else [value] * k
 
 
 def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
     """RMSE, MAE and R2 (averaged over responses, as torchmetrics' R2Score) of each member's
-    predictions: (K, samples, responses) -> K values each."""
+    predictions: (K, samples, responses) -> K values each. R2 needs two samples or more."""
     err = (pred - target).double()
-    target = target.double()
-    sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
-    r2 = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1)
-    return {
+    out = {
         "rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(),
         "mae": err.abs().mean(dim=(1, 2)).tolist(),
-        "r2": r2.tolist(),
     }
+    if target.shape[1] > 1:
+        target = target.double()
+        sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
+        out["r2"] = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1).tolist()
+    return out

@@ -10,13 +10,16 @@ rate (Adam is elementwise); `PackedAdam` is for members that do not."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from seqlab import SeqlabError
 from seqlab.schema import ThresholdMethod, choice
+from seqlab.training.gradients import GradientTreatment
+from seqlab.training.perf import optimizer_factory
 
 
 def per_member(
@@ -339,3 +342,65 @@ def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """(K,): each member's L2 norm of one parameter's gradient, held in one or more packed tensors."""
     norms = [g.flatten(1).norm(dim=1) for g in grads]
     return norms[0] if len(norms) == 1 else torch.stack(norms).norm(dim=0)
+
+
+@dataclass
+class Update:
+    """How a job's network of K >= 1 members is updated: its optimizer and schedule, its gradient
+    treatment (None: none), and each member's learning rate as a multiple of the optimizer's group
+    rate (what each member's run logs as `lr`)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    gradients: Any
+    lr_scale: list[float]
+
+
+def build_update(
+    model: nn.Module,
+    networks: Sequence[nn.Module],
+    optimizers: Sequence[Callable[..., torch.optim.Optimizer]],
+    scheduler: Optional[Callable[..., Any]],
+    l2: Sequence[float],
+    threshold: Sequence[Optional[float]],
+    method: str,
+    *,
+    clip: Optional[float] = None,
+    impl: str = "fused",
+    capturable: bool = False,
+    one_step: bool = False,
+) -> Update:
+    """The update of `model` (packing.model.pack_of: one network, or K packed). Each member's
+    optimizer (`optimizers`, conf/optimizer/ instantiated) is built as its run alone builds it, over
+    its own network (`networks`), for its settings; the members differ only in their rate (a packable
+    key), the rest is the job's. One rate: the configured optimizer itself over the model's tensors,
+    fused as a single run's (Adam, AdamW, SGD and RMSprop are elementwise, so over packed tensors it
+    is each member's own); rates that differ: its packed form (`packed_optimizer`). `one_step`: the
+    data has one step per sample, where a packed network leaves out what then never trains
+    (PackedCNNLSTM.freeze_unused) unless something decays it. `l2`, `threshold`: each member's
+    MATLAB L2 factor and gradient threshold; `clip`: trainer.gradient_clip_val where the fused loop
+    steps the optimizer itself (Lightning clips in automatic optimisation)."""
+    own = [make(params=net.parameters()) for make, net in zip(optimizers, networks)]
+    decays = any(o.defaults.get("weight_decay", 0.0) for o in own) or any(l2)
+    if one_step and not decays and hasattr(model, "freeze_unused"):
+        model.freeze_unused()
+    params = [p for p in model.parameters() if p.requires_grad]
+    lrs = [o.param_groups[0]["lr"] for o in own]
+    if len(set(lrs)) == 1:
+        optimizer = optimizer_factory(optimizers[0], impl, capturable=capturable)(params=params)
+        lr_scale = [1.0] * len(own)
+    else:
+        optimizer = packed_optimizer(own, params)
+        lr_scale = [float(lr) for lr in lrs]
+    if len(own) == 1:  # a run alone (OneMember): its network's own parameters
+        gradients = GradientTreatment(model.net, l2[0], threshold[0], method, clip=clip)
+    else:
+        gradients = PackedGradientTreatment(
+            model.l2_parameters(), model.learnables(), l2, threshold, method, clip=clip
+        )
+    return Update(
+        optimizer,
+        scheduler(optimizer=optimizer) if scheduler is not None else None,
+        gradients if gradients.active else None,
+        lr_scale,
+    )

@@ -290,7 +290,7 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
     elif entry.status == "FAILED" and entry.resumable and job.member is not None:
         # A pack's member that failed (its loss diverged) before the pack was stopped: the pack's
         # checkpoint holds it, FAILED. It keeps its slot as the pack continues and is not trained
-        # again: its run stays the FAILED run it is (seqlab.packing.task).
+        # again: its run stays the FAILED run it is (seqlab.train).
         cfg.resume = entry.run_id
         log.info(
             "failed    job %s (member %s) FAILED in its pack before the stop, in run %s (%s): it stays FAILED",

@@ -1,7 +1,7 @@
 """Which jobs of a multirun, or trials of a search, train together (issue 22, point 3): jobs whose
 overrides differ only in packable keys become packs of at most `pack` members; the sweeper (the
 packing basic sweeper, or the search for its trials) launches each pack as one job and writes its
-members to the sweep's `packs.json`, which the pack job (seqlab.packing.task) reads back. Light to
+members to the sweep's `packs.json`, which the pack job (seqlab.packing.build) reads back. Light to
 import (no torch, Lightning or MLflow): the sweeper runs it before any job starts.
 
 Packable keys are what a member may hold on its own inside one packed step (seqlab.packing.model,
@@ -122,14 +122,14 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
             "a multi-process (DDP) job",
         ),
         (
-            cfg.trainer.precision not in ("32-true", "32", "bf16-mixed"),
-            f"trainer.precision={cfg.trainer.precision} (packs train in 32-true or bf16-mixed)",
-        ),
-        (
             optimizer.rpartition(".")[2] not in ("Adam", "AdamW", "SGD", "RMSprop"),
             f"optimizer {optimizer} (packs: adam, adamw, sgdm, rmsprop)",
         ),
         (cfg.ckpt_path is not None, "ckpt_path= (a single run's checkpoint)"),
+        (
+            not str(cfg.model.get("_target_", "")).endswith(".CNNLSTM"),
+            f"model {cfg.model.get('_target_')} (packs: the CNN-LSTM, seqlab.model.CNNLSTM)",
+        ),
         (cfg.trainer.accelerator == "mps", "trainer.accelerator=mps"),
     ]
     return next((why for bad, why in reasons if bad), None)

@@ -1,5 +1,6 @@
-"""The Lightning side of a search's trial: each epoch's val_rmse reported to the trial, and training
-stopped at the end of an epoch the pruner gives up on."""
+"""The Lightning side of a search's trials: each member that trains a trial (a job alone's one
+member, or a pack's members: seqlab.packing.members) reports each epoch's val_rmse to its trial, and
+stops at the end of an epoch its pruner gives up on, while a pack's other members train on."""
 
 from __future__ import annotations
 
@@ -11,76 +12,68 @@ import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab import one_line
-from seqlab.sweeps.trial import PRUNED_AT, TrialLink, current, open_trial
-from seqlab.sweeps.workers import trainer_heartbeat
+from seqlab.sweeps.trial import PRUNED_AT
 
 log = logging.getLogger("seqlab")
 
 
 class TrialReporter(pl.Callback):
     """Reports val_rmse once an epoch (the last validation of the epoch) under the epoch's number,
-    so that trials with different batch sizes are compared at the same point, and stops training
-    at that epoch's end when the pruner says so: the run then ends as any run does (final metrics,
-    checkpoint), tagged trial_state=PRUNED with pruned_at_epoch."""
+    so that trials with different batch sizes are compared at the same point, and stops a member
+    at that epoch's end when its pruner says so: its run then ends as any run does (final metrics,
+    checkpoint), tagged trial_state=PRUNED with pruned_at_epoch. The members' trials are opened, and
+    kept alive, with their runs (seqlab.packing.member_runs)."""
 
-    def __init__(self, link: TrialLink, tracker: Any) -> None:
-        self.link = link
-        self.tracker = tracker
-        self.pruned: Optional[str] = None  # why the pruner stopped this trial, for the job's result
-        self.trial = None
-        self.beats = None  # sweeps.workers.Heartbeats: this process's beat of its trial
-        self.latest: Optional[float] = None
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank == 0:  # one process speaks for a DDP job
-            self.trial = open_trial(self.link)
-            # The trial lives while this process trains it, whatever becomes of the sweeper (sweeps.workers).
-            self.beats = trainer_heartbeat([self.trial])
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.beats is not None:
-            self.beats.stop()
-
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self.on_fit_end(trainer, pl_module)
+    def __init__(self) -> None:
+        self.latest: dict[int, float] = {}  # member -> its latest val_rmse this epoch
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+        if (
+            trainer.sanity_checking
+            or trainer.state.fn != TrainerFn.FITTING
+            or pl_module.val is None
+        ):
             return
-        value = trainer.callback_metrics.get("val_rmse")
-        if value is not None:
-            self.latest = float(value)
+        for m in pl_module.members:
+            if m.trial_link is not None and m.active:
+                self.latest[m.k] = pl_module.val["rmse"][m.k]
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning runs the epoch-end validation before this hook.
-        epoch = trainer.current_epoch + 1
-        value, prune = self.latest, False
-        if self.trial is not None and value is not None:
-            prune = reported(self.trial, value, epoch, self.link.number)
-            if prune is None:
-                self.trial = None
-        self.latest = None
-        if not trainer.strategy.broadcast(
-            prune, src=0
-        ):  # every DDP process stops at the same epoch
-            return
-        trainer.should_stop = True
-        if self.trial is None:
-            return
-        n = self.link.number
-        self.trial.set_user_attr(PRUNED_AT, epoch)
-        self.tracker.log_metrics({PRUNED_AT: float(epoch)}, trainer.global_step)
-        self.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
-        self.pruned = f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials before it"
-        log.info(
-            "pruned    trial %d at epoch %d of %d: val_rmse %.4g is worse than the trials before it at that epoch",
-            n,
-            epoch,
-            trainer.max_epochs,
-            value,
-        )
+        epoch, step = trainer.current_epoch + 1, pl_module.trained
+        latest, self.latest = self.latest, {}
+        for m in pl_module.members:
+            value, prune = latest.get(m.k), False
+            if m.trial is not None and m.active and value is not None:
+                prune = reported(m.trial, value, epoch, m.trial_link.number)
+                if prune is None:  # the study ended it meanwhile: it trains on without reports
+                    m.trial = None
+            if len(pl_module.members) == 1:  # every DDP process stops at the same epoch
+                prune = trainer.strategy.broadcast(prune, src=0)
+            if not prune:
+                continue
+            m.stop(step, pl_module.model.member(m.k))
+            n = m.trial_link.number if m.trial_link is not None else -1
+            m.pruned = (
+                f"trial {n} pruned at epoch {epoch} (val_rmse {value:.4g}): worse than the trials "
+                "before it"
+            )
+            if m.trial is not None:
+                m.trial.set_user_attr(PRUNED_AT, epoch)
+                with m.own_failure("its pruning", step):
+                    m.tracker.log_metrics({PRUNED_AT: float(epoch)}, step)
+                    m.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
+            log.info(
+                "pruned    trial %d%s at epoch %d of %d: val_rmse %.4g is worse than the trials "
+                "before it at that epoch%s",
+                n,
+                f" (member {m.k})" if len(pl_module.members) > 1 else "",
+                epoch,
+                trainer.max_epochs,
+                value,
+                "; the pack goes on" if any(o.active for o in pl_module.members) else "",
+            )
+        pl_module.members_stopped(trainer)
 
 
 def reported(trial: Any, val_rmse: float, epoch: int, number: int) -> Optional[bool]:
@@ -99,9 +92,7 @@ def reported(trial: Any, val_rmse: float, epoch: int, number: int) -> Optional[b
         return None
 
 
-def trial_callbacks(tracker: Any) -> list:
-    """What a search's job adds to training: the per-epoch report and the pruning decision."""
-    link = current()
-    if link is None:
-        return []
-    return [TrialReporter(link, tracker)]
+def trial_callbacks(members: list) -> list:
+    """What a search's job adds to training where a member trains a trial: the per-epoch report and
+    the pruning decision."""
+    return [TrialReporter()] if any(m.trial_link is not None for m in members) else []

@@ -7,9 +7,9 @@
 - `step_writer`, `outbox`: the helper process that writes a local store's metrics; the queue to a server
 - `connect`:    reaching a store and its experiment
 - `history`:    every point logged, kept for the plot and the report
-- `steps`:      per-step metrics without a per-step synchronisation (`StepLog`, `StepMetricsRecorder`)
-- `divergence`: a NaN/Inf loss stops the run (`DivergenceCheck`)
-- `lightning`:  the module's self.log metrics into the tracker (`LightningBridge`, `StepClock`)
+- `steps`:      per-step metrics without a per-step synchronisation, to each member's run (`StepLog`,
+                `StepMetricsRecorder`)
+- `divergence`: a NaN/Inf loss stops its member, FAILED (`DivergenceCheck`)
 - `describe`:   what a run says about itself: its name, tags, params and config
 - `datasets`, `model_logging`, `replayed_steps`: dataset inputs, the logged model, a resumed run's steps stored once
 - `mlflow_private`: every use of MLflow's non-public API, behind a version check
@@ -28,8 +28,6 @@ _HOMES = {
     "Diverged": "divergence",
     "DivergenceCheck": "divergence",
     "MetricHistory": "history",
-    "LightningBridge": "lightning",
-    "StepClock": "lightning",
     "MlflowTracker": "run",
     "flatten": "run",
     "StepLog": "steps",

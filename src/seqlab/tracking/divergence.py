@@ -1,4 +1,5 @@
-"""A loss that became NaN or Inf ends the run at once, with the step it happened at."""
+"""A loss that became NaN or Inf ends its member's training at once, with the step it happened
+at: a run alone's job fails with that line; a pack's other members train on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Any
 import pytorch_lightning as pl
 
 from seqlab import SeqlabError
-from seqlab.tracking.history import MetricHistory
+
+DIVERGED = (
+    "the training loss became {value} at step {step}: training diverged; lower optimizer.lr, "
+    "set module.gradient_threshold, or check the data"
+)
 
 
 class Diverged(SeqlabError):
@@ -16,13 +21,14 @@ class Diverged(SeqlabError):
 
 
 class DivergenceCheck(pl.Callback):
-    """Looks at the train_loss values the step recorder has read back (it reads them anyway, so
-    this costs no synchronisation): a divergence stops the run within one send interval
-    (logger.flush_every_n_steps, flush_every_s). Placed after the recorder in the callbacks."""
+    """Looks at the train_loss values the step recorder has read back into each member's run
+    history (it reads them anyway, so this costs no synchronisation): a divergence stops that member
+    within one send interval (logger.flush_every_n_steps, flush_every_s), FAILED with the step
+    (Member.fail); training stops once no member trains. Placed after the recorder in the
+    callbacks."""
 
-    def __init__(self, tracker: Any) -> None:
-        self.history: MetricHistory = tracker.history
-        self.seen = 0
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}  # member -> train_loss points looked at
 
     def on_train_batch_end(
         self,
@@ -32,17 +38,18 @@ class DivergenceCheck(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self.check()
+        self.check(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.check()
+        self.check(trainer, pl_module)
 
-    def check(self) -> None:
-        points = self.history.get("train_loss", [])
-        new, self.seen = points[self.seen :], len(points)
-        for step, value in new:
-            if not math.isfinite(value):
-                raise Diverged(
-                    f"the training loss became {value} at step {step}: training diverged; "
-                    "lower optimizer.lr, set module.gradient_threshold, or check the data"
-                )
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for m in pl_module.members:
+            if m.status == "FAILED" or m.tracker is None:
+                continue
+            points = m.tracker.history.get("train_loss", [])
+            new, self.seen[m.k] = points[self.seen.get(m.k, 0) :], len(points)
+            bad = next(((step, v) for step, v in new if not math.isfinite(v)), None)
+            if bad is not None:
+                m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
+        pl_module.members_stopped(trainer)

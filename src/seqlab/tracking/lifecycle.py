@@ -1,7 +1,7 @@
-"""A run's lifecycle, written once for a run alone (seqlab.train) and for each member of a pack
-(seqlab.packing.task): what it opens with, its opening, its end's records and its result, and
-its end with a status. Each job is a pack of K >= 1 runs; these are the steps every one of them
-takes, in this order:
+"""A run's lifecycle, written once for every member of a job (seqlab.train: a run alone is a job of
+one member, a pack's members each a run): what it opens with, its opening, its end's records and its
+result, and its end with a status. Each job is a pack of K >= 1 runs; these are the steps every one
+of them takes, in this order (seqlab.packing.member_runs):
 
     describe_run -> open_run -> (record_config, datasets, training) -> record_end -> end_run
 

@@ -1,6 +1,6 @@
 """Per-step metrics (train_loss, train_rmse, lr) without a per-step host synchronisation: the
-training loop adds each step to a `StepLog`; `StepMetricsRecorder` reads the losses back together
-and sends them in one batch, a few times a second at most."""
+training loop adds each step's (K,) losses to a `StepLog`; `StepMetricsRecorder` reads them back
+together and sends each member's in one batch to its run, a few times a second at most."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
-
-from seqlab.tracking.divergence import Diverged
-from seqlab.tracking.run import MlflowTracker
 
 
 class StepLog:
@@ -44,20 +41,24 @@ class StepLog:
 
 class StepMetricsRecorder(pl.Callback):
     """Between Lightning calls, once at least `every_n_steps` steps wait in `steps` and `every_s`
-    seconds have passed since the last send, their losses are read back together and sent in one
-    batch (each send costs the loop a read-back and a wake-up of the writer: a few a second is
-    live enough for a chart); the rest at the end of training. The per-step train_rmse is a
-    function of the loss (`loss_to_mse`), so it costs the step nothing. Under DDP every process
-    must send at the same steps (the losses are averaged across them): pass every_s=0 there."""
+    seconds have passed since the last send, their losses are read back together and each member's
+    sent to its run in one batch (each send costs the loop a read-back and a wake-up of the writer:
+    a few a second is live enough for a chart), and at the end of each epoch's training part; the
+    rest at the end of training, at an exception, and before each checkpoint (a resume continues after it and never sends again what a run
+    holds). A member gets the steps it trained: none after it failed, none past where it stopped
+    (packing.members.Member). The per-step train_rmse is a function of the loss (`loss_to_mse`), so
+    it costs the step nothing; `lr` is the optimizer's, times the member's own scale. Under DDP
+    every process must send at the same steps (the losses are averaged across them): pass
+    every_s=0 there."""
 
     def __init__(
         self,
-        tracker: MlflowTracker,
+        members: list,
         every_n_steps: int,
         loss_to_mse: Callable[[float], float],
         every_s: float,
     ) -> None:
-        self.tracker = tracker
+        self.members = members
         self.every_n_steps = every_n_steps
         self.every_s = every_s
         self.loss_to_mse = loss_to_mse
@@ -72,10 +73,13 @@ class StepMetricsRecorder(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if (
+        due = (
             len(self.steps) >= self.every_n_steps
             and time.monotonic() - self.last_sent >= self.every_s
-        ):
+        )
+        # Also at the end of an epoch's training part, before its validation: a loss that became
+        # NaN is known (tracking.DivergenceCheck, after this) before the validation's NaN is judged.
+        if due or batch_idx + 1 >= trainer.num_training_batches:
             self.flush()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -84,24 +88,44 @@ class StepMetricsRecorder(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if not isinstance(exception, Diverged):
-            self.flush()  # the steps trained before an interruption are part of the run
+        self.flush()  # the steps trained before an interruption are part of the run
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
+    ) -> None:
+        self.flush()
 
     def flush(self) -> None:
         self.last_sent = time.monotonic()
         if not self.steps:
             return
         losses, steps, lrs, times = self.steps.take()
-        losses = torch.stack(losses)
+        losses = torch.stack(losses)  # (steps, K)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # DDP: each process trained on its own share of the batch; the step's loss is their
             # mean. Every process flushes at the same steps, so this collective lines up.
             torch.distributed.all_reduce(losses)
             losses = losses / torch.distributed.get_world_size()
-        losses = losses.tolist()  # the one synchronisation
-        rmse = [math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v for v in losses]
+        table = losses.t().tolist()  # (K, steps): the one synchronisation
         if isinstance(lrs[0], torch.Tensor):
             lrs = torch.stack(lrs).tolist()  # read back together with the losses
         else:
             lrs = [float(lr) for lr in lrs]
-        self.tracker.log_series({"train_loss": losses, "train_rmse": rmse, "lr": lrs}, steps, times)
+        for m, values in zip(self.members, table):
+            if m.status == "FAILED" or (m.final_step is not None and m.final_step < steps[0]):
+                continue  # it ended before these steps
+            n = len(steps) if m.final_step is None else sum(s <= m.final_step for s in steps)
+            rmse = [
+                math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v
+                for v in values[:n]
+            ]
+            with m.own_failure("its step metrics", steps[0]):
+                m.tracker.log_series(
+                    {
+                        "train_loss": values[:n],
+                        "train_rmse": rmse,
+                        "lr": [lr * m.lr_scale for lr in lrs[:n]],
+                    },
+                    steps[:n],
+                    times[:n],
+                )

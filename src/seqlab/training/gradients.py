@@ -26,23 +26,30 @@ def l2_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 class GradientTreatment:
+    """One network's (a run alone's, seqlab.packing.model.OneMember): MATLAB's L2 and threshold,
+    then trainer.gradient_clip_val (`clip`) where the fused loop steps the optimizer itself
+    (Lightning clips only in automatic optimisation). A pack's members have theirs in
+    seqlab.packing.optim.PackedGradientTreatment."""
+
     def __init__(
         self,
         model: nn.Module,
         l2_regularization: float = 0.0,
         threshold: Optional[float] = None,
         method: str = "l2norm",
+        clip: Optional[float] = None,
     ) -> None:
         method = choice(ThresholdMethod, method, "module.gradient_threshold_method")
         self.l2 = l2_regularization
         self.threshold = threshold
         self.method = method
+        self.clip = float(clip) if clip else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.l2_params = l2_parameters(model)
 
     @property
     def active(self) -> bool:
-        return bool(self.l2) or self.threshold is not None
+        return bool(self.l2) or self.threshold is not None or self.clip is not None
 
     @torch.no_grad()
     def __call__(self) -> None:
@@ -53,6 +60,8 @@ class GradientTreatment:
                 torch._foreach_add_(list(grads), list(weights), alpha=self.l2)
         if self.threshold is not None:
             clip_(self.params, self.threshold, self.method)
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
 
 
 @torch.no_grad()

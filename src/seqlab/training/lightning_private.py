@@ -62,3 +62,19 @@ def set_ddp_process_command(command: Callable[[int], tuple[list[str], str]]) -> 
     from pytorch_lightning.strategies.launchers import subprocess_script
 
     subprocess_script._hydra_subprocess_cmd = command
+
+
+def unscale_for_treatment(trainer: Any, optimizer: Any) -> None:
+    """trainer.precision=16-mixed: the gradients the gradient treatment sees (MATLAB's L2 and
+    threshold, clipping) unscaled, as clipping must see them. Lightning's precision plugin unscales
+    before on_before_optimizer_step, except for an optimizer that unscales inside its own step
+    (fused Adam: torch's `_step_supports_amp_scaling`), which is unscaled here, once; the scaler's
+    step then hands it the gradients as they are."""
+    check_version()
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return
+    from torch.amp.grad_scaler import OptState
+
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+        scaler.unscale_(optimizer)

@@ -1,23 +1,25 @@
-"""The default training loop (perf=fast), in one place.
+"""The default training loop (perf=fast), in one place, for every job: a run alone is a pack of
+one (seqlab.packing.model.OneMember), a pack K members of one packed network.
 
-Lightning calls `SeqRegressor.training_step` once per item of K mini-batches (the data module
-serves them as one tensor); the module hands the item to `FusedLoop.run`, which runs the K
-optimizer steps itself, as a bare PyTorch loop would:
+Lightning calls `SeqRegressor.training_step` once per item of `perf.steps_per_call` mini-batches;
+the module hands the item's batches to `FusedLoop.run_batches`, which runs their optimizer steps
+itself, as a bare PyTorch loop would:
 
-    zero the gradients -> forward -> loss -> backward -> L2 and threshold -> clip -> update
+    zero the gradients -> forward (K, batch) -> each member's loss -> backward of their sum
+    -> L2 and threshold (per member) -> clip -> update
 
 Everything Lightning would do per step (closures, hooks, progress counters, logging) is paid
 once per item instead; nothing in the loop reads a value back to the host, so a GPU never
-waits. What a step leaves behind is a reference to its loss (the step log, sent to MLflow by
-`tracking.StepMetricsRecorder` between items) and to its predictions (the epoch's train
-metrics, computed once at the epoch's end). `scripts/benchmark.py` holds this loop to a bare
+waits. What a step leaves behind is a reference to its (K,) losses (the step log, sent to each
+member's run by `tracking.StepMetricsRecorder` between items) and to its predictions (the epoch's
+train metrics, computed once at the epoch's end). `scripts/benchmark.py` holds this loop to a bare
 loop of the same math (its `bare` row).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from pytorch_lightning.strategies import SingleDeviceStrategy
@@ -43,24 +45,7 @@ def gradient_buffers(params: list[nn.Parameter]) -> list[torch.Tensor]:
 
 Batch = tuple[
     torch.Tensor, torch.Tensor, Optional[torch.Tensor]
-]  # inputs, targets, sequence lengths
-
-
-def item_batches(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    lengths: Optional[torch.Tensor],
-    batch_size: int,
-    max_steps: Optional[int] = None,
-) -> Iterator[Batch]:
-    """A run alone's item (K mini-batches in one tensor) as its batches, at most `max_steps` of them."""
-    stop = len(x) if max_steps is None else min(len(x), max(max_steps, 0) * batch_size)
-    for start in range(0, stop, batch_size):
-        yield (
-            x[start : start + batch_size],
-            y[start : start + batch_size],
-            None if lengths is None else lengths[start : start + batch_size],
-        )
+]  # inputs, targets, sequence lengths: each (K, batch, ...)
 
 
 def lightning_steps(module: Any) -> dict[str, Callable]:
@@ -81,24 +66,21 @@ def lightning_steps(module: Any) -> dict[str, Callable]:
 
 
 class FusedLoop:
-    """Runs the optimizer steps of one item, for one network or a pack of K (its `n_members`:
-    its model takes and returns the member dimension first, its loss gives each member's, and the
+    """Runs the optimizer steps of one item for a network of K >= 1 members (its `n_members`: its
+    model takes and returns the member dimension first, its loss gives each member's, and the
     backward of their sum gives member k's parameters member k's gradient alone). Built by the
     module when training starts (the optimizer exists only then), from the perf settings bound in
-    train.py, or by the pack's module:
+    seqlab.train:
 
-    - `exact_shortcuts`: one-step inputs take `model.forward_one_step`, the same function in
-      fewer operations (see its docstring). Its gradients are kept as zeroed tensors (never
-      None), so parameters the shortcut leaves unused still get their zero gradient, L2 term
-      and optimizer update, as on the full path. (A pack's model takes its shortcut itself.)
     - `cuda_graph`: auto | on | off: replay each full step as one CUDA graph (seqlab.training.cudagraph).
-    - `clip_val`: trainer.gradient_clip_val (Lightning clips only in automatic optimisation); a
-      pack clips member by member in its gradient treatment.
+    - `gradients`: MATLAB's L2 and threshold and trainer.gradient_clip_val, per member (Lightning
+      clips only in automatic optimisation).
     - `optimizer_step` / `backward`: the raw optimizer's step and a plain backward, unless the
       precision plugin must see them (`lightning_steps`): then Lightning's, which count the step
       themselves (`counts_steps`).
     - `dropout_streams`: a pack's members' CPU dropout generators (each its run alone's stream).
-    - `after_step`: run after each step, outside any graph (a pack puts its frozen members back)."""
+    - `after_step`: run after each step, outside any graph (the step counted; a pack puts its
+      frozen members back)."""
 
     def __init__(
         self,
@@ -108,8 +90,6 @@ class FusedLoop:
         step_log: Any,
         batch_size: int,
         gradients: Optional[Any] = None,
-        clip_val: Optional[float] = None,
-        exact_shortcuts: bool = True,
         cuda_graph: str = "auto",
         optimizer_step: Optional[Callable[[], Any]] = None,
         backward: Optional[Callable[[torch.Tensor], None]] = None,
@@ -122,15 +102,8 @@ class FusedLoop:
         self.step_log = step_log
         self.batch_size = batch_size
         self.gradients = gradients if gradients is not None and gradients.active else None
-        self.clip_val = clip_val
-        self.members = getattr(model, "n_members", None)  # None: one network, no member dimension
         self.dropout_streams, self.after_step = dropout_streams, after_step
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.shortcut = (
-            exact_shortcuts
-            and not self.members
-            and getattr(model, "forward_one_step", None) is not None
-        )
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or (
             DirectFusedStep(optimizer) if DirectFusedStep.applies(optimizer) else optimizer.step
@@ -148,11 +121,7 @@ class FusedLoop:
         device = self.params[0].device
         capturable = all(group.get("capturable", False) for group in self.optimizer.param_groups)
         if device.type == "cuda" and not self.counts_steps and capturable:
-            return GraphedStep(
-                lambda x, y, lengths: self.step(x, y, lengths, self.shortcut and x.shape[1] == 1),
-                self.batch_size,
-                batch_dim=1 if self.members else 0,
-            )
+            return GraphedStep(self.step, self.batch_size, batch_dim=1)
         if asked:
             log.warning(
                 "perf      perf.cuda_graph=on needs one CUDA device, full precision and a capturable "
@@ -160,21 +129,9 @@ class FusedLoop:
             )
         return None
 
-    def run(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lengths: Optional[torch.Tensor],
-        first_step: int,
-        max_steps: Optional[int] = None,
-    ) -> tuple[int, torch.Tensor]:
-        """The steps of a run alone's item (at most `max_steps` of them), numbered from `first_step`.
-        Returns how many ran and the last step's loss (a device tensor)."""
-        return self.run_batches(item_batches(x, y, lengths, self.batch_size, max_steps), first_step)
-
     def run_batches(self, batches: Iterable[Batch], first_step: int) -> tuple[int, torch.Tensor]:
-        """One optimizer step per batch, numbered from `first_step` (a pack's: each (K, batch, ...)).
-        Returns how many ran and the last step's loss (a device tensor: (K,) for a pack)."""
+        """One optimizer step per batch, each (K, batch, ...), numbered from `first_step`. Returns
+        how many ran and the last step's (K,) losses (a device tensor)."""
         self.grads = gradient_buffers(self.params)  # the same tensors unless Lightning freed them
         lr = self.optimizer.param_groups[0]["lr"]  # a scheduler changes it only between epochs
         if isinstance(
@@ -183,9 +140,8 @@ class FusedLoop:
             lr = lr.detach().clone()
         loss, n = None, 0
         for xb, yb, lb in batches:
-            shortcut = self.shortcut and xb.shape[1] == 1
             out = self.graphed(xb, yb, lb) if self.graphed is not None else None
-            loss, pred = out if out is not None else self.step(xb, yb, lb, shortcut)
+            loss, pred = out if out is not None else self.step(xb, yb, lb)
             if self.after_step is not None:
                 self.after_step()
             # References only: the values are read back together when the log is flushed, and
@@ -195,41 +151,32 @@ class FusedLoop:
             self.epoch_targets.append(yb)
             n += 1
         return n, (
-            loss.detach() if loss is not None else torch.zeros((), device=self.params[0].device)
+            loss.detach() if loss is not None else torch.zeros(1, device=self.params[0].device)
         )
 
     def step(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lengths: Optional[torch.Tensor],
-        shortcut: bool = True,
+        self, x: torch.Tensor, y: torch.Tensor, lengths: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
         torch._foreach_zero_(self.grads)
         with phase("forward"):
-            if self.members:
-                pred = self.model(x, self.dropout_streams)  # (K, batch, outputs)
-            else:
-                pred = self.model.forward_one_step(x[:, 0]) if shortcut else self.model(x, lengths)
-            loss = self.loss_fn(pred, y)
+            pred = self.model(x, self.dropout_streams, lengths)  # (K, batch, outputs)
+            loss = self.loss_fn(pred, y)  # (K,)
         with phase("backward"):
-            # A pack's loss is each member's, (K,): the sum's gradient for member k is its own loss's.
-            self.backward(loss.sum() if self.members else loss)
+            # The sum's gradient for member k is its own loss's.
+            self.backward(loss.sum())
         with phase("optimizer"):
-            if self.gradients is not None:
+            # Through Lightning's optimizer (mixed precision), the treatment runs inside its step,
+            # after the gradients are unscaled (SeqRegressor.on_before_optimizer_step).
+            if self.gradients is not None and not self.counts_steps:
                 self.gradients()
-            if self.clip_val:
-                torch.nn.utils.clip_grad_norm_(self.params, self.clip_val, foreach=True)
             self.optimizer_step()
         return loss, pred
 
     def take_epoch(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """The epoch's predictions and targets so far, in one tensor each, along the samples (None if
-        none): (samples, outputs), or a pack's (K, samples, outputs)."""
+        """The epoch's predictions and targets so far, (K, samples, outputs) each (None if none)."""
         if not self.epoch_preds:
             return None
-        dim = 1 if self.members else 0
-        preds, targets = torch.cat(self.epoch_preds, dim), torch.cat(self.epoch_targets, dim)
+        preds, targets = torch.cat(self.epoch_preds, 1), torch.cat(self.epoch_targets, 1)
         self.epoch_preds, self.epoch_targets = [], []
         return preds, targets

@@ -51,12 +51,11 @@ def phase_table(events: Any, wall_s: float, steps: int) -> str:
 
 class ProfileSteps(pl.Callback):
     """Profiles the first `steps` optimizer steps, then writes the trace and tables to
-    `out_dir` and hands them to the tracker. steps=0: off."""
+    `out_dir` and logs them to each member's run (a pack's step is every member's). steps=0: off."""
 
-    def __init__(self, steps: int, out_dir: Path, tracker: Optional[Any] = None) -> None:
+    def __init__(self, steps: int, out_dir: Path) -> None:
         self.steps = steps
         self.out_dir = Path(out_dir)
-        self.tracker = tracker
         self.profiler: Optional[torch.profiler.profile] = None
         self.paths: list[Path] = []
 
@@ -107,6 +106,8 @@ class ProfileSteps(pl.Callback):
         sort = "self_cuda_time_total" if pl_module.device.type == "cuda" else "self_cpu_time_total"
         ops.write_text(events.table(sort_by=sort, row_limit=30) + "\n")
         self.paths = [trace, phases, ops]
-        if self.tracker is not None:
-            for path in self.paths:
-                self.tracker.log_artifact(path, "profile")
+        for m in getattr(pl_module, "members", []):
+            if m.run_open:
+                with m.own_failure("its profile"):
+                    for path in self.paths:
+                        m.tracker.log_artifact(path, "profile")

@@ -21,9 +21,9 @@ def build_trainer(
     has_val: bool,
     val_every: Any,
 ):
-    """The job's Trainer. `logger`: a run alone's tracking.LightningBridge, or False for a pack (each
-    member's metrics go to its own run: seqlab.packing.module); `fused`: the loop steps the optimizer
-    itself, and clips there."""
+    """The job's Trainer. `logger`: False (each member's metrics go to its own run, from the module and
+    the callbacks: seqlab.packing.module); `fused`: the loop steps the optimizer itself, and clips
+    there."""
     node = OmegaConf.to_container(cfg.trainer, resolve=True)
     extra = node.pop("extra")
     decided = dict(

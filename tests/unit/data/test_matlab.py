@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 from seqlab import SeqlabError
 from seqlab.data import load_mat, load_npz, synthetic_daily_load
 from seqlab.model import CNNLSTM
+from seqlab.training.evaluation import population_bn_statistics_
 from seqlab.training.gradients import GradientTreatment, clip_, l2_parameters
-from seqlab.training.module import population_bn_statistics_
 
 
 def test_the_default_experiment_keeps_pytorch_behaviour(compose_cfg):
@@ -142,11 +142,17 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
     """One real Lightning step equals a hand-written MATLAB iteration: loss, backward, L2 added,
     per-tensor threshold, Adam."""
     import copy
+    from functools import partial
 
     import pytorch_lightning as pl
 
     from seqlab.data import TensorBatches
-    from seqlab.training.module import half_mse
+    from seqlab.packing.data import PackData
+    from seqlab.packing.members import Member
+    from seqlab.packing.model import OneMember
+    from seqlab.packing.optim import build_update
+    from seqlab.tracking.steps import StepLog
+    from seqlab.training.evaluation import half_mse
 
     cfg = compose_cfg("experiment=matlab_seed")
     torch.manual_seed(0)
@@ -158,7 +164,23 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
         50 * torch.from_numpy(data.y),
     )  # large errors: thresholds engage
 
-    module = instantiate(cfg.module)(model=model, optimizer=instantiate(cfg.optimizer))
+    # The job's module as a run alone's (seqlab.train), in Lightning's automatic optimisation.
+    member = Member(0, cfg, job=None, tracker=None, network=model)
+    data = PackData(x[:, 0], y, None, torch.arange(64)[None], None, 64, 1, False)
+    update = partial(
+        build_update,
+        networks=[model],
+        optimizers=[instantiate(cfg.optimizer)],
+        scheduler=None,
+    )
+    module = instantiate(cfg.module)(
+        model=OneMember(model),
+        members=[member],
+        data=data,
+        update=update,
+        step_log=StepLog(),
+        batches=lambda: TensorBatches(x, y, 64, False, False, 0),
+    )
     trainer = pl.Trainer(
         max_steps=1,
         logger=False,
@@ -168,7 +190,7 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    trainer.fit(module, train_dataloaders=TensorBatches(x, y, 64, False, False, 0))
+    trainer.fit(module)
 
     params = [p for p in reference.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
@@ -184,9 +206,9 @@ def test_lightning_applies_l2_then_the_threshold_before_each_step(compose_cfg):
                 clipped += 1
     optimizer.step()
     assert clipped >= 2  # the threshold really acted
-    for (name, a), b in zip(module.model.named_parameters(), reference.parameters()):
+    for (name, a), b in zip(module.model.net.named_parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, msg=name)
-    assert torch.count_nonzero(module.model.lstm.bias_hh_l0) == 0  # MATLAB's single bias
+    assert torch.count_nonzero(module.model.net.lstm.bias_hh_l0) == 0  # MATLAB's single bias
 
 
 # -- data handling -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""packing.data.PackData: the members' batches, shared where their data order is one."""
+"""packing.data.PackData: the members' batches, shared where their data order is one, and a run
+alone's (a pack of one) with its sequences' lengths."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ class _Member:
         self.order = torch.Generator().manual_seed(seed)
 
 
-def _data(k: int) -> PackData:
+def _data(k: int, lengths: bool = False) -> PackData:
     x = torch.arange(40 * 6, dtype=torch.float32).view(40, 6)
     return PackData(
         x=x,
         y=x[:, :1].clone(),
+        lengths=torch.arange(40) % 5 + 1 if lengths else None,
         train_rows=torch.arange(32).expand(k, -1),
         val_rows=torch.arange(32, 40).expand(k, -1),
         batch_size=8,
@@ -31,14 +33,15 @@ def test_members_with_one_data_order_get_one_gathered_batch_as_a_view():
     assert data.shares_order(members)  # known before the first epoch: the pack line says it
     orders = data.orders(members)
     assert data.one_order
-    x, y = data.batch(orders, 1)
-    assert x.shape == (3, 8, 6) and x.stride(0) == 0 and y.shape == (3, 8, 1)
-    rows = orders[0, 8:16]
-    for k in range(3):  # each member's batch is the rows its own order names
-        torch.testing.assert_close(x[k], data.x[rows])
-        torch.testing.assert_close(y[k], data.y[rows])
-    (val,) = list(data.val_chunks())
-    assert val.stride(0) == 0 and torch.equal(val[2], data.x[32:40])
+    (x, y, lengths), (x2, _, _) = data.batches(orders, 1, 3)
+    assert x.shape == (3, 8, 6) and x.stride(0) == 0 and y.shape == (3, 8, 1) and lengths is None
+    for b, xb in ((1, x), (2, x2)):
+        rows = orders[0, 8 * b : 8 * (b + 1)]
+        for k in range(3):  # each member's batch is the rows its own order names
+            torch.testing.assert_close(xb[k], data.x[rows])
+    torch.testing.assert_close(y[1], data.y[orders[0, 8:16]])
+    ((val, val_lengths),) = list(data.val_chunks())
+    assert val.stride(0) == 0 and torch.equal(val[2], data.x[32:40]) and val_lengths is None
 
 
 def test_members_with_their_own_orders_get_their_own_batches():
@@ -47,7 +50,23 @@ def test_members_with_their_own_orders_get_their_own_batches():
     assert not data.shares_order(members)
     orders = data.orders(members)
     assert not data.one_order
-    x, _ = data.batch(orders, 0)
+    ((x, _, _),) = data.batches(orders, 0, 1)
     assert x.stride(0) != 0
     for k in range(2):
         torch.testing.assert_close(x[k], data.x[orders[k, :8]])
+
+
+def test_a_run_alone_is_a_pack_of_one_whose_batches_follow_its_order_with_their_lengths():
+    data = _data(1, lengths=True)
+    orders = data.orders([_Member(5)])
+    assert data.one_order  # one member: its item is gathered at once, no read-back to know it
+    batches = list(data.batches(orders, 0, 4))
+    assert len(batches) == 4
+    for b, (x, y, lengths) in enumerate(batches):
+        rows = orders[0, 8 * b : 8 * (b + 1)]
+        assert x.shape == (1, 8, 6) and lengths.shape == (1, 8)
+        torch.testing.assert_close(x[0], data.x[rows])
+        torch.testing.assert_close(y[0], data.y[rows])
+        assert torch.equal(lengths[0], data.lengths[rows])
+    ((val, val_lengths),) = list(data.val_chunks())
+    assert torch.equal(val_lengths[0], data.lengths[32:40])

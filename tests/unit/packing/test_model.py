@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from seqlab.model import CNNLSTM
-from seqlab.packing.model import MEMBER_LOSSES, PackedCNNLSTM, share_streams
-from seqlab.training.module import LOSS_FUNCTIONS
+from seqlab.packing.model import PackedCNNLSTM, share_streams
+from seqlab.training.evaluation import LOSS_FUNCTIONS, MEMBER_LOSSES
 
 SHAPE = dict(n_features=16, n_outputs=1, filters=3, kernel_size=5, hidden_size=8)
 
@@ -56,6 +56,26 @@ def test_each_member_computes_what_its_network_computes_alone():
             packed.bn_running_var[k], member.bn.running_var, rtol=1e-5, atol=1e-7
         )
         assert int(packed.bn_num_batches_tracked[k]) == int(member.bn.num_batches_tracked) == 1
+
+
+def test_members_of_padded_sequences_compute_and_learn_what_each_computes_alone():
+    """Sequences of different lengths (right-padded, with their lengths) pack too: each member's
+    LSTM output at its sequence's last real step, as CNNLSTM.forward takes it, forward and
+    backward."""
+    members, _ = _members([0, 1])
+    packed = PackedCNNLSTM(members)
+    x = torch.randn(2, 8, 6, SHAPE["n_features"])
+    lengths = torch.tensor([[6, 3, 1, 6, 2, 5, 4, 6], [1, 6, 6, 2, 3, 4, 5, 6]])
+    out = packed(x, None, lengths)
+    assert out.shape == (2, 8, 1)
+    out.pow(2).sum().backward()
+    for k, member in enumerate(members):
+        alone = member(x[k], lengths[k])
+        torch.testing.assert_close(out[k], alone, rtol=1e-5, atol=1e-6)
+        alone.pow(2).sum().backward()
+        torch.testing.assert_close(
+            packed.lstm_weight_ih.grad[k], member.lstm.weight_ih_l0.grad, rtol=1e-4, atol=1e-6
+        )
 
 
 def test_members_sharing_one_batch_compute_and_learn_what_each_computes_alone():
@@ -395,12 +415,18 @@ def test_a_members_state_comes_back_whole_from_a_pack_checkpoint():
 
 
 def _pack_module(run_ids=("a", "b")):
-    """A PackModule of two members over _data(), attached to a Trainer that has not fitted."""
+    """The module of a pack of two members over _data(), attached to a Trainer that has not fitted,
+    its update made (as Lightning's configure_optimizers makes it)."""
+    from functools import partial
+
     import pytorch_lightning as pl
 
     from seqlab.packing.data import PackData
     from seqlab.packing.members import Member
-    from seqlab.packing.module import PackModule
+    from seqlab.packing.module import SeqRegressor
+    from seqlab.packing.optim import Update
+    from seqlab.tracking.steps import StepLog
+    from seqlab.training.loop import FusedLoop
 
     nets, _ = _members([0, 1])
     x, y = _data()
@@ -414,6 +440,7 @@ def _pack_module(run_ids=("a", "b")):
     data = PackData(
         x=x[:, 0],
         y=y,
+        lengths=None,
         train_rows=rows,
         val_rows=None,
         batch_size=16,
@@ -421,22 +448,17 @@ def _pack_module(run_ids=("a", "b")):
         shuffle=True,
     )
     packed = PackedCNNLSTM(nets)
-    m = PackModule(
-        packed,
-        torch.optim.Adam(packed.parameters()),
-        None,
-        None,
-        "half_mse",
-        float,
-        data,
-        members,
-        lr_scale=torch.ones(2),
-        steps_per_call=2,
-        flush_every_n_steps=10**6,
-        flush_every_s=0.0,
-        exact_dropout=False,
+
+    def update(model, **settings):
+        return Update(torch.optim.Adam(model.parameters()), None, None, [1.0, 1.0])
+
+    m = SeqRegressor(
+        packed, members, data, update, "half_mse", step_log=StepLog(), loop=partial(FusedLoop)
     )
+    m.set_items_per_call(2)
+    m.resuming = True
     m.trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    m.configure_optimizers()
     return m
 
 
@@ -447,9 +469,7 @@ def test_a_member_that_stopped_early_is_frozen_while_the_others_train():
     before = [pack.model.member(k) for k in range(2)]
     orders, _, _ = next(iter(pack.items))
     pack.on_train_start()  # the pack's loop: a run alone's, with the member dimension
-    n, losses = pack.loop.run_batches(
-        ((*pack.data.batch(orders, b), None) for b in range(3)), first_step=1
-    )
+    n, losses = pack.loop.run_batches(pack.data.batches(orders, 0, 3), first_step=1)
     assert (
         n == 3 and pack.trained == 3 and losses.shape == (2,) and pack.step_log.steps == [1, 2, 3]
     )
@@ -485,7 +505,30 @@ def test_a_failed_members_status_and_its_data_order_come_back_from_the_packs_che
     assert torch.equal(replayed[0][0], orders[0])  # the same order as the stopped epoch's
     with pytest.raises(SeqlabError, match="another pack's"):
         module(("a", "c")).on_load_checkpoint(checkpoint)
-    # one from before the convolution's taps were two tensors: refused in one line, not a traceback
-    older = {**checkpoint, "state_dict": {"model.conv_weight": torch.zeros(2, 3, 16, 5)}}
+    # one from before a run alone and a pack trained in one module: refused in one line
+    older = {key: value for key, value in checkpoint.items() if key != "members"}
     with pytest.raises(SeqlabError, match="older seqlab"):
         module().on_load_checkpoint(older)
+
+
+def test_a_run_alone_is_a_pack_of_one_whose_state_is_its_networks_own():
+    """packing.model.OneMember: a run alone's network as member 0 of the loop's member dimension.
+    Its state dict is the network's (a run alone's checkpoint loads into a plain CNNLSTM), its
+    one-step shortcut and its full forward compute what the network computes, and training mode
+    reaches the network."""
+    from seqlab.packing.model import OneMember
+
+    (net,), _ = _members([0], dropout=0.0)
+    one = OneMember(net)
+    assert list(one.state_dict()) == list(net.state_dict())
+    assert [id(p) for p in one.parameters()] == [id(p) for p in net.parameters()]
+    x = torch.randn(1, 16, SHAPE["n_features"])
+    torch.testing.assert_close(one(x)[0], net.forward_one_step(x[0]))
+    torch.testing.assert_close(OneMember(net, one_step_shortcut=False)(x)[0], net(x[0][:, None]))
+    one.eval()
+    assert not net.training and not net.bn.training
+    state = one.member(0)
+    with torch.no_grad():
+        net.fc.bias.add_(1.0)
+    one.load_member(0, state)
+    torch.testing.assert_close(net.fc.bias, state["fc.bias"])

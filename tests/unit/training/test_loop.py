@@ -10,7 +10,7 @@ from harness.inprocess import run_script
 from harness.perf import _eager_capture
 
 from seqlab.train import train
-from seqlab.training.module import half_mse
+from seqlab.training.evaluation import half_mse
 
 # -- on-device batching -------------------------------------------------------------------------
 
@@ -118,11 +118,12 @@ def test_cuda_graph_training_matches_eager_on_a_gpu(compose_cfg, store, caplog, 
 
 @pytest.mark.gpu
 def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
-    """Synchronising calls raise inside the fused loop, from its second call on (the first
-    warms up and captures), with per-step metrics flushed outside it."""
+    """Synchronising calls raise inside the fused loop (its batches gathered on the way included),
+    from its second call on (the first warms up and captures), with per-step metrics flushed
+    outside it."""
     from seqlab.training.loop import FusedLoop
 
-    run, calls, strict_steps = FusedLoop.run, [], []
+    run, calls, strict_steps = FusedLoop.run_batches, [], []
 
     def strict(self, *args, **kwargs):
         calls.append(len(calls))
@@ -136,7 +137,7 @@ def test_no_synchronisation_in_the_gpu_hot_loop(compose_cfg, monkeypatch):
         strict_steps.append(n)
         return n, loss
 
-    monkeypatch.setattr(FusedLoop, "run", strict)
+    monkeypatch.setattr(FusedLoop, "run_batches", strict)
     result = train(
         compose_cfg(
             "data.n_samples=8000",
@@ -190,7 +191,9 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     zeroed gradients, the one-step shortcut, fused Adam, (L2 and threshold), clipping. The same
     losses and the same weights after 12 steps in items of 4."""
     from seqlab.model import CNNLSTM
+    from seqlab.packing.model import OneMember
     from seqlab.tracking import StepLog
+    from seqlab.training.evaluation import MEMBER_LOSSES
     from seqlab.training.gradients import GradientTreatment
     from seqlab.training.loop import FusedLoop
 
@@ -200,29 +203,30 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     models[1].load_state_dict(models[0].state_dict())
     params = [[p for p in m.parameters() if p.requires_grad] for m in models]
     optimizers = [torch.optim.Adam(p, lr=1e-2, fused=True) for p in params]
-    treatments = [
-        GradientTreatment(m, 1e-4 if matlab else 0.0, 0.05 if matlab else None) for m in models
-    ]
+    l2, threshold = (1e-4, 0.05) if matlab else (0.0, None)
 
     log = StepLog()
     loop = FusedLoop(
-        models[0],
+        OneMember(models[0]),  # a run alone: a pack of one
         optimizers[0],
-        half_mse,
+        MEMBER_LOSSES["half_mse"],
         log,
         batch_size=16,
-        gradients=treatments[0],
-        clip_val=0.5,
+        gradients=GradientTreatment(models[0], l2, threshold, clip=0.5),
     )
     steps = 0
-    for item in range(3):
-        xi, yi = x[item * 64 : (item + 1) * 64], y[item * 64 : (item + 1) * 64]
-        n, _ = loop.run(xi, yi, None, first_step=steps + 1)
+    for item in range(3):  # items of 4 batches, each (1, batch, features): the step dropped
+        batches = [
+            (x[i * 16 : (i + 1) * 16, 0][None], y[i * 16 : (i + 1) * 16][None], None)
+            for i in range(item * 4, (item + 1) * 4)
+        ]
+        n, _ = loop.run_batches(batches, first_step=steps + 1)
         steps += n
     assert steps == 12 and log.steps == list(range(1, 13))
     looped = [float(v) for v in log.losses]
 
-    model, optimizer, treat = models[1], optimizers[1], treatments[1]
+    model, optimizer = models[1], optimizers[1]
+    treat = GradientTreatment(model, l2, threshold)
     for p in params[1]:
         p.grad = torch.zeros_like(p)
     bare = []
@@ -241,17 +245,35 @@ def test_the_fused_loop_is_a_bare_loop_of_the_same_math(matlab):
     for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     preds, targets = loop.take_epoch()
-    assert preds.shape == targets.shape == (12 * 16, 1) and torch.equal(targets, y)
+    assert preds.shape == targets.shape == (1, 12 * 16, 1) and torch.equal(targets[0], y)
 
 
-def test_the_fused_loop_stops_at_max_steps_inside_an_item():
-    from seqlab.model import CNNLSTM
-    from seqlab.tracking import StepLog
-    from seqlab.training.loop import FusedLoop
+@pytest.mark.gpu  # on a CPU, Lightning trains 16-mixed as bf16-mixed: no loss scaling there
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_under_16_mixed_the_gradient_treatment_sees_unscaled_gradients(
+    compose_cfg, store, monkeypatch, impl
+):
+    """trainer.precision=16-mixed scales the loss (a GradScaler, 2**16 at first): MATLAB's threshold
+    and trainer.gradient_clip_val must act on the gradients unscaled, with fused Adam (which
+    unscales inside its own step) as with an optimizer Lightning unscales itself."""
+    from seqlab.training.gradients import GradientTreatment
 
-    model = CNNLSTM(8)
-    log = StepLog()
-    loop = FusedLoop(model, torch.optim.Adam(model.parameters()), half_mse, log, batch_size=4)
-    n, _ = loop.run(torch.randn(20, 1, 8), torch.randn(20, 1), None, first_step=7, max_steps=3)
-    assert n == 3 and log.steps == [7, 8, 9]
-    assert loop.take_epoch()[0].shape == (12, 1)
+    seen, call = [], GradientTreatment.__call__
+
+    def recorded(self):
+        seen.append(max(float(p.grad.norm()) for p in self.params))
+        call(self)
+
+    monkeypatch.setattr(GradientTreatment, "__call__", recorded)
+    result = train(
+        compose_cfg(
+            "trainer.precision=16-mixed",
+            "trainer.accelerator=gpu",
+            "module.gradient_threshold=1.0",
+            f"perf.optimizer_impl={impl}",
+            "data.n_samples=256",
+            "trainer.max_epochs=1",
+        )
+    )
+    assert result.status == "FINISHED" and len(seen) == 4  # 205 training samples: 4 steps
+    assert max(seen) < 100  # scaled, the largest gradient would be some 2**16 times its size

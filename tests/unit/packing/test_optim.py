@@ -1,14 +1,13 @@
-"""packing.task.packed_update: the pack's optimizer over its packed tensors, and which of them it
-trains at all."""
+"""packing.optim.build_update: the optimizer over a network of K members' tensors, and which of
+them it trains at all."""
 
 from __future__ import annotations
 
 import pytest
 from hydra.utils import instantiate
 
-from seqlab.packing.members import Member
 from seqlab.packing.model import PackedCNNLSTM
-from seqlab.packing.task import packed_update
+from seqlab.packing.optim import build_update
 
 
 @pytest.mark.parametrize(
@@ -25,16 +24,22 @@ from seqlab.packing.task import packed_update
 def test_weights_one_step_leaves_unused_leave_the_optimizer_only_where_nothing_moves_them(
     compose_cfg, overrides, one_step, frozen
 ):
-    members = []
-    for k, lr in enumerate([1e-3, 3e-3]):
-        cfg = compose_cfg(f"optimizer.lr={lr}", *overrides)
-        net = instantiate(cfg.model, n_features=12, n_outputs=1)
-        members.append(Member(k, cfg, None, network=net))
-    model = PackedCNNLSTM([m.network for m in members])
-    optimizer, _, _, lr_scale = packed_update(members[0].cfg, members, model, one_step)
-    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    cfgs = [compose_cfg(f"optimizer.lr={lr}", *overrides) for lr in (1e-3, 3e-3)]
+    networks = [instantiate(cfg.model, n_features=12, n_outputs=1) for cfg in cfgs]
+    model = PackedCNNLSTM(networks)
+    update = build_update(
+        model,
+        networks=networks,
+        optimizers=[instantiate(cfg.optimizer) for cfg in cfgs],
+        scheduler=None,
+        l2=[cfg.module.l2_regularization for cfg in cfgs],
+        threshold=[None, None],
+        method="l2norm",
+        one_step=one_step,
+    )
+    stepped = {id(p) for group in update.optimizer.param_groups for p in group["params"]}
     # one step from a zero state: the LSTM's recurrent weights get no gradient either
     assert (id(model.conv_sides) not in stepped) is frozen
     assert (id(model.lstm_weight_hh) not in stepped) is frozen
     assert id(model.conv_centre) in stepped
-    assert lr_scale.tolist() == pytest.approx([1e-3, 3e-3])
+    assert update.lr_scale == pytest.approx([1e-3, 3e-3])

@@ -1,0 +1,97 @@
+"""A job's members built (issues 22 and 32): a pack's members, those the sweeper put in pack N
+(`pack_job=N`, seqlab.sweeps.packs), each with its own config, composed by Hydra from its job's
+overrides, and its own job (folder, result file) inside the pack's (`pack_members`); and each
+member's data and network as its run alone builds them, the members' samples loaded once
+(`load_samples`, `build_member`). seqlab.train trains them as one step, each member a full MLflow
+run (a run alone is a job of one member, built and trained the same way)."""
+
+from __future__ import annotations
+
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, open_dict
+
+from seqlab import SeqlabError
+from seqlab.packing.data import samples_key
+from seqlab.packing.members import Member
+from seqlab.sweeps.job import Job
+from seqlab.sweeps.packs import PackPlan, key_of, member_dir
+from seqlab.sweeps.trial import member_link
+from seqlab.tracking.costs import PROCESS
+
+
+def member_config(overrides: list[str], output_dir: Path) -> DictConfig:
+    """A member's own config, composed by Hydra from its job's overrides: what its job alone composes
+    (the pack job's own keys are its members' shared ones), in its folder inside the pack's. Hydra's
+    own overrides (the launcher, a trial's environment) are the pack job's."""
+    mine = [
+        o for o in overrides if not key_of(o).startswith(("hydra.", "hydra/", "+hydra", "~hydra"))
+    ]
+    member = compose(config_name=HydraConfig.get().job.config_name, overrides=mine)
+    with open_dict(member):
+        member.paths.output_dir = str(output_dir)
+    return member
+
+
+def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
+    """The members of this job's pack, each with its config and its own job (folder, result file)."""
+    plan = PackPlan.read(job.sweep_dir)
+    if not 0 <= cfg.pack_job < len(plan.packs):
+        raise SeqlabError(f"pack_job={cfg.pack_job}: the sweep has {len(plan.packs)} pack(s)")
+    pack_id = f"{job.sweep_info().sweep_id or job.sweep_dir.name}-p{cfg.pack_job}"
+    members = []
+    for k, overrides in enumerate(plan.packs[cfg.pack_job]):
+        overrides = [o for o in overrides if key_of(o) != "resume"]
+        out = member_dir(job.output_dir, k)
+        member_job = Job(
+            out,
+            overrides,
+            job.sweep_dir,
+            job.num,
+            concurrent_jobs=job.concurrent_jobs,
+            member=k,
+            pack_id=pack_id,
+        )
+        with PROCESS.phase("member configs"):
+            member_cfg = member_config(overrides, out)
+        members.append(Member(k, member_cfg, member_job, trial_link=member_link(overrides)))
+    return members
+
+
+def load_samples(members: list[Member]) -> dict[str, Any]:
+    """Each distinct set of the members' samples (packing.data.samples_key) loaded once, as many at
+    a time as the job has cores: NumPy releases the GIL in the arithmetic and random draws that make
+    synthetic data and in a file's reads, and each set depends on its own seed alone. The members'
+    networks are then built in turn (build_member: their seeds go through the one global stream)."""
+    configs: dict[str, DictConfig] = {}
+    for m in members:
+        configs.setdefault(samples_key(m.cfg.data), m.cfg.data)
+    modules = {key: instantiate(data) for key, data in configs.items()}
+    with ThreadPoolExecutor(max(1, min(len(modules), torch.get_num_threads()))) as pool:
+        # Each in a copy of this context: Hydra's target policy (a context variable) holds there too.
+        loads = {
+            key: pool.submit(contextvars.copy_context().run, dm.load) for key, dm in modules.items()
+        }
+        return {key: load.result() for key, load in loads.items()}
+
+
+def build_member(m: Member, samples: dict[str, Any], device: Any) -> None:
+    """The member's data (`samples`: load_samples's, what members with the same samples share),
+    network, dropout stream and sample order, as its run alone builds them."""
+    pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
+    m.datamodule = instantiate(m.cfg.data)
+    m.datamodule.setup("fit", samples=samples[samples_key(m.cfg.data)])
+    m.network = instantiate(
+        m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
+    )
+    m.dropout_stream = torch.Generator()
+    m.dropout_stream.set_state(torch.get_rng_state())
+    m.order = torch.Generator(device=device.torch_device).manual_seed(m.cfg.data.seed)
