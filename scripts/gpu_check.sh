@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Every GPU check in one go, for a machine with an NVIDIA GPU (about 8 minutes at most):
-#   1. the GPU tests (pytest -m gpu): CUDA-graph capture, no host synchronisation in the loop;
-#   2. the benchmark with cpu and gpu rows: the seed shape at batch 64, 512 and 4096, every loop
-#      but naive (plain, bare, default), so the default is held to its bare loop on both devices;
+# Every GPU check in one go, for a machine with an NVIDIA GPU (about 11 minutes at most; 7 on the
+# H200 of 2026-12-04, docs/performance.md):
+#   1. the GPU tests (pytest -m gpu): CUDA-graph capture, no host synchronisation in the loop,
+#      16-mixed's gradient treatment on unscaled gradients;
+#   2. the benchmark's gpu rows (the seed shape at batch 64, 512 and 4096; plain, bare, default: the
+#      default held to its bare loop, both replaying one CUDA graph a step), then the cpu's at 64 and 4096;
 #   3. many networks in one step on the GPU: the packed loop beside bare at batch 64, K = 1, 8, 32, 256;
-#   4. a short device x batch study (sweep=device_batch: cpu and gpu at batch 64, 512, 4096, the default
-#      loop, 2 seeds, 5 s a job: 12 jobs).
+#   4. a short device x batch study (sweep=device_batch: cpu and gpu at batch 64 and 4096, one network
+#      and packs of 8, 2 seeds, 5 s a job).
 # Everything it writes goes under OUT_DIR (machine.txt, pytest_gpu.txt, benchmark.{txt,json},
-# packed.{txt,json}, sweep.txt, and the sweep's MLflow store under OUT_DIR/root/mlruns).
+# benchmark_cpu.{txt,json}, packed.{txt,json}, sweep.txt, and the sweep's MLflow store under
+# OUT_DIR/root/mlruns).
 #
 #   scripts/gpu_check.sh OUT_DIR
 #
@@ -51,10 +54,16 @@ if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 step pytest_gpu 120 "$py" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra"
-step benchmark 180 "$py" scripts/benchmark.py --devices cpu,gpu --shapes seed --loops plain,bare,default --batch-sizes 64,512,4096 \
+# The GPU rows first (about 150 s on an H200: plain's eager steps are the slow ones), then the same
+# machine's CPU at the two ends of the batch range (its bs512 rows took as long as the rest).
+step benchmark 200 "$py" scripts/benchmark.py --devices gpu --shapes seed --loops plain,bare,default --batch-sizes 64,512,4096 \
   --repeats 2 --out "$out/benchmark.json"
-step packed 60 "$py" scripts/benchmark.py --devices gpu --shapes seed --loops bare --pack 1,8,32,256 --batch-sizes 64 \
+step benchmark_cpu 150 "$py" scripts/benchmark.py --devices cpu --shapes seed --loops bare,default --batch-sizes 64,4096 \
+  --repeats 2 --out "$out/benchmark_cpu.json"
+step packed 60 "$py" scripts/benchmark.py --devices gpu --shapes seed --loops bare,packed --pack 1,8,32,256 --batch-sizes 64 \
   --repeats 2 --out "$out/packed.json"
-step sweep 120 "$py" train.py -m sweep=device_batch seed=0,1 data.batch_size=64,512,4096 perf=fast \
+# A short study: cpu and gpu at batch 64 and 4096, one network and a pack of 8, 2 seeds, 5 s a job
+# (the full sweep=device_batch's 36 launches did not fit: 5 of them in 120 s on the H200).
+step sweep 150 "$py" train.py -m sweep=device_batch seed=0,1 data.batch_size=64,4096 perf=fast replicas=1,8 \
   "trainer.max_time=00:00:00:05" paths.root_dir="$out/root"
 exit $status
