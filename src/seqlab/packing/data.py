@@ -201,19 +201,20 @@ class PackData:
         copies of the same rows."""
         bs = self.batch_size
         if self.one_order:
-            rows = orders[0, first * bs : stop * bs]
-            x, y, lengths = self._gather(rows), self.y.index_select(0, rows), None
+            rows, k = orders[0, first * bs : stop * bs], len(orders)
+            # The item's rows once, seen as (K, rows, ...) with a stride of 0 over the members:
+            # each batch is then one slice of it (a step's every Python operation counts here).
+            x = self._gather(rows).unsqueeze(0).expand(k, *rows.shape, *self.x.shape[1:])
+            y = self.y.index_select(0, rows).unsqueeze(0).expand(k, len(rows), -1)
+            lengths = None
             if self.lengths is not None:
-                lengths = self.lengths.index_select(0, rows)
-            k = len(orders)
+                lengths = self.lengths.index_select(0, rows).unsqueeze(0).expand(k, len(rows))
             for start in range(0, len(rows), bs):
-                n = min(bs, len(rows) - start)
+                end = start + bs
                 yield (
-                    x[start : start + n].unsqueeze(0).expand(k, n, *x.shape[1:]),
-                    y[start : start + n].unsqueeze(0).expand(k, n, -1),
-                    None
-                    if lengths is None
-                    else lengths[start : start + n].unsqueeze(0).expand(k, n),
+                    x[:, start:end],
+                    y[:, start:end],
+                    None if lengths is None else lengths[:, start:end],
                 )
             return
         for b in range(first, stop):

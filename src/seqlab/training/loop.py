@@ -110,6 +110,7 @@ class FusedLoop:
         )
         self.backward = backward or torch.Tensor.backward
         self.grads = gradient_buffers(self.params)
+        self.ones = torch.ones(model.n_members, device=self.params[0].device)
         self.epoch_preds: list[torch.Tensor] = []
         self.epoch_targets: list[torch.Tensor] = []
         self.graphed = self._graphed_step(str(cuda_graph).lower())
@@ -163,8 +164,11 @@ class FusedLoop:
             pred = self.model(x, self.dropout_streams, lengths)  # (K, batch, outputs)
             loss = self.loss_fn(pred, y)  # (K,)
         with phase("backward"):
-            # The sum's gradient for member k is its own loss's.
-            self.backward(loss.sum())
+            # The backward of the members' summed losses (a gradient of ones for each member's,
+            # without a sum in the step): member k's parameters get member k's loss's gradient.
+            if self.ones.dtype != loss.dtype:  # trainer.precision=64-true: a double loss
+                self.ones = torch.ones_like(loss)
+            self.backward(loss, self.ones)
         with phase("optimizer"):
             # Through Lightning's optimizer (mixed precision), the treatment runs inside its step,
             # after the gradients are unscaled (SeqRegressor.on_before_optimizer_step).
