@@ -40,6 +40,10 @@ class DivergenceCheck(pl.Callback):
     ) -> None:
         self.check(trainer, pl_module)
 
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.check(trainer, pl_module)  # the recorder has just sent every step before it
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.check(trainer, pl_module)
 

@@ -43,8 +43,8 @@ class StepMetricsRecorder(pl.Callback):
     """Between Lightning calls, once at least `every_n_steps` steps wait in `steps` and `every_s`
     seconds have passed since the last send, their losses are read back together and each member's
     sent to its run in one batch (each send costs the loop a read-back and a wake-up of the writer:
-    a few a second is live enough for a chart), and at the end of each epoch's training part; the
-    rest at the end of training, at an exception, and before each checkpoint (a resume continues after it and never sends again what a run
+    a few a second is live enough for a chart), and before each validation; the rest at the end of
+    training, at an exception, and before each checkpoint (a resume continues after it and never sends again what a run
     holds). A member gets the steps it trained: none after it failed, none past where it stopped
     (packing.members.Member). The per-step train_rmse is a function of the loss (`loss_to_mse`), so
     it costs the step nothing; `lr` is the optimizer's, times the member's own scale. Under DDP
@@ -73,13 +73,17 @@ class StepMetricsRecorder(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        due = (
+        if (
             len(self.steps) >= self.every_n_steps
             and time.monotonic() - self.last_sent >= self.every_s
-        )
-        # Also at the end of an epoch's training part, before its validation: a loss that became
-        # NaN is known (tracking.DivergenceCheck, after this) before the validation's NaN is judged.
-        if due or batch_idx + 1 >= trainer.num_training_batches:
+        ):
+            self.flush()
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Before a validation is judged (best, patience, pruning), a loss that became NaN is known
+        # (tracking.DivergenceCheck, after this): its member fails, it does not "stop early". Here,
+        # after the epoch timer has paused for the validation, it costs the training no time.
+        if not trainer.sanity_checking:
             self.flush()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
