@@ -49,13 +49,13 @@ from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, check_checkpoint
 from seqlab.resume.points import CHECKPOINT, publish_resume_point
 from seqlab.resume.requeue import previous_attempt as previous_run
-from seqlab.store.ui import run_link
-from seqlab.sweeps.job import Job, JobResult, fmt, ready, resume_command
+from seqlab.sweeps.job import Job, JobResult, ready, resume_command
 from seqlab.sweeps.pruning import trial_callbacks
 from seqlab.sweeps.trial import current
 from seqlab.tracking import StepMetricsRecorder
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.costs import PROCESS
+from seqlab.tracking.lifecycle import report
 from seqlab.training import devices
 from seqlab.training.evaluation import LOSS_TO_MSE
 from seqlab.training.loop import FusedLoop
@@ -188,6 +188,10 @@ class Recipe:
             m.datamodule.release()
         self.module, self.trainer, self.stop = self._build()
         self._describe()
+        if self.start_from is not None:  # one line, before training, for a file that is no fit
+            what = f"resume={cfg.resume}" if self.continuing else f"ckpt_path={cfg.ckpt_path}"
+            check_checkpoint(self.start_from, self.module, what)
+            log.info("resume    from %s", self.start_from)
 
     def _build(self) -> tuple[SeqRegressor, pl.Trainer, GracefulStop]:
         """The module with its loop, the callbacks and the Trainer, each from its config group."""
@@ -255,15 +259,24 @@ class Recipe:
         module.end_member = lambda m: finish_or_fail(
             m, module.model, trainer, device, self._since()
         )
+        # Ctrl-C, SIGTERM and submitit's USR2 stop at a step boundary with a checkpoint (not under
+        # DDP, where each process would decide on its own signal).
+        stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not ddp)
+        every = self._callbacks(recorder, stop, ddp)
+        trainer = build_trainer(cfg, device, every, False, fused, has_val, val_every)
+        return module, trainer, stop
+
+    def _callbacks(self, recorder: StepMetricsRecorder, stop: GracefulStop, ddp: bool) -> list:
+        """The job's own callbacks (the step recorder, the graceful stop, the time-based checkpoint;
+        under DDP the rank watch), then the callbacks group's and a search's trial reports."""
+        cfg, job, members = self.cfg, self.job, self.members
         # Ctrl-C/SIGTERM/USR2, and every checkpoint.interval_s, a checkpoint that resume= continues
         # from (not under DDP, where the processes would have to agree on the moment).
-        path = job.output_dir / "checkpoints" / CHECKPOINT
-        stop = GracefulStop(path, enabled=not ddp)
         own = [recorder, stop]
         if cfg.checkpoint.interval_s > 0 and not ddp:
             own.append(
                 TimedCheckpoint(
-                    path, cfg.checkpoint.interval_s, self._publish, before_save=recorder.flush
+                    stop.path, cfg.checkpoint.interval_s, self._publish, before_save=recorder.flush
                 )
             )
         chosen = callback_group.build(cfg.callbacks)
@@ -276,11 +289,11 @@ class Recipe:
         }
         # DDP: the other ranks' processes, watched from rank 0 (a rank that dies: one line naming it)
         watch = (
-            [RankWatch.installed(job.output_dir, first.tracker)] if ddp and job.rank == 0 else []
+            [RankWatch.installed(job.output_dir, members[0].tracker)]
+            if ddp and job.rank == 0
+            else []
         )
-        every = [*own, *watch, *chosen.values(), *trial_callbacks(members)]
-        trainer = build_trainer(cfg, device, every, False, fused, has_val, val_every)
-        return module, trainer, stop
+        return [*own, *watch, *chosen.values(), *trial_callbacks(members)]
 
     def _publish(self, path: Path, step: int) -> None:
         """The checkpoint as every open member run's resume point, a member that failed in it too
@@ -326,10 +339,6 @@ class Recipe:
                 first.name,
                 first.tracker.experiment_name,
             )
-        if self.start_from is not None:
-            what = f"resume={cfg.resume}" if self.continuing else f"ckpt_path={cfg.ckpt_path}"
-            check_checkpoint(self.start_from, self.module, what)
-            log.info("resume    from %s", self.start_from)
 
     # -- train -----------------------------------------------------------------------------------
     def train(self) -> None:
@@ -394,7 +403,7 @@ class Recipe:
             for m in self.members
         ]
         if len(self.members) == 1 and results[0].status == "FINISHED" and job.rank == 0:
-            _report(job, self.members[0].tracker, results[0], self)
+            report(job, self.members[0].tracker, results[0], self.trainer, self.device, self.wall)
         return results
 
 
@@ -404,41 +413,3 @@ def _loader(datamodule: Any, trainer: Any) -> Any:
     datamodule.trainer = trainer()
     datamodule.setup("fit")
     return datamodule.train_dataloader()
-
-
-def _report(job: Job, tracker: Any, result: JobResult, recipe: Recipe) -> None:
-    trainer, device = recipe.trainer, recipe.device
-    which = (
-        "the final network"
-        if result.output_network == "last"
-        else f"the {result.output_network.replace('best', 'best network', 1)}"
-    )
-    lines = [
-        f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {recipe.wall:.1f} s",
-        f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
-        f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
-        f"({which}, as saved)",
-        f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
-        f"(median over epochs) on {device.accelerator} ({device.name})",
-        f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
-    ]
-    # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
-    store = job.sweep_info().store_uri if tracker.is_server else tracker.tracking_uri
-    if str(store).startswith("sqlite:"):
-        lines.append(
-            f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}"
-        )
-    elif tracker.is_server:
-        lines.append(
-            f"          see it: {run_link(tracker.experiment_id, tracker.run_id, base=tracker.tracking_uri)}"
-        )
-    if result.model_uri:
-        which = (
-            f"model={result.model_uri}"
-            if result.model_uri.startswith("models:/")
-            else f"run={tracker.run_id}"
-        )
-        lines.append(f"model     {result.model_uri} (predict: python predict.py {which} data=...)")
-    lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
-    for line in lines:
-        log.info(line)

@@ -90,7 +90,6 @@ class EpochTimer(pl.Callback):
         for m in members:
             if m.trains_at(pl_module.trained):
                 m.epochs.append(row)
-                m.trained_s += seconds
                 with m.own_failure("its epoch's timing", pl_module.trained):
                     m.tracker.log_metrics(logged, pl_module.trained)
 
@@ -101,13 +100,6 @@ class EpochTimer(pl.Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trained_s = state.get("trained_s", 0.0)
         self.epochs = list(state.get("epochs", []))
-
-    def median(self, key: str, skip_first: bool = True) -> Optional[float]:
-        """Median over epochs (`epoch_median`); skip_first=False keeps the first epoch in."""
-        values = [r[key] for r in self.epochs]
-        return (
-            epoch_median(values) if skip_first else (statistics.median(values) if values else None)
-        )
 
 
 def epoch_median(values: list[float]) -> Optional[float]:

@@ -174,27 +174,7 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         m.median,
         baseline,
     )
-    checkpoint = m.job.output_dir / "checkpoints" / "last.ckpt"
-    if model.n_members == 1:
-        # A run alone's is the job's own checkpoint: its network kept, as its final metrics scored
-        # it (after BatchNorm's population pass, module.bn_statistics; a pack of one holds the
-        # network's own state dict), the optimizer state and loops of the last step, so that
-        # ckpt_path= trains on from it. Every DDP process takes part; rank 0 writes.
-        save_checkpoint(trainer, checkpoint)
-    elif m.job.rank == 0:
-        # A pack member's: its network as a Lightning checkpoint's state_dict (what predict and a
-        # model's checkpoint artifact read); its optimizer state is in the pack's checkpoint.
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {
-                "state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
-                "global_step": step,
-                "epoch": trainer.current_epoch,
-                "pack_id": m.job.pack_id,
-                "pack_member": m.job.member,
-            },
-            checkpoint,
-        )
+    checkpoint = _save_checkpoint(m, model, trainer, step)
     if m.job.rank != 0:  # rank 0 speaks for a DDP job
         return JobResult("FINISHED", m.job.num, None, m.job.overrides)
     k = model.n_members
@@ -232,6 +212,32 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
             _fmt(result.it_per_s, ",.0f"),
         )
     return result
+
+
+def _save_checkpoint(m: Member, model: Any, trainer: Any, step: int) -> Path:
+    """The member's last.ckpt, its network as it ends (after its final metrics)."""
+    checkpoint = m.job.output_dir / "checkpoints" / "last.ckpt"
+    if model.n_members == 1:
+        # A run alone's is the job's own checkpoint: its network kept, as its final metrics scored
+        # it (after BatchNorm's population pass, module.bn_statistics; a pack of one holds the
+        # network's own state dict), the optimizer state and loops of the last step, so that
+        # ckpt_path= trains on from it. Every DDP process takes part; rank 0 writes.
+        save_checkpoint(trainer, checkpoint)
+    elif m.job.rank == 0:
+        # A pack member's: its network as a Lightning checkpoint's state_dict (what predict and a
+        # model's checkpoint artifact read); its optimizer state is in the pack's checkpoint.
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
+                "global_step": step,
+                "epoch": trainer.current_epoch,
+                "pack_id": m.job.pack_id,
+                "pack_member": m.job.member,
+            },
+            checkpoint,
+        )
+    return checkpoint
 
 
 def _fmt(value: Any, spec: str = ".4g") -> str:

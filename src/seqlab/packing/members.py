@@ -59,7 +59,6 @@ class Member:
     epochs: list[dict[str, float]] = field(
         default_factory=list
     )  # epoch_time_s, it_per_s, samples_per_s
-    trained_s: float = 0.0
     record: BestSoFar = field(
         default_factory=BestSoFar
     )  # its best val_rmse and the validations since (patience)
@@ -100,7 +99,6 @@ class Member:
             "status": self.status,
             "reason": self.reason,
             "epochs": self.epochs,
-            "trained_s": self.trained_s,
             "best": self.record.best,
             "best_weights": self.best_weights,
             "since_best": self.record.since_best,
@@ -120,7 +118,6 @@ class Member:
     def load_state(self, state: dict[str, Any]) -> None:
         for key in (
             "epochs",
-            "trained_s",
             "best_weights",
             "reached",
             "stopped",

@@ -4,12 +4,14 @@ result, and its end with a status. Each job is a pack of K >= 1 runs; these are 
 of them takes, in this order (seqlab.packing.member_runs):
 
     describe_run -> open_run -> (record_config, datasets, training) -> record_end -> end_run
+    (-> report: a run alone's lines at its end)
 
 A failure on the way ends the run with `seqlab.ending_status(error)`: KILLED for an interruption
 (or a stop it continues from: a full disk), FAILED with the reason otherwise; never RUNNING."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -20,11 +22,14 @@ from seqlab import ending_status
 from seqlab.plots import training_curves
 from seqlab.resume.points import drop_resume_point, store_checkpoint
 from seqlab.store.ghosts import identity
-from seqlab.sweeps.job import Job, JobResult, SweepInfo
+from seqlab.store.ui import run_link
+from seqlab.sweeps.job import Job, JobResult, SweepInfo, fmt
 from seqlab.tracking import costs
 from seqlab.tracking.describe import run_name, run_params, run_tags
 from seqlab.tracking.model_logging import Kept, log_networks
 from seqlab.tracking.provenance import CodeState, code_state
+
+log = logging.getLogger("seqlab")
 
 
 @dataclass
@@ -189,3 +194,43 @@ def end_run(tracker: Any, status: str, reason: Optional[str], job: Job, job_dir:
     finally:
         if job.rank == 0:
             costs.write(job.output_dir, tracker.costs, job.num, job.pack_id)
+
+
+def report(
+    job: Job, tracker: Any, result: JobResult, trainer: Any, device: Any, wall: float
+) -> None:
+    """A run alone's report, at its end: what it trained, how well, how fast, where it went."""
+    which = (
+        "the final network"
+        if result.output_network == "last"
+        else f"the {result.output_network.replace('best', 'best network', 1)}"
+    )
+    lines = [
+        f"done      {result.run_name}: {trainer.current_epoch} epochs, {trainer.global_step} steps in {wall:.1f} s",
+        f"val_rmse  {fmt(result.val_rmse)} (predicting the mean: {fmt(result.val_rmse_baseline)}), "
+        f"val_mae {fmt(tracker.last('final_val_mae'))}, val_r2 {fmt(tracker.last('final_val_r2'), '.3f')} "
+        f"({which}, as saved)",
+        f"speed     {fmt(result.it_per_s, ',.0f')} it/s, {fmt(result.samples_per_s, ',.0f')} samples/s "
+        f"(median over epochs) on {device.accelerator} ({device.name})",
+        f"mlflow    run {tracker.run_id} in experiment '{tracker.experiment_name}' at {tracker.tracking_uri}",
+    ]
+    # A parallel sweep's jobs log through a loopback server over the local store, gone after the sweep.
+    store = job.sweep_info().store_uri if tracker.is_server else tracker.tracking_uri
+    if str(store).startswith("sqlite:"):
+        lines.append(
+            f"          see it: make ui, then {run_link(tracker.experiment_id, tracker.run_id)}"
+        )
+    elif tracker.is_server:
+        lines.append(
+            f"          see it: {run_link(tracker.experiment_id, tracker.run_id, base=tracker.tracking_uri)}"
+        )
+    if result.model_uri:
+        which = (
+            f"model={result.model_uri}"
+            if result.model_uri.startswith("models:/")
+            else f"run={tracker.run_id}"
+        )
+        lines.append(f"model     {result.model_uri} (predict: python predict.py {which} data=...)")
+    lines.append(f"outputs   {job.output_dir} (config.yaml, checkpoints/, training_curves.png)")
+    for line in lines:
+        log.info(line)
