@@ -60,10 +60,15 @@ def _pack_job(cfg: DictConfig, job: Job) -> None:
         raise
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except SeqlabError as error:
-        log.error("error: %s", one_line(error))
-    except Exception as error:  # noqa: BLE001 - each member's run has been ended and its result written
-        log.exception("pack failed: %s", one_line(error))
+    except Exception as error:
+        if (
+            job.rank > 0
+        ):  # a DDP pack's other process: its exit status tells rank 0 (ddp.rank_watch)
+            raise
+        if isinstance(error, SeqlabError):
+            log.error("error: %s", one_line(error))
+        else:  # each member's run has been ended and its result written
+            log.exception("pack failed: %s", one_line(error))
 
 
 def _main_job(cfg: DictConfig, job: Job) -> Optional[float]:

@@ -29,9 +29,14 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from seqlab import SeqlabError, ending_status
 from seqlab import callbacks as callback_group
 from seqlab.ddp.rank_watch import RankWatch, rank_that_died
-from seqlab.ddp.ranks import multi_process, process_group_scope, start_ranks_as_this_job
+from seqlab.ddp.ranks import (
+    handed_pack,
+    multi_process,
+    process_group_scope,
+    start_ranks_as_this_job,
+)
 from seqlab.packing.build import build_member, load_samples, pack_members
-from seqlab.packing.continuing import planned_resume, previous_attempt
+from seqlab.packing.continuing import as_handed, hand_over, planned_resume, previous_attempt
 from seqlab.packing.data import PackData
 from seqlab.packing.member_runs import (
     close,
@@ -104,14 +109,18 @@ def fit_pack(cfg: DictConfig, job: Job) -> list[JobResult]:
         for m in members:
             validate(m.cfg)
         results, to_train, resumed = [], members, False
-        if cfg.resume:
+        handed = handed_pack() if job.rank > 0 else None
+        if handed is not None:  # a DDP pack's other process: as its rank 0 decided
+            to_train = as_handed(members, handed)
+        elif cfg.resume:
             to_train, results, run_ids = planned_resume(cfg, members)
             resumed = run_ids is not None
         elif job.multirun:
             resumed = previous_attempt(job, members) is not None
         if resumed and all(m.ended_before for m in to_train):
             return results + [ended(m) for m in to_train]  # every member ended in an earlier start
-        return results + (fit(cfg, job, to_train) if to_train else [])
+        with process_group_scope(cfg.trainer):  # DDP: a pack across processes, as a job alone
+            return results + (fit(cfg, job, to_train) if to_train else [])
     except BaseException as error:
         # Each member's run has been ended; a member whose run never opened gets its result here.
         status, reason = ending_status(error)
@@ -200,19 +209,24 @@ class Recipe:
         data = PackData.of(members, device.torch_device)
         has_val = data.val_rows is not None
         val_every = cfg.trainer.val_check_interval if has_val else None
-        # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call). DDP
-        # synchronises gradients in each backward of its wrapped forward: one step per call, the
-        # path Lightning's DDP is built for.
-        fused = perf.steps_per_call > 1 and not ddp
+        # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call). Under
+        # DDP too: its backward is Lightning's manual_backward, which has DDP's reducer average
+        # each step's gradients over the processes, and each process trains its share of every
+        # member's epoch (PackData.shard, once Lightning knows the ranks). The steps per call are
+        # counted here on the whole epoch, so an interval in iterations is placed per step.
+        fused = perf.steps_per_call > 1
         per_call, val_every = (
             steps_per_call(perf.steps_per_call, data.n_batches, val_every)
-            if fused
+            if fused and not (ddp and val_every is not None and val_every != 1.0)
             else (1, val_every)
         )
         if ddp:
-            start_ranks_as_this_job(job.output_dir, job.overrides)
-        graphs = (  # each full step replayed as one CUDA graph (training.cudagraph)
+            pack = hand_over(job, members) if cfg.get("pack_job") is not None else None
+            start_ranks_as_this_job(job.output_dir, job.overrides, pack)
+        graphs = (  # each full step replayed as one CUDA graph (training.cudagraph); not with
+            # DDP's collective between the backward and the update (ddp.gradients)
             fused
+            and not ddp
             and device.accelerator == "gpu"
             and str(cfg.trainer.precision) in ("32-true", "32")
             and str(perf.cuda_graph).lower() not in ("off", "false")

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import time
 
+import mlflow
 import psutil
+import pytest
 from conftest import runs_of, start_cli
 
 
@@ -73,14 +75,13 @@ def test_a_ddp_rank_killed_mid_run_fails_the_run_with_one_line_naming_it(tmp_pat
     assert run.data.tags["failure_reason"] == errors[0].removeprefix("error: ")
 
 
-def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_command_lines(
-    tmp_path, store
-):
-    # Issue 24, point 6: a password typed on the command line stays where it was typed; the
-    # processes the job starts show no overrides (ps shows command lines to every user).
-    # The same sweep of one DDP job of two CPU processes (it was tests/integration/test_scale.py's own): one run
-    # for the job, from rank 0 only, each process a half of the samples.
-    n_train, bs = 512, 32  # 640 samples, 20% for validation
+def _store(root):
+    return mlflow.MlflowClient(f"sqlite:///{root}/mlruns/mlflow.db")
+
+
+def _sweep_of_ranks(tmp_path, *args: str) -> tuple[str, str]:
+    """A multirun of DDP jobs of two CPU processes: its output, and rank 1's command line."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     proc = start_cli(
         tmp_path,
         "-m",
@@ -88,10 +89,10 @@ def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_
         "trainer.devices=2",
         "trainer.strategy=ddp",
         "data.n_samples=640",
-        f"data.batch_size={bs}",
+        "data.batch_size=32",
         "trainer.max_epochs=2",
         "logger.system_metrics=false",
-        f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna",
+        *args,
         stderr=subprocess.STDOUT,
     )
     try:
@@ -102,19 +103,44 @@ def test_a_ddp_jobs_overrides_reach_its_ranks_through_the_environment_not_their_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
+    return out, line
+
+
+def test_a_ddp_pack_trains_each_member_as_its_ddp_job_alone_with_overrides_kept_off_command_lines(
+    tmp_path,
+):
+    # Issue 32, point 5: a pack across ranks. Two seeds packed into one DDP job of two CPU
+    # processes: each member its own run (from rank 0 only), each process a half of every member's
+    # samples, and member 1 trains as the job of its seed alone (a DDP job too) does.
+    # Issue 24, point 6: a password typed on the command line stays where it was typed; the
+    # processes the job starts show no overrides (ps shows command lines to every user).
+    n_train, bs = 512, 32  # 640 samples, 20% for validation
+    secret = f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna"
+    out, line = _sweep_of_ranks(tmp_path / "pack", "seed=0,1", "pack=2", secret)
     assert SECRET not in line and "trainer.devices=2" not in line, line
-    runs = runs_of(store, "seqlab")
+    assert "2 members in one step on cpu" in out
+    runs = runs_of(_store(tmp_path / "pack"), "seqlab")
     (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
-    (run,) = [
-        r for r in runs if r.data.tags.get("sweep_role") != "parent"
-    ]  # one run for the job, from rank 0 only
-    assert parent.info.status == "FINISHED" and run.info.status == "FINISHED"
-    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    members = sorted(
+        (r for r in runs if r.data.tags.get("sweep_role") != "parent"),
+        key=lambda r: r.data.tags["pack_member"],
+    )  # one run a member, from rank 0 only
+    assert len(members) == 2 and parent.info.status == "FINISHED"
     # rank 1 trained with the job's config: each process on half the samples, 512 / (32 x 2) = 8 steps an epoch
-    assert run.data.params["trainer.devices"] == "2"
-    losses = store.get_metric_history(run.info.run_id, "train_loss")
-    assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
-    assert all(math.isfinite(m.value) for m in losses)
-    assert len(store.get_metric_history(run.info.run_id, "val_rmse")) == 2
-    job_dir = next((tmp_path / "logs" / "multiruns").iterdir()) / "0"
+    client = _store(tmp_path / "pack")
+    for run in members:
+        assert run.info.status == "FINISHED" and run.data.params["trainer.devices"] == "2"
+        losses = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
+        assert all(math.isfinite(m.value) for m in losses)
+        assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
+    job_dir = next((tmp_path / "pack" / "logs" / "multiruns").iterdir()) / "0"
     assert (job_dir / "train_ddp_process_1.log").is_file()  # rank 1 ran as this job
+
+    _sweep_of_ranks(tmp_path / "alone", "seed=1")
+    alone = _store(tmp_path / "alone")
+    (run,) = [r for r in runs_of(alone, "seqlab") if r.data.tags.get("sweep_role") != "parent"]
+    for key in ("train_loss", "val_rmse"):
+        packed = [m.value for m in client.get_metric_history(members[1].info.run_id, key)]
+        expected = [m.value for m in alone.get_metric_history(run.info.run_id, key)]
+        assert packed == pytest.approx(expected, rel=1e-4), key

@@ -10,11 +10,12 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from seqlab import SeqlabError
 
 RANK_OVERRIDES = "SEQLAB_RANK_OVERRIDES"  # a DDP job's overrides, for the ranks it starts (start_ranks_as_this_job)
+RANK_PACK = "SEQLAB_RANK_PACK"  # a DDP pack's sweep, job and members, for the ranks it starts
 
 
 def rank_overrides() -> list[str]:
@@ -24,6 +25,16 @@ def rank_overrides() -> list[str]:
     if not given or os.environ.get("LOCAL_RANK", "0") == "0":
         return []
     return list(json.loads(given))
+
+
+def handed_pack() -> Optional[dict]:
+    """In a rank that a DDP pack's rank 0 started: the pack as rank 0 decided it (`sweep_dir`,
+    `num`, and `members`: each member it trains, its place `k`, the run it continues and whether it
+    ended before), so that every process trains the same members the same way; None elsewhere."""
+    given = os.environ.get(RANK_PACK)
+    if not given or os.environ.get("LOCAL_RANK", "0") == "0":
+        return None
+    return json.loads(given)
 
 
 def process_rank() -> int:
@@ -57,7 +68,15 @@ def process_group_scope(trainer_cfg: Any) -> Iterator[None]:
     if not multi_process(trainer_cfg):
         yield
         return
-    keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK")
+    keys = (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_RANK",
+        "RANK",
+        RANK_PACK,
+    )
     saved = {key: os.environ.get(key) for key in keys}
     try:
         yield
@@ -73,11 +92,14 @@ def process_group_scope(trainer_cfg: Any) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
+def start_ranks_as_this_job(
+    output_dir: Path, overrides: list[str], pack: Optional[dict] = None
+) -> None:
     """Lightning's DDP launcher starts ranks 1..N-1 by running the command line again, which in a
     multirun would start the whole sweep again (and from a launcher's worker, not train.py at
     all). Each rank is started as a single run of this job instead: train.py with the job's
-    overrides, in the job's output folder."""
+    overrides, in the job's output folder; a pack's ranks with the pack as rank 0 decided it
+    (`pack`: handed_pack)."""
     from hydra.core.hydra_config import HydraConfig
 
     from seqlab.training.lightning_private import (  # Lightning: only under DDP
@@ -107,6 +129,8 @@ def start_ranks_as_this_job(output_dir: Path, overrides: list[str]) -> None:
     # process's environment for each), not on their command lines, which every user of the
     # machine can read (ps) and which may hold a password the user typed.
     os.environ[RANK_OVERRIDES] = json.dumps(list(overrides))
+    if pack is not None:
+        os.environ[RANK_PACK] = json.dumps(pack)
 
     def command(local_rank: int) -> tuple[list[str], str]:
         return [

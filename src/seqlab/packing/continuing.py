@@ -101,3 +101,36 @@ def previous_attempt(job: Job, members: list[Member]) -> Optional[list[str]]:
                     b  # its result stays the one its end wrote (packing.member_runs.ended)
                 )
     return run_ids
+
+
+def hand_over(job: Job, members: list[Member]) -> dict:
+    """The pack as this process (rank 0) decided it, for the other processes of a DDP pack
+    (seqlab.ddp.ranks.handed_pack): they train the same members, continuing the same runs."""
+    return {
+        "sweep_dir": str(job.sweep_dir),
+        "num": job.num,
+        "members": [
+            {
+                "k": m.k,
+                "resume_run_id": m.resume_run_id,
+                "ended_before": m.ended_before,
+                "status": m.status,
+            }
+            for m in members
+        ],
+    }
+
+
+def as_handed(members: list[Member], handed: dict) -> list[Member]:
+    """In a DDP pack's other process: the members rank 0 trains, as it decided them (hand_over); a
+    process of its own would read the sweep's results and runs while rank 0 writes them."""
+    to_train = []
+    for entry in handed["members"]:
+        m = members[entry["k"]]
+        m.resume_run_id, m.ended_before, m.status = (
+            entry["resume_run_id"],
+            entry["ended_before"],
+            entry["status"],
+        )
+        to_train.append(m)
+    return to_train

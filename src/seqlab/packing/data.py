@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from seqlab import SeqlabError
 from seqlab.packing.members import Member
 
 
@@ -52,6 +53,9 @@ class PackData:
     val_x: Optional[torch.Tensor] = None
     # This epoch's orders are one (orders()): every member's batch is the same rows, gathered once.
     one_order: bool = False
+    drop_last: bool = True  # data.drop_last (MATLAB's: the last incomplete mini-batch is dropped)
+    rank: int = 0  # under DDP (shard): this process's share of every member's epoch
+    world_size: int = 1
     _x_buffer: Optional[torch.Tensor] = field(default=None, repr=False)  # batches()' inputs, reused
 
     @classmethod
@@ -100,6 +104,7 @@ class PackData:
             batch_size=bs,
             n_batches=n // bs if drop else -(-n // bs),
             shuffle=dm.shuffle,
+            drop_last=dm.drop_last,
         )
         if data.val_rows is not None and len(offsets) == len(members):
             k, n_val = data.val_rows.shape
@@ -116,13 +121,34 @@ class PackData:
         val_x = None if self.val_x is None else self.val_x.to(dtype)
         return replace(self, x=self.x.to(dtype), y=self.y.to(dtype), val_x=val_x, _x_buffer=None)
 
+    def shard(self, rank: int, world_size: int) -> "PackData":
+        """Under DDP, this process's share of every member's epoch, as a run alone's DDP job takes
+        it (data.module.TensorBatches): every P-th sample of the member's order from `rank` on, N // P
+        of them (the same count on every process keeps their steps in lockstep), in batches of
+        data.batch_size per process. The validation sets stay whole: every process predicts them,
+        so every process judges patience and the best network alike."""
+        if world_size == 1:
+            return self
+        n, bs = self.train_rows.shape[1] // world_size, self.batch_size
+        if n < bs:
+            raise SeqlabError(
+                f"data: {self.train_rows.shape[1]} training samples give each of the {world_size} "
+                f"processes {n}, fewer than one batch of data.batch_size={bs} (a batch is per process)"
+            )
+        # The data module's rule for a process's share (SeqDataModule._last_batch_single).
+        drop = self.drop_last or (n % bs == 1 and self.steps == 1)
+        return replace(
+            self, rank=rank, world_size=world_size, n_batches=n // bs if drop else -(-n // bs)
+        )
+
     @property
     def steps(self) -> int:
         return 1 if self.x.dim() == 2 else self.x.shape[1]
 
     @property
     def n_samples(self) -> int:
-        return self.train_rows.shape[1]
+        """Training samples per member in this process's epoch."""
+        return self.train_rows.shape[1] // self.world_size
 
     def orders(self, members: list[Member]) -> torch.Tensor:
         """(K, samples): each member's order for this epoch, drawn as its run alone draws it (a
@@ -130,11 +156,16 @@ class PackData:
         if not self.shuffle:
             rows = self.train_rows
         else:
-            n, device = self.n_samples, self.x.device
+            n, device = self.train_rows.shape[1], self.x.device
             order = torch.stack(
                 [torch.randperm(n, generator=m.order, device=device) for m in members]
             )
             rows = self.train_rows.gather(1, order)
+            if self.world_size > 1:  # every P-th of the order (TensorBatches' share)
+                rows = rows[:, self.rank :: self.world_size][:, : self.n_samples]
+        if not self.shuffle and self.world_size > 1:  # unshuffled: a contiguous share
+            share = self.n_samples
+            rows = rows[:, self.rank * share : (self.rank + 1) * share]
         # Members that differ in optimizer.lr, module.l2_regularization, model.dropout or the
         # threshold, not in data.seed, draw the same order from generators of one seed: they share
         # each batch (batch()). Checked once an epoch (one read-back), not assumed.

@@ -13,9 +13,12 @@ Two ways to step, one module:
       zero the gradients -> forward (K, batch) -> each member's loss -> backward of their sum
       -> MATLAB's L2 and threshold, clipping, per member -> one optimizer step for all
 
-- perf=naive and DDP: Lightning's automatic optimisation, one step a call, the batches from the data
-  module's loader (perf=naive: a DataLoader over a TensorDataset, the setup people write first; DDP:
-  each process its shard). One member.
+  Under DDP the same loop, each process on its share of every member's epoch (PackData.shard),
+  the gradients averaged over the processes after each backward (seqlab.ddp.gradients).
+
+- perf=naive: Lightning's automatic optimisation, one step a call, the batches from the data
+  module's loader (a DataLoader over a TensorDataset, the setup people write first; under DDP with
+  Lightning's DistributedSampler). One member.
 
 Nothing is read back to the host per step: each step leaves its (K,) losses in the step log, which
 tracking.StepMetricsRecorder reads back a few times a second and sends to each member's run. A
@@ -36,11 +39,12 @@ import torch
 from torch import nn
 
 from seqlab import SeqlabError
+from seqlab.ddp.gradients import AverageGradients, without_reducer
 from seqlab.packing.data import PackData
 from seqlab.packing.members import Member
 from seqlab.packing.model import share_streams
 from seqlab.packing.optim import Update
-from seqlab.training.evaluation import MEMBER_LOSSES
+from seqlab.training.evaluation import MEMBER_LOSSES, metrics_per_member
 from seqlab.training.lightning_private import (
     batches_done_in_epoch,
     count_optimizer_steps,
@@ -88,8 +92,8 @@ class SeqRegressor(pl.LightningModule):
     member's own where a pack's members differ in them) with the network of the job's members, the
     members, their data and how their update is made (`update`, called as training is configured:
     packing.optim.build_update). `loop`: a partial of the fused loop (perf=fast), or None for
-    Lightning's automatic optimisation (perf=naive, DDP) over `batches` (a loader of the one
-    member's data module)."""
+    Lightning's automatic optimisation (perf=naive) over `batches` (a loader of the one member's
+    data module)."""
 
     def __init__(
         self,
@@ -175,6 +179,13 @@ class SeqRegressor(pl.LightningModule):
     def on_fit_start(self) -> None:
         # trainer.precision=64-true: Lightning made the network double before fit; the data follows.
         self.data = self.data.cast(next(self.model.parameters()).dtype)
+        # Under DDP each process trains its share of every member's epoch.
+        self.data = self.data.shard(self.trainer.global_rank, self.trainer.world_size)
+        if self.streams is not None and self.trainer.world_size > 1:
+            # A member's DDP job alone draws its dropout from the global stream, which Lightning
+            # seeds anew as the processes start (reset_seed: the seed of seed_everything).
+            for m in self.members:
+                m.dropout_stream.manual_seed(m.cfg.seed)
         if self.items is not None:
             self.items.data = self.data
 
@@ -191,6 +202,9 @@ class SeqRegressor(pl.LightningModule):
             gradients=self.update.gradients,
             dropout_streams=self.streams,
             after_step=self.after_step,
+            average_gradients=(
+                AverageGradients(self.trainer.world_size) if self.trainer.world_size > 1 else None
+            ),
             **lightning_steps(self),
         )
 
@@ -209,7 +223,10 @@ class SeqRegressor(pl.LightningModule):
         orders, first, stop = batch
         if self.trainer.max_steps > 0:
             stop = min(stop, first + self.trainer.max_steps - self.trained)
-        n, loss = self.loop.run_batches(self.data.batches(orders, first, stop), self.trained + 1)
+        with without_reducer(self.trainer.strategy.model):  # DDP: the loop averages (ddp.gradients)
+            n, loss = self.loop.run_batches(
+                self.data.batches(orders, first, stop), self.trained + 1
+            )
         if not self.loop.counts_steps:  # Lightning's optimizer wrapper counts its own steps
             # Lightning's global_step, max_steps and validation interval advance by the n steps.
             count_optimizer_steps(self.optimizers(), n)
@@ -220,7 +237,7 @@ class SeqRegressor(pl.LightningModule):
         return loss
 
     def _automatic_step(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """One step of Lightning's automatic optimisation (perf=naive, DDP): the one member's
+        """One step of Lightning's automatic optimisation (perf=naive): the one member's
         batch, its loss; Lightning runs the backward, the gradient treatment and clipping
         (configure_gradient_clipping) and the optimizer."""
         x, y, *rest = batch
@@ -310,13 +327,23 @@ class SeqRegressor(pl.LightningModule):
             trained = None
         if trained is None:  # resumed from a checkpoint after an epoch's last step
             return
-        train = metrics_per_member(*trained)
+        train = metrics_per_member(*(self._every_process(t) for t in trained))
         for m in self.members:
             if m.active:
                 with m.own_failure("its epoch's metrics", self.trained):
                     m.tracker.log_metrics(
                         {f"train_{k}_epoch": v[m.k] for k, v in train.items()}, self.trained
                     )
+
+    def _every_process(self, per_member: torch.Tensor) -> torch.Tensor:
+        """(K, samples, ...) of this process's share -> every process's (DDP), so that the epoch's
+        train metrics are the whole epoch's, as a run alone's are; this process's alone otherwise."""
+        if self.trainer.world_size == 1:
+            return per_member
+        # Equal shares (PackData.shard): every process's is this one's shape.
+        parts = [torch.empty_like(per_member) for _ in range(self.trainer.world_size)]
+        torch.distributed.all_gather(parts, per_member.contiguous())
+        return torch.cat(parts, dim=1)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The fused loop through Lightning's optimizer (mixed precision): its gradient treatment
@@ -421,18 +448,3 @@ class SeqRegressor(pl.LightningModule):
 def _per_member(value: Any, k: int) -> list:
     """A setting as each member's: a list (a pack's members' own) as it is, else the job's for all."""
     return list(value) if isinstance(value, (list, tuple)) else [value] * k
-
-
-def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
-    """RMSE, MAE and R2 (averaged over responses, as torchmetrics' R2Score) of each member's
-    predictions: (K, samples, responses) -> K values each. R2 needs two samples or more."""
-    err = (pred - target).double()
-    out = {
-        "rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(),
-        "mae": err.abs().mean(dim=(1, 2)).tolist(),
-    }
-    if target.shape[1] > 1:
-        target = target.double()
-        sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
-        out["r2"] = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1).tolist()
-    return out

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
-from seqlab.ddp.ranks import process_rank
+from seqlab.ddp.ranks import handed_pack, process_rank
 from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.trial import current
 from seqlab.validation import validate
@@ -88,6 +88,9 @@ class Job:
                     n_jobs if n_jobs > 0 else max(1, cpu_count() + 1 + n_jobs)
                 )  # joblib's -1: all
             return job
+        handed = handed_pack() if cfg.get("pack_job") is not None else None
+        if handed is not None:  # a DDP pack's other process: its pack's job of the sweep
+            return cls(output_dir, overrides, Path(handed["sweep_dir"]), handed["num"])
         return cls(output_dir, overrides)
 
     def sweep_info(self) -> "SweepInfo":

@@ -116,12 +116,6 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
     reasons = [
         (cfg.perf.name != "fast", f"perf={cfg.perf.name} trains through Lightning's own loop"),
         (
-            cfg.trainer.devices != 1
-            or cfg.trainer.num_nodes != 1
-            or cfg.trainer.strategy not in ("auto", "single_device"),
-            "a multi-process (DDP) job",
-        ),
-        (
             optimizer.rpartition(".")[2] not in ("Adam", "AdamW", "SGD", "RMSprop"),
             f"optimizer {optimizer} (packs: adam, adamw, sgdm, rmsprop)",
         ),

@@ -171,3 +171,18 @@ def final_metrics(
     if baseline is not None:
         summary["val_rmse_baseline"] = baseline
     return summary
+
+
+def metrics_per_member(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
+    """RMSE, MAE and R2 (averaged over responses, as torchmetrics' R2Score) of each member's
+    predictions: (K, samples, responses) -> K values each. R2 needs two samples or more."""
+    err = (pred - target).double()
+    out = {
+        "rmse": err.pow(2).mean(dim=(1, 2)).sqrt().tolist(),
+        "mae": err.abs().mean(dim=(1, 2)).tolist(),
+    }
+    if target.shape[1] > 1:
+        target = target.double()
+        sst = (target - target.mean(dim=1, keepdim=True)).pow(2).sum(dim=1)
+        out["r2"] = (1 - err.pow(2).sum(dim=1) / sst).mean(dim=1).tolist()
+    return out

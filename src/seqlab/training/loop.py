@@ -22,7 +22,7 @@ import logging
 from typing import Any, Callable, Iterable, Optional
 
 import torch
-from pytorch_lightning.strategies import SingleDeviceStrategy
+from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
 from seqlab.training.cudagraph import GraphedStep
@@ -55,8 +55,10 @@ def lightning_steps(module: Any) -> dict[str, Callable]:
     the loss or casts (16/bf16-mixed), or a strategy of many devices, must see both: then the loop
     goes through Lightning's, which count the steps themselves."""
     trainer = module.trainer
+    # Under DDP the loop averages the gradients itself (seqlab.ddp.gradients): Lightning's
+    # backward would hand them to DDP's reducer.
     plain = str(trainer.precision) in ("32-true", "32", "64-true") and isinstance(
-        trainer.strategy, SingleDeviceStrategy
+        trainer.strategy, (SingleDeviceStrategy, DDPStrategy)
     )
     return (
         {}
@@ -79,6 +81,8 @@ class FusedLoop:
       precision plugin must see them (`lightning_steps`): then Lightning's, which count the step
       themselves (`counts_steps`).
     - `dropout_streams`: a pack's members' CPU dropout generators (each its run alone's stream).
+    - `average_gradients`: under DDP, each step's gradients averaged over the processes after the
+      backward (seqlab.ddp.gradients), as DDP's reducer would.
     - `after_step`: run after each step, outside any graph (the step counted; a pack puts its
       frozen members back)."""
 
@@ -95,6 +99,7 @@ class FusedLoop:
         backward: Optional[Callable[[torch.Tensor], None]] = None,
         dropout_streams: Optional[list[torch.Generator]] = None,
         after_step: Optional[Callable[[], None]] = None,
+        average_gradients: Optional[Callable[[list[torch.Tensor]], None]] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -103,6 +108,7 @@ class FusedLoop:
         self.batch_size = batch_size
         self.gradients = gradients if gradients is not None and gradients.active else None
         self.dropout_streams, self.after_step = dropout_streams, after_step
+        self.average_gradients = average_gradients
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
         self.optimizer_step = optimizer_step or (
@@ -169,6 +175,8 @@ class FusedLoop:
             if self.ones.dtype != loss.dtype:  # trainer.precision=64-true: a double loss
                 self.ones = torch.ones_like(loss)
             self.backward(loss, self.ones)
+            if self.average_gradients is not None:
+                self.average_gradients(self.grads)
         with phase("optimizer"):
             # Through Lightning's optimizer (mixed precision), the treatment runs inside its step,
             # after the gradients are unscaled (SeqRegressor.on_before_optimizer_step).

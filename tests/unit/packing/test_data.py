@@ -3,6 +3,7 @@ alone's (a pack of one) with its sequences' lengths."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from seqlab.packing.data import PackData
@@ -70,3 +71,31 @@ def test_a_run_alone_is_a_pack_of_one_whose_batches_follow_its_order_with_their_
         assert torch.equal(lengths[0], data.lengths[rows])
     ((val, val_lengths),) = list(data.val_chunks())
     assert torch.equal(val_lengths[0], data.lengths[32:40])
+
+
+def test_under_ddp_each_process_trains_the_share_a_job_alones_process_trains():
+    """PackData.shard: rank r of P takes every P-th sample of each member's order from r on, as a
+    DDP job alone's process does (data.module.TensorBatches); shuffled or not, and too small a
+    share is refused in one line."""
+    from seqlab import SeqlabError
+    from seqlab.data.module import TensorBatches
+
+    for shuffle in (True, False):
+        seen = []
+        for rank in (0, 1):
+            data = _data(2)
+            data.shuffle = shuffle
+            data = data.shard(rank, 2)
+            assert data.n_batches == 2 and data.n_samples == 16  # 32 samples, batch 8 a process
+            orders = data.orders([_Member(5), _Member(6)])
+            alone = TensorBatches(
+                data.x[:32], data.y[:32], 8, shuffle, True, seed=6, rank=rank, world_size=2
+            )
+            expected = torch.cat([x for x, _ in alone])
+            # each batch as it is served (the inputs' buffer is reused from batch to batch)
+            got = torch.cat([x[1].clone() for x, _, _ in data.batches(orders, 0, data.n_batches)])
+            torch.testing.assert_close(got, expected)  # member 1 (data.seed 6) as its job alone
+            seen.append(orders[0])
+        assert sorted(torch.cat(seen).tolist()) == list(range(32))  # disjoint shares, all rows
+    with pytest.raises(SeqlabError, match="give each of the 8 processes 4, fewer than one batch"):
+        _data(1).shard(0, 8)
