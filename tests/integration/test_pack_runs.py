@@ -162,9 +162,7 @@ def test_each_member_trains_as_its_job_alone_per_packable_key(run_cli, store, wh
             for r in (member, single)
         ]
         assert (
-            val_steps[0]
-            == val_steps[1]
-            == (list(range(5, 105, 5)) if which == "b" else [50, 100])
+            val_steps[0] == val_steps[1] == (list(range(5, 105, 5)) if which == "b" else [50, 100])
         )
         differ = {
             k

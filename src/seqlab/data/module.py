@@ -28,6 +28,24 @@ log = logging.getLogger("seqlab")
 Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, lengths)
 
 
+def last_batch_single(n: int, batch_size: int, drop_last: bool, steps: int) -> bool:
+    """Whether n samples per epoch leave a last batch of one (BatchNorm needs 2; a sequence
+    batch normalises over its steps too, so only one-step data is affected)."""
+    return not drop_last and n % batch_size == 1 and steps == 1
+
+
+def process_share(n: int, world_size: int, batch_size: int) -> int:
+    """The training samples each of a DDP job's `world_size` processes trains an epoch: equal
+    shares, N // P; refused in one line where that is less than a batch (a batch is per process)."""
+    share = n // world_size
+    if world_size > 1 and share < batch_size:
+        raise SeqlabError(
+            f"data: {n} training samples give each of the {world_size} processes {share}, "
+            f"fewer than one batch of data.batch_size={batch_size} (a batch is per process)"
+        )
+    return share
+
+
 class TensorBatches:
     """Mini-batches of (x, y[, lengths]), reshuffled at the start of every pass.
 
@@ -265,9 +283,7 @@ class SeqDataModule(pl.LightningDataModule):
         self._train_batches = None
 
     def _last_batch_single(self, n: int) -> bool:
-        """Whether n samples per epoch leave a last batch of one (BatchNorm needs 2; a sequence
-        batch normalises over its steps too, so only one-step data is affected)."""
-        return not self.drop_last and n % self.batch_size == 1 and self.n_steps == 1
+        return last_batch_single(n, self.batch_size, self.drop_last, self.n_steps)
 
     def _finite(self, data: SeqData, what: str) -> SeqData:
         """Samples whose inputs or targets hold NaN or Inf would make the loss NaN: refused, or
@@ -335,11 +351,7 @@ class SeqDataModule(pl.LightningDataModule):
         rank, world_size = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
-        if world_size > 1 and len(x) // world_size < self.batch_size:
-            raise SeqlabError(
-                f"data: {len(x)} training samples give each of the {world_size} processes {len(x) // world_size}, "
-                f"fewer than one batch of data.batch_size={self.batch_size} (a batch is per process)"
-            )
+        share = process_share(len(x), world_size, self.batch_size)
         if self.loader == "dataloader":
             # What people write first: per-sample indexing and collation, a copy to the device
             # each step. Kept for comparison (perf=naive).
@@ -358,7 +370,7 @@ class SeqDataModule(pl.LightningDataModule):
         device = self.trainer.strategy.root_device if self.on_device and self.trainer else None
         # Under DDP each process trains on its share.
         if world_size > 1:
-            drop_last = self.drop_last or self._last_batch_single(len(x) // world_size)
+            drop_last = self.drop_last or self._last_batch_single(share)
         self._train_batches = TensorBatches(
             x,
             y,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from seqlab import SeqlabError
+from seqlab.data.module import last_batch_single, process_share
 from seqlab.packing.members import Member
 
 
@@ -129,14 +129,9 @@ class PackData:
         so every process judges patience and the best network alike."""
         if world_size == 1:
             return self
-        n, bs = self.train_rows.shape[1] // world_size, self.batch_size
-        if n < bs:
-            raise SeqlabError(
-                f"data: {self.train_rows.shape[1]} training samples give each of the {world_size} "
-                f"processes {n}, fewer than one batch of data.batch_size={bs} (a batch is per process)"
-            )
-        # The data module's rule for a process's share (SeqDataModule._last_batch_single).
-        drop = self.drop_last or (n % bs == 1 and self.steps == 1)
+        bs = self.batch_size
+        n = process_share(self.train_rows.shape[1], world_size, bs)
+        drop = self.drop_last or last_batch_single(n, bs, self.drop_last, self.steps)
         return replace(
             self, rank=rank, world_size=world_size, n_batches=n // bs if drop else -(-n // bs)
         )
