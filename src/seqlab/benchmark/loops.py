@@ -191,7 +191,7 @@ def packed_loop(cfg, device: str, members: int, one_order: bool = False) -> list
     callbacks = [recorder, EpochTimer()]
     trainer = build_trainer(cfg, resolved, callbacks, False, True, False, None)
     trainer.fit(module)
-    return [epoch["it_per_s"] for epoch in pack[0].epochs]
+    return [epoch.it_per_s for epoch in pack[0].epochs]
 
 
 def framework_loop(cfg) -> list[float]:

@@ -31,9 +31,9 @@ from hydra import compose, initialize_config_dir
 import seqlab.schema  # noqa: F401
 from seqlab.benchmark.loops import BARE_LOOPS, framework_loop, packed_loop
 from seqlab.benchmark.roofline import Peaks, config_step_cost, fractions, measure_peaks
-from seqlab.callbacks.timing import epoch_median
 from seqlab.hydra_version import VERSION_BASE
 from seqlab.tracking import MlflowTracker
+from seqlab.tracking.records import epoch_median
 from seqlab.training.devices import cpu_name
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"

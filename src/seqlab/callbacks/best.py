@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-METRIC = "val_rmse"
+from seqlab.tracking.records import Best
 
 
 @dataclass
@@ -18,24 +18,19 @@ class BestSoFar:
     callback (callbacks.output_network.OutputNetwork)."""
 
     patience: Optional[int] = None  # module.validation_patience: None, never out of patience
-    best: Optional[dict[str, float]] = None
+    best: Optional[Best] = None
     since_best: int = 0
 
     @property
     def value(self) -> Optional[float]:
-        return self.best[f"best_{METRIC}"] if self.best else None
+        return self.best.value if self.best else None
 
     def offer(self, value: float, step: int, epoch: int) -> bool:
         """A validation's val_rmse; True where it is a new best (NaN or no lower is not)."""
         if not math.isfinite(value) or (self.best is not None and value >= self.value):
             self.since_best += 1
             return False
-        # the epoch counted from 1, as epochs_to_target
-        self.best = {
-            f"best_{METRIC}": value,
-            f"best_{METRIC}_step": float(step),
-            f"best_{METRIC}_epoch": float(epoch),
-        }
+        self.best = Best(value, step, epoch)
         self.since_best = 0
         return True
 

@@ -23,6 +23,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 
 from seqlab import SeqlabError
 from seqlab.tracking.model_logging import log_new_best
+from seqlab.tracking.records import Stopped
 
 log = logging.getLogger("seqlab")
 
@@ -76,14 +77,14 @@ class OutputNetwork(pl.Callback):
             m.record.patience = self.patience
             with m.own_failure("its best", step):
                 if m.record.offer(val["rmse"][m.k], step, epoch):
-                    m.tracker.log_metrics(m.record.best, step)
+                    m.tracker.log_metrics(m.record.best.metrics(), step)
                     if self.keep == "best" or self.checkpoints in ("best", "all"):
                         m.best_weights = pl_module.model.member(m.k)
                     if self.checkpoints == "all" and trainer.is_global_zero:
                         self._log_checkpoint(m, step)
                 elif m.record.out_of_patience:
                     m.stop(step, pl_module.model.member(m.k))
-                    m.stopped = {"step": step, "epoch": epoch}
+                    m.stopped = Stopped(step, epoch)
                     others = any(o.active for o in pl_module.members)
                     log.info(
                         "stopped   %searly at step %d (epoch %d): val_rmse has not improved on %s "

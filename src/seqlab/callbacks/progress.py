@@ -60,11 +60,11 @@ class ProgressLine(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.enabled or not trainer.is_global_zero:
             return
-        row = self.timer.epochs[-1] if self.timer.epochs else {}
+        row = self.timer.epochs[-1] if self.timer.epochs else None
         parts = [
             f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}",
-            f"{row.get('it_per_s', 0):,.0f} it/s",
-            f"{row.get('samples_per_s', 0):,.0f} samples/s",
+            f"{row.it_per_s if row else 0:,.0f} it/s",
+            f"{row.samples_per_s if row else 0:,.0f} samples/s",
             _members(pl_module, "train_loss"),
         ]
         val = pl_module.val

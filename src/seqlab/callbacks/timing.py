@@ -5,13 +5,13 @@ second as pack_model_steps_per_s."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
+from seqlab.tracking.records import EpochTiming, Reached
 from seqlab.training.devices import synchronize
 
 
@@ -31,7 +31,7 @@ class EpochTimer(pl.Callback):
         self.trained_s_at_val = 0.0  # training time when the latest validation started
         self.first_step = 0
         self.first_sample = 0
-        self.epochs: list[dict[str, float]] = []  # one row per finished epoch
+        self.epochs: list[EpochTiming] = []  # one row per finished epoch
 
     def _now(self, pl_module: pl.LightningModule) -> float:
         synchronize(pl_module.device)
@@ -71,42 +71,36 @@ class EpochTimer(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause(pl_module)
         seconds = max(self.epoch_s, 1e-9)
-        row = {
-            "epoch_time_s": seconds,
-            "it_per_s": self.steps(trainer) / seconds,
+        row = EpochTiming(
+            epoch_time_s=seconds,
+            it_per_s=self.steps(trainer) / seconds,
             # Every process trains as many samples as this one (DDP shards are equal).
-            "samples_per_s": (pl_module.samples_trained - self.first_sample)
+            samples_per_s=(pl_module.samples_trained - self.first_sample)
             * trainer.world_size
             / seconds,
-        }
+        )
         self.epochs.append(row)
         self.trained_s += seconds
         members = pl_module.members
-        logged = dict(row)
+        logged = row.metrics()
         if (
             len(members) > 1
         ):  # the pack's networks trained per second (the comparison's model-steps/s)
-            logged["pack_model_steps_per_s"] = len(members) * row["it_per_s"]
+            logged["pack_model_steps_per_s"] = len(members) * row.it_per_s
         for m in members:
             if m.trains_at(pl_module.trained):
                 m.epochs.append(row)
                 with m.own_failure("its epoch's timing", pl_module.trained):
                     m.tracker.log_metrics(logged, pl_module.trained)
 
-    # Saved in checkpoints, so that a resumed run's training time continues.
+    # Saved in checkpoints, so that a resumed run's training time continues (plain values: a
+    # checkpoint holds nothing that must be unpickled as a class of this project).
     def state_dict(self) -> dict[str, Any]:
-        return {"trained_s": self.trained_s, "epochs": self.epochs}
+        return {"trained_s": self.trained_s, "epochs": [r.metrics() for r in self.epochs]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trained_s = state.get("trained_s", 0.0)
-        self.epochs = list(state.get("epochs", []))
-
-
-def epoch_median(values: list[float]) -> Optional[float]:
-    """The median of per-epoch values, the first epoch (warm-up, allocator growth) left out when
-    there are others: a run alone's (EpochTimer), a pack member's and the benchmark's."""
-    values = values[1:] if len(values) > 1 else values
-    return statistics.median(values) if values else None
+        self.epochs = [EpochTiming(**r) for r in state.get("epochs", [])]
 
 
 class TimeToTarget(pl.Callback):
@@ -137,22 +131,18 @@ class TimeToTarget(pl.Callback):
             )
             if m.reached is not None:
                 with m.own_failure("its time to target", step):
-                    m.tracker.log_metrics(m.reached, step)
+                    m.tracker.log_metrics(m.reached.metrics(), step)
 
 
 def reached(
     target: Optional[float], val_rmse: float, trained_s: float, step: int, epoch: int
-) -> Optional[dict[str, float]]:
+) -> Optional[Reached]:
     """Time, step and epoch to the target where this validation reached it (a run alone's, a pack member's)."""
     if target is None or not val_rmse <= target:
         return None
-    return {
-        "time_to_target_s": trained_s,
-        "steps_to_target": float(step),
-        "epochs_to_target": float(epoch),
-    }
+    return Reached(trained_s, step, epoch)
 
 
-def target_tags(target: float, reached: Optional[dict[str, float]]) -> dict[str, Any]:
+def target_tags(target: float, reached: Optional[Reached]) -> dict[str, Any]:
     """A run's tags at its end, where it had a target."""
     return {"target_rmse": target, "target_reached": str(reached is not None).lower()}

@@ -171,16 +171,18 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         m.datamodule,
         device.torch_device,
         wall,
-        m.median,
         baseline,
     )
     checkpoint = _save_checkpoint(m, model, trainer, step)
     if m.job.rank != 0:  # rank 0 speaks for a DDP job
         return JobResult("FINISHED", m.job.num, None, m.job.overrides)
     k = model.n_members
-    if k > 1 and m.median("it_per_s") is not None:
-        # The pack's networks trained per second (the comparison's model-steps/s).
-        summary["pack_model_steps_per_s_median"] = k * m.median("it_per_s")
+    timing = m.timing()  # its rates' medians over the epochs it trained
+    if timing is not None:
+        summary["it_per_s_median"] = timing.it_per_s
+        summary["samples_per_s_median"] = timing.samples_per_s
+        if k > 1:  # the pack's networks trained per second (the comparison's model-steps/s)
+            summary["pack_model_steps_per_s_median"] = k * timing.it_per_s
     if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's, at the run's end
         tracker.set_tags(target_tags(cfg.metrics.target_rmse, m.reached))
     ending = Ending(
@@ -194,7 +196,7 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         best=m.best,
         best_weights=m.best_weights,
         logged=m.logged,
-        time_to_target_s=m.reached["time_to_target_s"] if m.reached else None,
+        time_to_target_s=m.reached.time_to_target_s if m.reached else None,
         pruned=m.pruned,
     )
     record_end(tracker, m.job, m.name, ending)

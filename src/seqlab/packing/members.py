@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -17,11 +17,11 @@ from omegaconf import DictConfig
 
 from seqlab import one_line
 from seqlab.callbacks.best import BestSoFar
-from seqlab.callbacks.timing import epoch_median
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.trial import TrialLink
 from seqlab.tracking.lifecycle import Opening
 from seqlab.tracking.model_logging import Kept
+from seqlab.tracking.records import Best, EpochTiming, Reached, Stopped
 
 log = logging.getLogger("seqlab")
 
@@ -56,15 +56,13 @@ class Member:
     reason: Optional[str] = None
     active: bool = True  # still training (False: diverged or stopped early; the pack goes on)
     # What its callbacks keep when it trains alone (callbacks.timing, best, output_network):
-    epochs: list[dict[str, float]] = field(
-        default_factory=list
-    )  # epoch_time_s, it_per_s, samples_per_s
+    epochs: list[EpochTiming] = field(default_factory=list)  # the epochs it trained
     record: BestSoFar = field(
         default_factory=BestSoFar
     )  # its best val_rmse and the validations since (patience)
     best_weights: Optional[dict[str, torch.Tensor]] = None
-    reached: Optional[dict[str, float]] = None
-    stopped: Optional[dict[str, int]] = None  # stopped early by module.validation_patience
+    reached: Optional[Reached] = None  # where its val_rmse first reached metrics.target_rmse
+    stopped: Optional[Stopped] = None  # stopped early by module.validation_patience
     pruned: Optional[str] = None  # why a search's pruner stopped it (its job result's reason)
     final_step: Optional[int] = None  # where its training ended (stopped early: there)
     last_weights: Optional[dict[str, torch.Tensor]] = None  # its weights where it stopped early
@@ -80,7 +78,7 @@ class Member:
         return self.tracker.run_id if self.tracker is not None else self.resume_run_id
 
     @property
-    def best(self) -> Optional[dict[str, float]]:
+    def best(self) -> Optional[Best]:
         return self.record.best
 
     @property
@@ -94,16 +92,17 @@ class Member:
 
     def state(self) -> dict[str, Any]:
         """What a pack checkpoint keeps of this member besides its packed weights: its status too,
-        so that a member that failed before the checkpoint stays FAILED after a resume."""
+        so that a member that failed before the checkpoint stays FAILED after a resume. Plain
+        values and tensors: a checkpoint holds no class of this project to unpickle."""
         return {
             "status": self.status,
             "reason": self.reason,
-            "epochs": self.epochs,
-            "best": self.record.best,
+            "epochs": [asdict(r) for r in self.epochs],
+            "best": _plain(self.record.best),
             "best_weights": self.best_weights,
             "since_best": self.record.since_best,
-            "reached": self.reached,
-            "stopped": self.stopped,
+            "reached": _plain(self.reached),
+            "stopped": _plain(self.stopped),
             "pruned": self.pruned,
             "active": self.active,
             "final_step": self.final_step,
@@ -116,18 +115,12 @@ class Member:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        for key in (
-            "epochs",
-            "best_weights",
-            "reached",
-            "stopped",
-            "pruned",
-            "active",
-            "final_step",
-            "last_weights",
-        ):
+        for key in ("best_weights", "pruned", "active", "final_step", "last_weights"):
             setattr(self, key, state[key])
-        self.record.best, self.record.since_best = state["best"], state["since_best"]
+        self.epochs = [EpochTiming(**r) for r in state["epochs"]]
+        self.reached = _typed(Reached, state["reached"])
+        self.stopped = _typed(Stopped, state["stopped"])
+        self.record.best, self.record.since_best = _typed(Best, state["best"]), state["since_best"]
         self.logged = state.get(
             "logged", []
         )  # a checkpoint from before logged checkpoints has none
@@ -163,9 +156,9 @@ class Member:
         """Whether it trained up to `step`: still training, or stopped right there (not failed)."""
         return self.status != "FAILED" and (self.active or self.final_step == step)
 
-    def median(self, key: str) -> Optional[float]:
-        """callbacks.timing.EpochTimer.median: over epochs, the first left out when there are others."""
-        return epoch_median([r[key] for r in self.epochs])
+    def timing(self) -> Optional[EpochTiming]:
+        """Its rates' medians over the epochs it trained (EpochTiming.median_of)."""
+        return EpochTiming.median_of(self.epochs)
 
     def kept(
         self, last: dict[str, torch.Tensor], step: int
@@ -174,15 +167,23 @@ class Member:
         if self.last_weights is not None:  # stopped early: the pack trained on, this member did not
             last, step = self.last_weights, self.final_step
         stopped = (
-            f"step {self.stopped['step']} (epoch {self.stopped['epoch']})"
+            f"step {self.stopped.step} (epoch {self.stopped.epoch})"
             if self.stopped is not None
             else None
         )
         if self.cfg.module.output_network == "best" and self.best_weights is not None:
             return self.best_weights, Kept(
                 "best",
-                int(self.best["best_val_rmse_step"]),
-                int(self.best["best_val_rmse_epoch"]),
+                self.best.step,
+                self.best.epoch,
                 stopped,
             )
         return last, Kept("last", step, stopped_early=stopped)
+
+
+def _plain(value: Any) -> Optional[dict[str, Any]]:
+    return None if value is None else asdict(value)
+
+
+def _typed(cls: type, value: Optional[dict[str, Any]]) -> Any:
+    return None if value is None else cls(**value)

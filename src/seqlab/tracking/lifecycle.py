@@ -28,6 +28,7 @@ from seqlab.tracking import costs
 from seqlab.tracking.describe import run_name, run_params, run_tags
 from seqlab.tracking.model_logging import Kept, log_networks
 from seqlab.tracking.provenance import CodeState, code_state
+from seqlab.tracking.records import Best
 
 log = logging.getLogger("seqlab")
 
@@ -111,7 +112,7 @@ class Ending:
     step: int  # where the run's training ended: its final metrics' step
     checkpoint: Path  # last.ckpt in the job's folder, written
     baseline: Optional[float] = None  # val_rmse of predicting the training mean
-    best: Optional[dict[str, float]] = None  # best_val_rmse and its step and epoch
+    best: Optional[Best] = None  # the lowest val_rmse and its step and epoch
     best_weights: Optional[dict[str, Any]] = None
     logged: list[tuple[str, int]] = field(
         default_factory=list
@@ -170,7 +171,7 @@ def finished_result(
         samples_per_s=summary.get("samples_per_s_median"),
         val_rmse=summary.get("final_val_rmse", tracker.last("val_rmse")),
         val_rmse_baseline=ending.baseline,
-        best_val_rmse=ending.best["best_val_rmse"] if ending.best else None,
+        best_val_rmse=ending.best.value if ending.best else None,
         target_rmse=cfg.metrics.target_rmse,
         time_to_target_s=ending.time_to_target_s,
         reason=ending.pruned,

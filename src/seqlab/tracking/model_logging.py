@@ -20,6 +20,7 @@ from seqlab import one_line
 from seqlab.tracking.mlflow_private import given_requirements
 from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
 from seqlab.tracking.outbox import transient
+from seqlab.tracking.records import Best
 
 log = logging.getLogger("seqlab")
 
@@ -213,17 +214,17 @@ def log_network(
     return LoggedNetwork(uri, model_id)
 
 
-def _kept_is_best(found: Optional[dict[str, float]], kept: Kept) -> bool:
+def _kept_is_best(found: Optional[Best], kept: Kept) -> bool:
     """Whether the network kept (`model`) is the best validation's (`found`: best_val_rmse and its
     step): kept as best, or the last network and the best at the same step."""
     if kept.output_network == "best":
         return True
-    return found is not None and int(found["best_val_rmse_step"]) == kept.step
+    return found is not None and found.step == kept.step
 
 
 def _log_checkpoints(
     tracker: Any,
-    found: Optional[dict[str, float]],
+    found: Optional[Best],
     weights: Optional[dict[str, Any]],
     logged: list[tuple[str, int]],
     network: Any,
@@ -252,8 +253,7 @@ def _log_checkpoints(
         return
     best = copy.deepcopy(network)
     best.load_state_dict(weights)
-    step = int(found["best_val_rmse_step"])
-    value = found["best_val_rmse"]
+    step, value = found.step, found.value
     done = log_network(
         tracker,
         best,
@@ -294,7 +294,7 @@ def log_networks(
     network: Any,
     example_x: np.ndarray,
     kept: Kept,
-    found: Optional[dict[str, float]],
+    found: Optional[Best],
     weights: Optional[dict[str, Any]],
     logged: list[tuple[str, int]],
 ) -> Optional[LoggedNetwork]:

@@ -143,12 +143,10 @@ def final_metrics(
     datamodule: Any,
     device: torch.device,
     wall: float,
-    median: Callable[[str], Optional[float]],
     baseline: Optional[float],
 ) -> dict[str, float]:
     """MATLAB's FinalValidation*: the network as saved (after any BatchNorm finalisation:
-    module.bn_statistics), and the run's medians over epochs (`median`: the epoch timer's); a run
-    alone's and a pack member's alike."""
+    module.bn_statistics); a run alone's and a pack member's alike."""
     if bn_statistics == "population":
         population_bn_statistics_(network, datamodule.train_eval_batches(), device)
         log.info(
@@ -164,10 +162,6 @@ def final_metrics(
                 for k, v in evaluate(network, LOSS_FUNCTIONS[loss], val_batches, device).items()
             }
         )
-    for key in ("it_per_s", "samples_per_s"):
-        value = median(key)
-        if value is not None:
-            summary[f"{key}_median"] = value
     if baseline is not None:
         summary["val_rmse_baseline"] = baseline
     return summary

@@ -16,6 +16,7 @@ from seqlab.model import CNNLSTM
 from seqlab.packing.members import Member
 from seqlab.packing.model import OneMember, PackedCNNLSTM
 from seqlab.packing.module import SeqRegressor
+from seqlab.tracking.records import Stopped
 from seqlab.train import train
 
 
@@ -78,7 +79,7 @@ def test_best_keeps_the_lowest_validation_and_patience_counts_ties_as_no_better(
     # new bests at validations 0, 1, 3; then 0.31, 0.3 (a tie is no better, as in MATLAB), 0.35
     stopped = _validate(callback, trainer, module, [0.5, 0.4, 0.45, 0.3, 0.31, 0.3, 0.35, 0.1])
     (m,) = module.members
-    assert stopped == 6 and m.stopped == {"step": 70, "epoch": 7} and not m.active
+    assert stopped == 6 and m.stopped == Stopped(step=70, epoch=7) and not m.active
     assert [step for _, step in m.tracker.logged] == [10, 20, 40]  # best_val_rmse at each new best
     tags = _kept(module).tags()
     assert module.model.net.weight.item() == 3.0  # the weights of validation 3
@@ -130,7 +131,7 @@ def test_a_pack_member_out_of_patience_stops_while_the_others_train():
         if i == 1:
             assert not module.members[0].active and module.members[1].active
             assert module.members[0].final_step == 20 and not trainer.should_stop
-    assert module.members[1].stopped == {"step": 40, "epoch": 4} and trainer.should_stop
+    assert module.members[1].stopped == Stopped(step=40, epoch=4) and trainer.should_stop
 
 
 def test_best_without_validation_data_is_one_line_before_training(compose_cfg, store):

@@ -4,11 +4,14 @@ alone: the same initial weights, data order and dropout masks give the same loss
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
 from seqlab.model import CNNLSTM
 from seqlab.packing.model import PackedCNNLSTM, share_streams
+from seqlab.tracking.records import Best, EpochTiming, Reached, Stopped
 from seqlab.training.evaluation import LOSS_FUNCTIONS, MEMBER_LOSSES
 
 SHAPE = dict(n_features=16, n_outputs=1, filters=3, kernel_size=5, hidden_size=8)
@@ -491,10 +494,24 @@ def test_a_failed_members_status_and_its_data_order_come_back_from_the_packs_che
     saved.trainer.fit_loop.epoch_loop.batch_progress.current.completed = (
         1  # one item of the epoch trained
     )
+    # What the callbacks recorded of member 0, as typed records (tracking.records).
+    first = saved.members[0]
+    first.epochs = [EpochTiming(0.5, 200.0, 12800.0), EpochTiming(0.4, 250.0, 16000.0)]
+    first.record.best, first.record.since_best = Best(0.25, 20, 2), 1
+    first.reached, first.stopped = Reached(0.9, 20, 2), Stopped(30, 3)
     checkpoint = {}
     saved.on_save_checkpoint(checkpoint)
+    # Plain values and tensors only: it loads without unpickling any class of this project.
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, weights_only=True)
     resumed = module()
     resumed.on_load_checkpoint(checkpoint)
+    again = resumed.members[0]
+    assert again.epochs == first.epochs and again.timing() == EpochTiming(0.4, 250.0, 16000.0)
+    assert (again.best, again.record.since_best) == (Best(0.25, 20, 2), 1)
+    assert (again.reached, again.stopped) == (Reached(0.9, 20, 2), Stopped(30, 3))
     assert [(m.status, m.active) for m in resumed.members] == [("RUNNING", True), ("FAILED", False)]
     assert (
         resumed.members[1].reason.startswith("the training loss became nan")
