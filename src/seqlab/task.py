@@ -61,9 +61,8 @@ def _pack_job(cfg: DictConfig, job: Job) -> None:
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as error:
-        if (
-            job.rank > 0
-        ):  # a DDP pack's other process: its exit status tells rank 0 (ddp.rank_watch)
+        # A DDP pack's other process: its exit status tells rank 0 (ddp.rank_watch).
+        if job.rank > 0:
             raise
         if isinstance(error, SeqlabError):
             log.error("error: %s", one_line(error))

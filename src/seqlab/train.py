@@ -210,10 +210,10 @@ class Recipe:
         has_val = data.val_rows is not None
         val_every = cfg.trainer.val_check_interval if has_val else None
         # The fused loop: K optimizer steps per Lightning call (see perf.steps_per_call). Under
-        # DDP too: its backward is Lightning's manual_backward, which has DDP's reducer average
-        # each step's gradients over the processes, and each process trains its share of every
-        # member's epoch (PackData.shard, once Lightning knows the ranks). The steps per call are
-        # counted here on the whole epoch, so an interval in iterations is placed per step.
+        # DDP too: each process trains its share of every member's epoch (PackData.shard, once
+        # Lightning knows the ranks) and the loop averages each step's gradients over the
+        # processes itself (ddp.gradients). The steps per call are counted here on the whole
+        # epoch, not a process's share, so under DDP an interval in iterations is placed per step.
         fused = perf.steps_per_call > 1
         per_call, val_every = (
             steps_per_call(perf.steps_per_call, data.n_batches, val_every)

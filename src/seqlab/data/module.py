@@ -28,6 +28,11 @@ log = logging.getLogger("seqlab")
 Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, lengths)
 
 
+def batches_in(n: int, batch_size: int, drop_last: bool) -> int:
+    """Mini-batches an epoch of n samples makes: the last incomplete one dropped or kept."""
+    return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
 def last_batch_single(n: int, batch_size: int, drop_last: bool, steps: int) -> bool:
     """Whether n samples per epoch leave a last batch of one (BatchNorm needs 2; a sequence
     batch normalises over its steps too, so only one-step data is affected)."""
@@ -114,8 +119,7 @@ class TensorBatches:
 
     @property
     def n_batches(self) -> int:
-        n = len(self.tensors[0]) // self.world_size
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return batches_in(len(self.tensors[0]) // self.world_size, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         return math.ceil(self.n_batches / self.batches_per_item)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from seqlab.data.module import last_batch_single, process_share
+from seqlab.data.module import batches_in, last_batch_single, process_share
 from seqlab.packing.members import Member
 
 
@@ -102,7 +102,7 @@ class PackData:
             train_rows=torch.from_numpy(np.stack(train_rows)).to(device),
             val_rows=torch.from_numpy(np.stack(val_rows)).to(device) if len(val_rows[0]) else None,
             batch_size=bs,
-            n_batches=n // bs if drop else -(-n // bs),
+            n_batches=batches_in(n, bs, drop),
             shuffle=dm.shuffle,
             drop_last=dm.drop_last,
         )
@@ -132,9 +132,7 @@ class PackData:
         bs = self.batch_size
         n = process_share(self.train_rows.shape[1], world_size, bs)
         drop = self.drop_last or last_batch_single(n, bs, self.drop_last, self.steps)
-        return replace(
-            self, rank=rank, world_size=world_size, n_batches=n // bs if drop else -(-n // bs)
-        )
+        return replace(self, rank=rank, world_size=world_size, n_batches=batches_in(n, bs, drop))
 
     @property
     def steps(self) -> int:
@@ -148,19 +146,17 @@ class PackData:
     def orders(self, members: list[Member]) -> torch.Tensor:
         """(K, samples): each member's order for this epoch, drawn as its run alone draws it (a
         permutation of its training set), as rows of x."""
+        # Under DDP, this process's share (TensorBatches'): every P-th of a shuffled order, a
+        # contiguous block of an unshuffled one.
+        share, rank, world = self.n_samples, self.rank, self.world_size
         if not self.shuffle:
-            rows = self.train_rows
+            rows = self.train_rows[:, rank * share : (rank + 1) * share]
         else:
             n, device = self.train_rows.shape[1], self.x.device
             order = torch.stack(
                 [torch.randperm(n, generator=m.order, device=device) for m in members]
             )
-            rows = self.train_rows.gather(1, order)
-            if self.world_size > 1:  # every P-th of the order (TensorBatches' share)
-                rows = rows[:, self.rank :: self.world_size][:, : self.n_samples]
-        if not self.shuffle and self.world_size > 1:  # unshuffled: a contiguous share
-            share = self.n_samples
-            rows = rows[:, self.rank * share : (self.rank + 1) * share]
+            rows = self.train_rows.gather(1, order)[:, rank::world][:, :share]
         # Members that differ in optimizer.lr, module.l2_regularization, model.dropout or the
         # threshold, not in data.seed, draw the same order from generators of one seed: they share
         # each batch (batch()). Checked once an epoch (one read-back), not assumed.
