@@ -209,7 +209,4 @@ def framework_loop(cfg) -> list[float]:
     return [m.value for m in client.get_metric_history(run.info.run_id, "it_per_s")]
 
 
-_BARE_LOOPS = {"plain": plain_loop, "bare": bare_loop}
-
-
 BARE_LOOPS = {"plain": plain_loop, "bare": bare_loop}
