@@ -39,7 +39,7 @@ def trusted_targets() -> Any:
     such check, nothing. Entered by the command lines and by the task function (a launcher's
     worker process starts without the command line's context)."""
     try:
-        from hydra.utils import execution_whitelist
+        from hydra.utils import execution_whitelist  # Hydra 1.4 only: 1.3 has no such check
     except ImportError:
         return contextlib.nullcontext()
     return execution_whitelist(list(TRUSTED_TARGETS))

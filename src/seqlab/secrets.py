@@ -12,12 +12,15 @@ Cheap to import (the CLI imports it at start-up): the standard library only."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
 
 MASK = "***"
 
@@ -139,9 +142,6 @@ _SECRET_VARIABLES = (
 def guard(cfg: Any) -> None:
     """Before a job logs anything: learn its config's and environment's secrets and mask them on
     every log handler (console, train.log)."""
-    import os
-
-    from omegaconf import DictConfig, OmegaConf
 
     remember_tree(OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg)
     for name in _SECRET_VARIABLES:

@@ -244,10 +244,11 @@ def test_a_library_release_the_internals_were_not_tested_with_is_one_line(
 
 
 def test_imports_sit_at_the_top_but_for_a_few_each_with_its_reason():
-    """Issue 37, point 2: a reader sees a module's dependencies at its top. An import of a seqlab module
-    inside a function is kept only where a light module must answer without torch, Lightning, MLflow
-    or Optuna (the command line's start-up, every multirun and job, a plugin Hydra imports), at most
-    15 of them, each saying why on its line."""
+    """Issue 37, point 2: a reader sees a module's dependencies at its top. An import inside a
+    function is kept only where a light module must answer without torch, Lightning, MLflow or
+    Optuna (the command line's start-up, every multirun and job, a plugin Hydra imports, the step
+    writer's helper process) or where an optional part is dear and seldom used (onnx, h5py, the
+    plots), each saying why on its line; at most 15 of them import seqlab modules, 45 in all."""
     inside = []
     for path in sorted(SRC.rglob("*.py")):
         lines = path.read_text().splitlines()
@@ -256,12 +257,12 @@ def test_imports_sit_at_the_top_but_for_a_few_each_with_its_reason():
                 for imp in ast.walk(node):
                     if isinstance(imp, (ast.Import, ast.ImportFrom)):
                         name = imp.module if isinstance(imp, ast.ImportFrom) else imp.names[0].name
-                        if name and name.split(".")[0] in ("seqlab", "hydra_plugins"):
-                            inside.append(
-                                (f"{path.relative_to(SRC)}:{imp.lineno}", lines[imp.lineno - 1])
-                            )
-    assert len(inside) <= 15, [where for where, _ in inside]
-    assert [where for where, line in inside if "  # " not in line] == []
+                        where = f"{path.relative_to(SRC)}:{imp.lineno}"
+                        inside.append((where, (name or "").split(".")[0], lines[imp.lineno - 1]))
+    ours = [where for where, top, _ in inside if top in ("seqlab", "hydra_plugins")]
+    assert len(ours) <= 15, ours
+    assert len(inside) <= 45, [where for where, _, _ in inside]
+    assert [where for where, _, line in inside if "  # " not in line] == []
 
 
 # What a test that starts a process or trains a whole run names: such a test belongs in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -45,7 +46,6 @@ class SeqlabOptunaSweeper(Sweeper):
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        from hydra.core.plugins import Plugins
 
         self.hydra_context = hydra_context
         self.config = config

@@ -16,6 +16,7 @@ import functools
 import inspect
 from typing import Any
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
@@ -25,7 +26,6 @@ def build(nodes: DictConfig, **objects: Any) -> dict[str, Any]:
     """Each entry in order, by its `_target_`. A partial gets, from `objects` and the entries built
     before it (by name), the arguments its constructor names and the config did not give: so a
     callback asks for the tracker or the timer in its signature, and nothing is set on it later."""
-    from hydra.utils import instantiate
 
     built: dict[str, Any] = {}
     for name, node in nodes.items():

@@ -42,11 +42,11 @@ def read_mat(path: str) -> dict[str, Value]:
     """Every variable of a .mat file, in MATLAB's dimension order."""
     if not Path(path).is_file():
         raise SeqlabError(f"data.path={path}: no such file")
-    import h5py
+    import h5py  # h5py and scipy.io: a .mat file only (most data never reads one)
 
     if h5py.is_hdf5(path):
         return _read_v73(path)
-    import scipy.io
+    import scipy.io  # a v5/v7 .mat file only
 
     try:
         raw = scipy.io.loadmat(path)
@@ -64,7 +64,7 @@ def read_mat(path: str) -> dict[str, Value]:
 
 
 def _read_v73(path: str) -> dict[str, Value]:
-    import h5py
+    import h5py  # a v7.3 .mat file only
 
     def convert(ds: "h5py.Dataset", f: "h5py.File") -> Value:
         matlab_class = ds.attrs.get("MATLAB_class", b"")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
+import pandas as pd
 
 from seqlab import SeqlabError
 from seqlab.data.sources import SeqData, as_sequences
@@ -35,7 +36,6 @@ def load_csv(
     index_col: Union[str, bool, None] = AUTO,
 ) -> SeqData:
     """header=auto: the first row names the columns unless every cell of it is a number."""
-    import pandas as pd
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -80,7 +80,6 @@ def load_parquet(
     index_col: Union[str, bool, None] = AUTO,
 ) -> SeqData:
     """A Parquet file (pyarrow): pandas' index comes back as the index, the rest are columns."""
-    import pandas as pd
 
     try:
         frame = pd.read_parquet(path)
@@ -113,7 +112,6 @@ def _from_frame(
     first_row: int = 1,
     index_note: Optional[str] = None,
 ) -> SeqData:
-    import pandas as pd
 
     if frame.empty:
         raise SeqlabError(f"{path}: the table has no rows")
@@ -159,7 +157,6 @@ def _index_column(
 ) -> Optional[str]:
     """Which column is the index: the one named, none (null/false), or auto: an unnamed first
     column (how pandas writes its index) or a first column of dates."""
-    import pandas as pd
 
     if index_col in (None, False):
         return None

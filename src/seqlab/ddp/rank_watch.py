@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -61,7 +62,6 @@ class RankWatch(pl.Callback):
     def installed(cls, output_dir: Path, tracker) -> "RankWatch":
         """A watch in the place of Lightning's process observer for the launch that follows; if
         rank 0 stays stuck after a death, it ends `tracker`'s run itself."""
-        from functools import partial
 
         from seqlab.training.lightning_private import (  # Lightning: only under DDP
             set_ddp_process_observer,

@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
 from seqlab import SeqlabError
 
 RANK_OVERRIDES = "SEQLAB_RANK_OVERRIDES"  # a DDP job's overrides, for the ranks it starts (start_ranks_as_this_job)
@@ -54,7 +57,6 @@ def process_rank() -> int:
 
 def multi_process(trainer_cfg: Any) -> bool:
     """Whether the trainer settings (cfg.trainer) start more than one training process (DDP)."""
-    from omegaconf import OmegaConf
 
     devices = trainer_cfg.devices
     one_device = devices in (1, "1") or (OmegaConf.is_list(devices) and len(devices) == 1)
@@ -81,7 +83,7 @@ def process_group_scope(trainer_cfg: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch: only under DDP (every command line imports this module)
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -100,7 +102,6 @@ def start_ranks_as_this_job(
     all). Each rank is started as a single run of this job instead: train.py with the job's
     overrides, in the job's output folder; a pack's ranks with the pack as rank 0 decided it
     (`pack`: handed_pack)."""
-    from hydra.core.hydra_config import HydraConfig
 
     from seqlab.training.lightning_private import (  # Lightning: only under DDP
         set_ddp_process_command,

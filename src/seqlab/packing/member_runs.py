@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional
 
+import mlflow
 import torch
 
 from seqlab import ending_status, one_line
@@ -77,8 +78,6 @@ def open_runs(job: Job, members: list[Member], stack: ExitStack, device: Any) ->
             checkpoint = checkpoint or fetched
             m.opening.name = m.tracker.client.get_run(m.resume_run_id).info.run_name
         elif m.resume_run_id:  # under SLURM the processes start together, maybe on other hosts
-            import mlflow
-
             client = mlflow.MlflowClient(m.tracker.tracking_uri)
             checkpoint = fetch_checkpoint(
                 client, m.resume_run_id, m.job.output_dir / "resume" / f"rank{job.rank}"

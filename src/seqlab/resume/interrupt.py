@@ -12,8 +12,10 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import mlflow
 import pytorch_lightning as pl
 import torch
+from mlflow.exceptions import MlflowException
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from seqlab import SeqlabError
@@ -177,7 +179,6 @@ def prepare_resume(
 ) -> Optional[Path]:
     """Check that `run_id` can be continued with this config, send what it had not stored, and
     fetch its checkpoint (`fetch`: a pack's members share one, fetched once)."""
-    from mlflow.exceptions import MlflowException
 
     try:
         run = client.get_run(run_id)
@@ -247,7 +248,6 @@ def start_point(
         )
         return start_from, tracker.client.get_run(cfg.resume).info.run_name
     # Each process fetches its own copy (under SLURM they start together, maybe on other hosts).
-    import mlflow
 
     client = mlflow.MlflowClient(tracker.tracking_uri)
     return fetch_checkpoint(client, cfg.resume, job.output_dir / "resume" / f"rank{job.rank}"), name

@@ -122,7 +122,7 @@ def _rows(file: BinaryIO) -> Iterator[list[Any]]:
 
 
 def _read(file: BinaryIO, skip: int) -> Iterator[list[Any]]:
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # MLflow: only to replay (every job imports this module)
 
     file.flush()
     file.seek(0)

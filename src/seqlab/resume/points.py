@@ -7,6 +7,7 @@ Lightning): the sweep callback and the store's reaper read the tag's name."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,8 @@ def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
 def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
     """Send the metrics a stopped run had not stored when its checkpoint was published (a store
     holds a row it already has once: rows the run sent after all are not doubled); how many."""
-    from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
+    from mlflow.entities import Metric  # MLflow: a resume only (every job imports this module)
+    from mlflow.exceptions import MlflowException  # as Metric
 
     try:
         path = Path(client.download_artifacts(run_id, f"checkpoints/{UNSENT}", str(dst)))
@@ -69,7 +70,7 @@ def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
 
 def drop_resume_point(tracker: Any) -> None:
     """Training went to its end: no checkpoint is left to continue from (a finished run is not resumed)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # MLflow: a run's end only (as above)
 
     if tracker.client is None or not tracker.run_id:
         return
@@ -81,7 +82,6 @@ def drop_resume_point(tracker: Any) -> None:
 
 def fetch_checkpoint(client: Any, run_id: str, dst: Path) -> Path:
     """The run's interrupt checkpoint, downloaded into `dst`."""
-    import os
 
     os.environ.setdefault(
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"

@@ -80,7 +80,7 @@ def previous_attempt(
         or before.status == "FINISHED"
     ):
         return None
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # a requeued job only (every job imports us)
 
     try:
         run = client.get_run(before.run_id)

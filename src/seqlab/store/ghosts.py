@@ -10,11 +10,12 @@ when this observer has seen the same heartbeat for HEARTBEAT_TIMEOUT_S by its ow
 machines' clocks are never compared). A run whose owner cannot be judged is left alone: a live
 run is never marked.
 
-Light imports only: MLflow and psutil load inside the functions that need them."""
+Light imports only: MLflow loads inside the functions that need it."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
+
+import psutil
 
 from seqlab import one_line
 from seqlab.resume.journal import deliver_journal
@@ -52,8 +55,6 @@ _SWEEP_HOST, _SWEEP_PID = "sweep_host", "sweep_pid"
 
 def process_started(pid: int) -> Optional[float]:
     """When process `pid` started (seconds since the epoch), None if there is no such process."""
-    import psutil
-
     try:
         return round(psutil.Process(pid).create_time(), 2)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -203,8 +204,6 @@ class BeatsSeen:
     @classmethod
     def of_store(cls, tracking_uri: str) -> "BeatsSeen":
         """This user's record for one store (its URL hashed: the file name shows no password)."""
-        import hashlib
-
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         return cls(
             cache
@@ -241,7 +240,7 @@ class BeatsSeen:
 def _running_runs(client: Any) -> Iterator[Any]:
     """The store's RUNNING runs that a user has not deleted: a deleted run (or one in a deleted
     experiment) cannot be changed, MLflow refuses to, and it is out of everybody's way already."""
-    from mlflow.entities import ViewType
+    from mlflow.entities import ViewType  # MLflow: a reaping only (the light path imports us)
 
     ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     token = None
@@ -368,7 +367,7 @@ class Heartbeat:
         while not self._stop.wait(self.every_s):
             try:
                 if client is None:
-                    import mlflow
+                    import mlflow  # as ViewType above
 
                     client = mlflow.MlflowClient(self.tracking_uri)
                 what = self.ended_elsewhere(client)

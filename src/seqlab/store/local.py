@@ -4,19 +4,21 @@ other's migrations (`table _alembic_tmp_experiments already exists`), which can 
 broken for every later client. Here one process at a time opens the store, under a file lock
 next to it (`mlflow.db.lock`): the first creates the tables, the others wait and find them made.
 A store left half-created (by an older seqlab, or a set-up that was killed) is named in one line
-with the fix before MLflow touches it.
-
-Light imports only: MLflow loads inside `open_client`."""
+with the fix before MLflow touches it."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+from urllib.parse import urlparse
+
+import mlflow
 
 from seqlab import SeqlabError, imports_without_gc, one_line
 from seqlab.secrets import mask_uris
@@ -192,8 +194,6 @@ def is_database(uri: str) -> bool:
 def check_database(uri: str, timeout_s: float = 5.0) -> None:
     """A database server's port answers; else one line at once (MLflow would retry a refused
     connection for about 100 s, a warning a try, then raise SQLAlchemy's traceback)."""
-    import socket
-    from urllib.parse import urlparse
 
     parts = urlparse(uri)
     if not parts.hostname:  # a local socket: left to the driver
@@ -213,7 +213,6 @@ def open_client(tracking_uri: str):
     """An MlflowClient on `tracking_uri`; for a local store, created (or migrated) by one process
     at a time, and refused in one line when it was left half-created; a database server that does
     not answer is one line."""
-    import mlflow
 
     db = sqlite_path(tracking_uri)
     if db is None:

@@ -9,6 +9,7 @@ itself (`--serve-artifacts`), so its clients need only its address, no shared di
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import signal
@@ -19,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 from urllib.parse import urlparse
+
+import psutil
+import requests
 
 from seqlab import SeqlabError
 from seqlab.secrets import mask_uris
@@ -49,8 +53,6 @@ def _die_with_parent() -> None:
     """In the server's process, before it starts: end when the process that started it ends,
     however that ends (Linux; elsewhere the stop() calls and atexit do it)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -66,7 +68,6 @@ def wait_until_up(
     """Return once the server at `uri` answers. Its process, where known (`proc`, or `pid` for one
     another process started, as a sweep's jobs know their sweep's server), must be the one that
     answers, and its end while starting is one line."""
-    import requests
 
     def last_line() -> str:
         lines = (
@@ -105,7 +106,6 @@ def wait_until_up(
 
 
 def _alive(pid: int) -> bool:
-    import psutil
 
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -115,7 +115,6 @@ def _alive(pid: int) -> bool:
 
 def _listens(pid: int, port: Optional[int]) -> bool:
     """Whether process `pid` or a process it started listens on `port`."""
-    import psutil
 
     try:
         root = psutil.Process(pid)
@@ -207,7 +206,6 @@ class LocalServer:
         MLflow opens its store at the first request that needs it, without a lock, and two clients'
         first requests at once would both make the tables (`mlflow server` makes them before it
         starts uvicorn; a sweep's parent makes them before its jobs start)."""
-        import requests
 
         answer = requests.get(
             f"{self.uri}/api/2.0/mlflow/experiments/get-by-name",

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import requests
+
 from seqlab import SeqlabError
 
 APP_NAME = "basic-auth"
@@ -152,7 +154,6 @@ def client_credentials(uri: str) -> str:
 def check_credentials(uri: str, timeout_s: float = 10.0) -> None:
     """One request that needs a signed-in user: a server with sign-in that refuses this process's
     credentials is one line here, not a traceback from the first write."""
-    import requests
 
     username, password = os.environ.get(USERNAME), os.environ.get(PASSWORD)
     auth = (username, password) if username and password else None

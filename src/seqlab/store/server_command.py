@@ -4,7 +4,9 @@ the environment, never on the command line. seqlab.store.server starts and watch
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -85,7 +87,6 @@ _SERVER_FIXED_ENV = {
 
 def uvicorn_command(host: str, port: int) -> list[str]:
     """The uvicorn command line `mlflow server --workers 1` starts (its _build_uvicorn_command)."""
-    import importlib.util
 
     log_config = (
         Path(importlib.util.find_spec("mlflow").origin).parent
@@ -110,7 +111,6 @@ def uvicorn_command(host: str, port: int) -> list[str]:
 
 def uvicorn_env(stores: dict[str, str]) -> dict[str, str]:
     """The environment `mlflow server` gives its uvicorn process, for the stores of stores_env."""
-    import uuid
 
     backend = stores[BACKEND_ENV]
     return {

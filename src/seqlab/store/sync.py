@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import mlflow
+from mlflow.entities import Metric, Param, RunTag, ViewType
+
 from seqlab.store.models import run_models
 
 log = logging.getLogger("seqlab")
@@ -45,7 +48,6 @@ class Synced:
 
 
 def _runs(client: Any, experiment_id: str) -> Iterator[Any]:
-    from mlflow.entities import ViewType
 
     token = None
     while True:
@@ -81,7 +83,6 @@ def _copies(dst: Any, experiment_id: str) -> tuple[dict[str, Any], list[str]]:
 
 def sync(src: Any, dst: Any, experiments: Optional[list[str]] = None) -> Synced:
     """Copy what `src` (an MlflowClient) has and `dst` lacks; `experiments`: names (None: all)."""
-    from mlflow.entities import ViewType
 
     result = Synced()
     for experiment in src.search_experiments(view_type=ViewType.ACTIVE_ONLY):
@@ -126,7 +127,6 @@ def sync(src: Any, dst: Any, experiments: Optional[list[str]] = None) -> Synced:
 
 def copy_run(src: Any, dst: Any, run: Any, experiment_id: str, copies: dict[str, str]) -> str:
     """One run into `dst`'s experiment: its copy's id. `copies`: source id -> copy id so far (its parent's)."""
-    from mlflow.entities import Param, RunTag
 
     source_id = run.info.run_id
     tags = dict(run.data.tags)
@@ -161,7 +161,6 @@ def _copy_gained(
 ) -> None:
     """Into the copy, what it lacks of `run`: metric values (a `new` copy lacks them all), tags, the
     artifacts (written over), logged models, and then the run's status and end."""
-    from mlflow.entities import Metric, RunTag
 
     source_id = run.info.run_id
     for key in run.data.metrics:
@@ -195,7 +194,6 @@ def _copy_gained(
 def _copy_models(src: Any, dst: Any, run: Any, experiment_id: str, copy: str) -> None:
     """The run's logged models (MLflow 3), each as a model of the copy with the same files; those
     the copy has already (an earlier sync's) are left as they are."""
-    import mlflow
 
     have = {(m.tags or {}).get(MODEL_FROM) for m in run_models(dst, dst.get_run(copy))}
     for model in run_models(src, run):

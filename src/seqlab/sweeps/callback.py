@@ -17,13 +17,16 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sys
 import threading
 import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError, imports_without_gc
@@ -38,13 +41,11 @@ log = logging.getLogger("seqlab")
 def _process_tags() -> dict[str, str]:
     """Which process runs the sweep: a resume can tell a sweep that died without ending its parent
     run (kill -9, a lost machine) from one that is still running."""
-    import socket
 
     return {"sweep_host": socket.gethostname(), "sweep_pid": str(os.getpid())}
 
 
 def _alive(tags: dict[str, str]) -> bool:
-    import socket
 
     if tags.get("sweep_host") != socket.gethostname() or not tags.get("sweep_pid", "").isdigit():
         return False  # another machine's process cannot be checked from here: taken as gone
@@ -59,7 +60,6 @@ def _alive(tags: dict[str, str]) -> bool:
 
 def swept_keys(overrides: list[str]) -> list[str]:
     """The keys a multirun varies (`data.batch_size=32,64` -> data.batch_size)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
@@ -158,7 +158,6 @@ class MlflowSweepCallback(Callback):
         return self.server.uri
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.utils import instantiate
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)

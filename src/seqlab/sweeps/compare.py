@@ -173,10 +173,10 @@ def runs_csv(rows: list[RunRow]) -> str:
 def plots(rows: list[RunRow], out_dir: Path, target: Optional[float] = None) -> list[Path]:
     """Means with error bars (the 95% interval) and every repeat as a faint dot; curves as the
     repeats' mean with a band over their range."""
-    import matplotlib
+    import matplotlib  # the plots only: the comparison's table answers without matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use: no display here
 
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = [g for g in group_runs(rows) if g.n and g.batch_size]

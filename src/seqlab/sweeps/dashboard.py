@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+import optuna_dashboard
+
 from seqlab.secrets import mask_uris
 from seqlab.sweeps.study import JOURNAL, storage_for
 
@@ -50,7 +52,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 file=sys.stderr,
             )
             return 1
-    import optuna_dashboard
 
     try:
         storage = storage_for(url)

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
@@ -72,8 +74,6 @@ class Job:
     def from_hydra(cls, cfg: DictConfig) -> "Job":
         """The current Hydra job; outside Hydra (tests, notebooks) a single run in
         cfg.paths.output_dir."""
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
 
         output_dir = Path(cfg.paths.output_dir)
         if not HydraConfig.initialized():

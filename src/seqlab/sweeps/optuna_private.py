@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from seqlab import require_tested
 
 if TYPE_CHECKING:
@@ -24,7 +26,6 @@ TESTED = ("5.",)
 
 @functools.cache
 def check_version() -> None:
-    import optuna
 
     require_tested("optuna", optuna.__version__, TESTED, "Optuna")
 
@@ -50,7 +51,6 @@ def trial_id(trial: optuna.trial.Trial) -> int:
 
 def set_trial_waiting(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     """A RUNNING trial back to WAITING, its values kept: the next `ask` of any worker takes it."""
-    import optuna
 
     check_version()
     study._storage.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.WAITING)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import optuna
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from seqlab import one_line
 from seqlab.secrets import mask_text, mask_uris, masked_copy
@@ -42,11 +43,11 @@ def _duration(seconds: float) -> str:
 
 
 def plots(study: optuna.Study, out: Path) -> tuple[list[Path], list[str]]:
-    import matplotlib
+    import matplotlib  # the plots only, at a search's end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as optuna_plots
+    import matplotlib.pyplot as plt  # after matplotlib.use: no display here
+    from optuna.visualization import matplotlib as optuna_plots  # needs matplotlib's backend first
 
     made, skipped = [], []
     for name, function in PLOTS.items():
@@ -159,8 +160,6 @@ def _best_config(
     """The config the best trial trained with, as its run saved it (resolved); composed again
     from the command and its values when the run is out of reach."""
     if tracking is not None and run_id:
-        import os
-
         os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = (
             "false"  # one small file: no progress bar
         )
@@ -174,8 +173,6 @@ def _best_config(
         except Exception:  # noqa: BLE001 - composed below instead
             pass
     try:
-        from omegaconf import OmegaConf
-
         cfg = search.compose(overrides_for(best.params))
         task = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
         dst.write_text(mask_text(OmegaConf.to_yaml(task)))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import mlflow
+
 from seqlab.sweeps.job import JOB_FILE, JobResult, SweepInfo
 from seqlab.sweeps.packs import member_dir
 
@@ -25,7 +27,6 @@ class Tracking:
     parent run the sweep callback opened."""
 
     def __init__(self, sweep: SweepInfo) -> None:
-        import mlflow
 
         self.client = mlflow.MlflowClient(sweep.tracking_uri)
         # The parent run is written to the store itself (the callback's choice, see seqlab.sweeps.callback).

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep, Transformer
+from hydra.errors import HydraException
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
 from seqlab.sweeps.study import SearchError
 
 if TYPE_CHECKING:
@@ -36,8 +41,6 @@ def _number(value: Any) -> bool:
 
 def _parse(line: str, where: str = "") -> Override:
     """One override line, parsed by Hydra; bad grammar is one line (`where`: the entry's place)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
 
     try:
         (override,) = OverridesParser.create().parse_overrides([line])
@@ -52,7 +55,6 @@ def _parse(line: str, where: str = "") -> Override:
 
 def spec_of_override(override: Override, where: str) -> dict[str, Any]:
     """A parsed override (`key=interval(...)`) -> seqlab's mapping, as the official sweeper maps it."""
-    from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep, Transformer
 
     if not override.is_sweep_override():
         return {
@@ -107,7 +109,6 @@ def parse_space(
 ) -> dict[str, optuna.distributions.BaseDistribution]:
     """hydra.sweeper.params (flattened, with the command line's sweeps) -> Optuna distributions;
     SearchError names the first bad entry where the user wrote it (`from_command_line`: those keys)."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
     if not params:

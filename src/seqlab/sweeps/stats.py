@@ -1,16 +1,17 @@
 """How sure a comparison is: repeats of one configuration summarised by n, mean, standard
 deviation and a 95% Student-t confidence interval of the mean, and two configurations told apart
 by Welch's t-test (unequal variances) at the 5% level. On a shared machine whose throughput moves
-20-30% between runs, a difference smaller than that noise is reported as a tie, not a ranking.
-
-scipy is imported inside the functions: this module is imported by the comparison, which the
-CLI's start-up path does not load either."""
+20-30% between runs, a difference smaller than that noise is reported as a tie, not a ranking."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Iterable, Optional
+
+from scipy.stats import t as student_t
+from scipy.stats import ttest_ind
 
 ALPHA = 0.05  # two-sided significance level of every verdict
 CONFIDENCE = 1 - ALPHA  # and the level of every interval (95%)
@@ -48,9 +49,8 @@ class Summary:
         """Half the width of the 95% Student-t interval of the mean (t with n - 1 degrees of freedom)."""
         if self.n < 2:
             return None
-        from scipy.stats import t
 
-        return float(t.ppf(1 - ALPHA / 2, self.n - 1)) * self.sd / math.sqrt(self.n)
+        return float(student_t.ppf(1 - ALPHA / 2, self.n - 1)) * self.sd / math.sqrt(self.n)
 
     @property
     def lo(self) -> Optional[float]:
@@ -88,9 +88,6 @@ def welch_p(a: Summary, b: Summary) -> Optional[float]:
     if a.sd == 0 and b.sd == 0:
         # No noise at all (a deterministic metric): any difference is real, none is a tie.
         return 1.0 if a.mean == b.mean else 0.0
-    import warnings
-
-    from scipy.stats import ttest_ind
 
     with warnings.catch_warnings():
         # scipy warns of precision loss for nearly equal values; the p-value is still the answer.

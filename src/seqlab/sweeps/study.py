@@ -48,7 +48,7 @@ def overrides_for(params: Mapping[str, Any]) -> list[str]:
 def make_sampler(
     spec: Mapping[str, Any], seed: Optional[int], parallel: bool
 ) -> optuna.samplers.BaseSampler:
-    import optuna
+    import optuna  # Optuna: a search only (every job imports this module)
 
     name = spec.get("name", "tpe")
     if name == "random":
@@ -61,7 +61,7 @@ def make_sampler(
 
 def make_pruner(spec: Mapping[str, Any]) -> optuna.pruners.BasePruner:
     """The search's pruner; each job (seqlab.sweeps.trial) makes it again from the settings stored with the study."""
-    import optuna
+    import optuna  # Optuna: a search only (every job imports this module)
 
     name = spec.get("name", "median")
     if name == "median":
@@ -90,10 +90,13 @@ def storage_for(
     time: jobs side by side wait for the lock (up to a minute) instead of failing at once.
     `heartbeat`: (interval s, grace period s, failed-trial callback) for the searching process,
     whose trials' heartbeats tell a dead worker from a live one (seqlab.sweeps.workers)."""
-    import optuna
+    import optuna  # Optuna: a search only (every job imports this module)
 
     if url.startswith(JOURNAL):
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+        from optuna.storages.journal import (  # Optuna: a search only (every job imports this module)
+            JournalFileBackend,
+            JournalFileOpenLock,
+        )
 
         path = Path("/" + url[len(JOURNAL) :].lstrip("/"))
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,7 @@ def trial_tags() -> dict[str, str]:
 def open_trial(link: TrialLink):
     """The trial, bound to its study with the study's pruner (which the storage does not keep:
     the sweeper stores its settings with the study)."""
-    import optuna
+    import optuna  # Optuna: a trial's job only (every job imports this module)
 
     from seqlab.sweeps.study import (  # Optuna: a trial's job only (every job imports this module)
         make_pruner,

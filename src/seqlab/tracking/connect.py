@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import mlflow
+import requests
+from hydra.utils import instantiate
 from mlflow.exceptions import MlflowException
 
 from seqlab import SeqlabError
@@ -48,7 +50,6 @@ def client_for(uri: str) -> mlflow.MlflowClient:
 
 def check_server(uri: str, timeout_s: float = 10.0) -> None:
     """Fail in seconds, with one line, when no MLflow server answers at `uri`."""
-    import requests
 
     try:
         response = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
@@ -106,7 +107,6 @@ def open_tracker(logger_cfg: Any, job: Any, sweep: Any) -> Any:
     """A job's tracker, from conf/logger/ (`job`: sweeps.job.Job, `sweep`: its SweepInfo); in a
     parallel sweep over a local store, pointed at the sweep's own server. Processes 1..N-1 of a
     DDP job send nothing (rank 0 records the job)."""
-    from hydra.utils import instantiate
 
     tracker = instantiate(logger_cfg, rank=job.rank)
     if job.rank > 0:

@@ -5,10 +5,16 @@ arrays: two runs on the same samples show the same one."""
 
 from __future__ import annotations
 
+import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+import mlflow.data
+from mlflow.data.code_dataset_source import CodeDatasetSource
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError
@@ -19,10 +25,6 @@ log = logging.getLogger("seqlab")
 
 
 def _source(data_cfg: DictConfig) -> Any:
-    import warnings
-
-    from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
 
     if data_cfg.get("path"):
         with warnings.catch_warnings():
@@ -45,14 +47,12 @@ def base_name(data_cfg: DictConfig) -> str:
 
 def dataset(data_cfg: DictConfig, x: Any, y: Optional[Any], name: str) -> Any:
     """An MLflow NumpyDataset of inputs x (samples, steps, features) and targets y."""
-    import mlflow.data
 
     return mlflow.data.from_numpy(x, targets=y, source=_source(data_cfg), name=name)
 
 
 def log_inputs(client: Any, run_id: str, inputs: list[tuple[Any, str]]) -> None:
     """Record (dataset, context) pairs as the run's inputs; context: training, validation, evaluation."""
-    from mlflow.exceptions import MlflowException
 
     datasets = [dataset_input(ds, context) for ds, context in inputs]
     try:
@@ -133,7 +133,6 @@ def check_resumed_data(
 
 
 def _samples(profile: Any) -> str:
-    import json
 
     try:
         shape = (

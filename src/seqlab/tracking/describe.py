@@ -9,6 +9,9 @@ import json
 import socket
 from typing import Optional
 
+import mlflow
+import pytorch_lightning
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab.resume.requeue import scheduler_tags
@@ -64,9 +67,6 @@ def config_tag(
 def run_tags(
     cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState
 ) -> dict[str, str]:
-    import mlflow
-    import pytorch_lightning
-    import torch
 
     tags = {
         "accelerator_requested": cfg.trainer.accelerator,

@@ -15,6 +15,16 @@ import functools
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import mlflow
+from mlflow.entities import DatasetInput, InputTag
+from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+from mlflow.system_metrics.metrics.rocm_monitor import ROCMMonitor
+from mlflow.utils import requirements_utils
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
 from seqlab import require_tested
 
 # The MLflow releases these uses were read against and tested with (pyproject.toml holds mlflow
@@ -24,7 +34,6 @@ TESTED = ("3.",)
 
 @functools.cache
 def check_version() -> None:
-    import mlflow
 
     require_tested("mlflow", mlflow.__version__, TESTED, "MLflow")
 
@@ -33,8 +42,6 @@ def dataset_input(dataset: Any, context: str) -> Any:
     """An MLflow dataset (mlflow.data.from_numpy) as a run input with its context tag
     (training, validation, evaluation), for MlflowClient.log_inputs."""
     check_version()
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     return DatasetInput(
         dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]
@@ -46,11 +53,6 @@ def system_samplers() -> list[Any]:
     one answers), as its system-metrics monitor builds them; each has collect_metrics,
     aggregate_metrics (name -> value, the names of its system/... metrics) and clear_metrics."""
     check_version()
-    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
-    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
-    from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
-    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
-    from mlflow.system_metrics.metrics.rocm_monitor import ROCMMonitor
 
     samplers = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
     for gpu in (GPUMonitor, ROCMMonitor):
@@ -73,7 +75,6 @@ def given_requirements(requirements: list[str]) -> Iterator[None]:
     named (their modules have their names); one built before is left as it is, and none is left
     behind for MLflow's inference of other models' requirements."""
     check_version()
-    from mlflow.utils import requirements_utils
 
     if requirements_utils._MODULES_TO_PACKAGES is not None:
         yield

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+import mlflow
 import numpy as np
+import torch
+from mlflow.entities import LoggedModelOutput, Metric
+from mlflow.models import infer_signature
 
 from seqlab import one_line
 from seqlab.tracking.mlflow_private import given_requirements
@@ -73,9 +79,6 @@ def run_scope(uri: str, experiment_id: Optional[str] = None) -> Iterator[None]:
     process-wide state (the tracking URI, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID; without
     them a logged model lands in experiment 0): the run's own for the call only, then as they
     were (a sweep's jobs in one process may log to different stores)."""
-    import os
-
-    import mlflow
 
     # set_tracking_uri sets MLFLOW_TRACKING_URI too; the variables as they were are put back after
     # it is unset again, so the URI in force is the one before (a URI set before the call is in
@@ -98,8 +101,6 @@ def run_scope(uri: str, experiment_id: Optional[str] = None) -> Iterator[None]:
 def pip_requirements() -> list[str]:
     """What the model needs, given rather than inferred: MLflow's inference loads the model in a
     subprocess, which costs seconds per run."""
-    import mlflow
-    import torch
 
     return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"]
 
@@ -108,7 +109,6 @@ def _logged_model(tracker: Any, name: str, tags: Optional[dict[str, str]]) -> st
     """A new logged model of the run, made here rather than by log_model(run_id=...): MLflow 3.17's
     log_model then links the run's metrics at the model's step by reading every metric's whole
     history back from the store (for a run's per-step train_loss, thousands of rows per model)."""
-    import mlflow
 
     model = mlflow.MlflowClient(tracker.tracking_uri).create_logged_model(
         tracker.experiment_id, name=name, source_run_id=tracker.run_id, tags=tags, model_type=None
@@ -120,8 +120,6 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
     """The model as an output of its run at `step`, with the epoch-level metrics (validation, best_*)
     this process logged at that step, as log_model(run_id=..., step=...) would link them: the run's
     Models tab ranks its models by them."""
-    import mlflow
-    from mlflow.entities import LoggedModelOutput, Metric
 
     client = mlflow.MlflowClient(tracker.tracking_uri)
     client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, step=step)])
@@ -153,9 +151,6 @@ def log_network(
     MLflow model named `name` at `step`; register it as a new version of `register_as` if given.
     link: wait for the run's metrics and link those of `step` now (a network logged mid-training
     does not wait; its metrics are linked at the end with link_metrics). None: the server was away."""
-    import mlflow
-    import torch
-    from mlflow.models import infer_signature
 
     # A CPU copy in evaluation mode: what a user's predict() and the server run.
     cpu = copy.deepcopy(network).to("cpu").eval()
@@ -192,7 +187,6 @@ def log_network(
     except Exception as error:  # noqa: BLE001 - a server that went away: the run is kept without its model
         if not transient(error):
             raise
-        import re
 
         where = re.sub(
             r"//[^/@\s]+@", "//***@", tracker.tracking_uri
@@ -321,10 +315,8 @@ def log_onnx(
     against the network on the training inputs (tracking.onnx_model.export). Its URI; None, with one
     line, where the network cannot be exported or its export predicts otherwise: the run keeps its
     PyTorch model and ends as it trained."""
-    import mlflow
-    import onnx
-    import onnxruntime
-    from mlflow.models import infer_signature
+    import onnx  # onnx and onnxruntime: a run that exports only (tracking/onnx_model.py)
+    import onnxruntime  # as onnx
 
     try:
         exported = export(network, inputs)

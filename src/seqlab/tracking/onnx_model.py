@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 # Opset 17: Conv, LSTM and Gemm as onnxruntime and MATLAB's importer read them; the exporter folds
 # the evaluation-mode BatchNorm into the convolution, so the file has no BatchNormalization.
@@ -45,9 +46,8 @@ class Exported:
 def export(network: Any, inputs: np.ndarray) -> Exported:
     """`network` (an nn.Module taking (samples, steps, features)) as ONNX, predicted with
     onnxruntime on the first N_CHECK samples of `inputs` against the network itself."""
-    import onnx
-    import onnxruntime
-    import torch
+    import onnx  # onnx and onnxruntime: a run that exports only (see the module's docstring)
+    import onnxruntime  # as onnx
 
     cpu = copy.deepcopy(network).to("cpu").eval()
     x = torch.from_numpy(np.ascontiguousarray(inputs[:N_CHECK], dtype=np.float32))

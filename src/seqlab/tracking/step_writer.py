@@ -22,6 +22,7 @@ import pickle
 import re
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,6 @@ class SqliteRows:
     above (both checked on open); anything else goes through MLflow's client."""
 
     def __init__(self, path: str, run_id: str) -> None:
-        import sqlite3
 
         self.run_id = run_id
         self.con = sqlite3.connect(path, timeout=120)  # waits while MLflow itself writes
@@ -220,12 +220,12 @@ class ClientRows:
     """Rows through MLflow's client: any store, any MLflow version."""
 
     def __init__(self, tracking_uri: str, run_id: str) -> None:
-        import mlflow
+        import mlflow  # MLflow: only where SQL cannot take the rows (the helper starts without it)
 
         self.client, self.run_id = mlflow.MlflowClient(tracking_uri), run_id
 
     def write(self, rows: list[Row]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # as mlflow above
 
         self.client.log_batch(
             self.run_id,

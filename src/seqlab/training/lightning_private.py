@@ -9,6 +9,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import pytorch_lightning
+from pytorch_lightning.strategies.launchers import subprocess_script
+from torch.amp.grad_scaler import OptState
+
 from seqlab import require_tested
 
 # The Lightning releases these uses were read against and tested with (pyproject.toml holds
@@ -18,7 +22,6 @@ TESTED = ("2.6.",)
 
 @functools.cache
 def check_version() -> None:
-    import pytorch_lightning
 
     require_tested("pytorch-lightning", pytorch_lightning.__version__, TESTED, "Lightning")
 
@@ -27,7 +30,6 @@ def set_ddp_process_observer(start: Callable[[list], None]) -> None:
     """What watches the DDP processes Lightning's launcher starts: `start(procs)` is called with
     their Popen handles, in rank order, instead of Lightning's observer (which kills rank 0 too)."""
     check_version()
-    from pytorch_lightning.strategies.launchers import subprocess_script
 
     subprocess_script._launch_process_observer = start
 
@@ -59,7 +61,6 @@ def set_ddp_process_command(command: Callable[[int], tuple[list[str], str]]) -> 
     """How Lightning's DDP launcher starts local rank N (1..devices-1) under Hydra: `command(N)`
     returns the command line and its working directory."""
     check_version()
-    from pytorch_lightning.strategies.launchers import subprocess_script
 
     subprocess_script._hydra_subprocess_cmd = command
 
@@ -74,7 +75,6 @@ def unscale_for_treatment(trainer: Any, optimizer: Any) -> None:
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
         return
-    from torch.amp.grad_scaler import OptState
 
     if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
         scaler.unscale_(optimizer)
