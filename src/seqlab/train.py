@@ -50,12 +50,14 @@ from seqlab.packing.members import Member
 from seqlab.packing.model import pack_of
 from seqlab.packing.module import SeqRegressor
 from seqlab.packing.optim import build_update
+from seqlab.packing.refill import SlotFiller
 from seqlab.resume.checkpoints import TimedCheckpoint
 from seqlab.resume.interrupt import GracefulStop, check_checkpoint
 from seqlab.resume.points import CHECKPOINT, publish_resume_point
 from seqlab.resume.requeue import previous_attempt as previous_run
 from seqlab.sweeps.job import Job, JobResult, ready, resume_command
 from seqlab.sweeps.pruning import trial_callbacks
+from seqlab.sweeps.refill import Refiller
 from seqlab.sweeps.trial import current
 from seqlab.tracking import StepMetricsRecorder
 from seqlab.tracking.connect import open_tracker
@@ -186,6 +188,11 @@ class Recipe:
         # same read them once (load_samples) and share them.
         with PROCESS.phase("data and networks"):
             samples = load_samples(members)
+        # A packed search that refills freed slots builds its new members from the same samples.
+        refiller = Refiller.from_environment() if len(members) > 1 else None
+        self.slots = (
+            SlotFiller(refiller, job, samples, self.stack, self.device) if refiller else None
+        )
         for m in members:
             with PROCESS.phase("data and networks"):
                 build_member(m, samples, self.device)
@@ -260,6 +267,7 @@ class Recipe:
                 impl=perf.optimizer_impl,
                 capturable=graphs,
                 one_step=data.steps == 1,
+                restartable=self.slots is not None,  # its members' slots may be refilled
             ),
             step_log=recorder.steps,
             loop=partial(FusedLoop, cuda_graph=str(perf.cuda_graph)) if fused else None,
@@ -273,6 +281,11 @@ class Recipe:
         module.end_member = lambda m: finish_or_fail(
             m, module.model, trainer, device, self._since()
         )
+        if self.slots is not None:
+            if ddp or job.rank != 0:
+                log.warning("refill    a pack across processes keeps its slots: no refill")
+            else:
+                module.slots = self.slots
         # Ctrl-C, SIGTERM and submitit's USR2 stop at a step boundary with a checkpoint (not under
         # DDP, where each process would decide on its own signal).
         stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not ddp)
@@ -415,7 +428,7 @@ class Recipe:
         results = [
             finish_or_fail(m, self.module.model, self.trainer, self.device, self.wall)
             for m in self.members
-        ]
+        ] + [m.job.result for m in self.module.retired]  # ended as they left their slots
         if len(self.members) == 1 and results[0].status == "FINISHED" and job.rank == 0:
             report(job, self.members[0].tracker, results[0], self.trainer, self.device, self.wall)
         return results

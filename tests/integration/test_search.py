@@ -11,24 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import artifact_paths, cli_env, runs_of, start_cli
 from harness.inprocess import run_in_process
-from harness.search import TINY, _preset
+from harness.search import TINY, _parent_and_trials, _preset, _study
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-
-def _study(tmp_path: Path):
-    import optuna
-
-    storage = f"sqlite:///{tmp_path}/mlruns/optuna.db"
-    (summary,) = optuna.get_all_study_summaries(storage)
-    return optuna.load_study(study_name=summary.study_name, storage=storage)
-
-
-def _parent_and_trials(store):
-    runs = runs_of(store, "seqlab")
-    parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
-    trials = [r for r in runs if "optuna_trial" in r.data.tags]
-    return parents, sorted(trials, key=lambda r: int(r.data.tags["optuna_trial"]))
 
 
 def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_plots(

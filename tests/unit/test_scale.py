@@ -238,11 +238,11 @@ def test_ddp_hands_lightning_a_plain_dataloader_to_shard_and_refuses_too_small_s
 def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
     """docs/scaling.md: under DDP, train_loss is averaged over the processes. The recorder's flush with a
     process group of two, the other process's losses known: the logged values are the means."""
-    import contextlib
     from types import SimpleNamespace
 
     import torch.distributed as dist
 
+    from seqlab.packing.members import Member
     from seqlab.tracking import StepMetricsRecorder
 
     other = torch.tensor([[0.5], [1.5], [2.5]])  # process 1's losses at steps 1-3 (one member)
@@ -258,8 +258,7 @@ def test_under_ddp_train_loss_is_the_mean_over_the_processes(monkeypatch):
     tracker = SimpleNamespace(
         log_series=lambda series, steps, times: logged.update(series, steps=steps)
     )
-    member = SimpleNamespace(tracker=tracker, status="RUNNING", final_step=None, lr_scale=1.0)
-    member.own_failure = lambda *args: contextlib.nullcontext()
+    member = Member(0, None, None, tracker=tracker)  # its config and job are not read here
     recorder = StepMetricsRecorder(
         [member], every_n_steps=3, loss_to_mse=lambda loss: 2.0 * loss, every_s=0.0
     )

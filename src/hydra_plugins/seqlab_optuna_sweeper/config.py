@@ -45,6 +45,10 @@ class SeqlabOptunaSweeperConf:
     # values run again. Database storages only (Optuna's journal files have no heartbeat).
     heartbeat_interval: int = 30
     grace_period: int = 120
+    # With pack=N: a member that ends before its pack (pruned, diverged) gives its slot to the
+    # next trial the study asks for, inside the running pack (seqlab.sweeps.refill). Its trials
+    # must differ in packable keys only (not the seed), with one validation an epoch and no scheduler.
+    refill: bool = False
     sampler: SamplerConf = field(default_factory=SamplerConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
     # config key -> {type: float|int|categorical, low, high, log, step | choices}, or a list of choices

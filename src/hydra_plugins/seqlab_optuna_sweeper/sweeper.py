@@ -27,6 +27,7 @@ class SeqlabOptunaSweeper(Sweeper):
         storage: Optional[str] = None,
         heartbeat_interval: int = 30,
         grace_period: int = 120,
+        refill: bool = False,
     ) -> None:
         self.settings = dict(
             objective=objective,
@@ -38,6 +39,7 @@ class SeqlabOptunaSweeper(Sweeper):
             pruner=pruner,
             params=params,
             heartbeat=(heartbeat_interval, grace_period),
+            refill=refill,
         )
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None

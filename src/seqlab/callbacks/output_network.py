@@ -75,23 +75,25 @@ class OutputNetwork(pl.Callback):
             if not m.active:
                 continue
             m.record.patience = self.patience
+            # The step and epoch as the member's run counts them (a refilled slot's starts later).
+            own_step, own_epoch = m.own_step(step), m.own_epoch(epoch)
             with m.own_failure("its best", step):
-                if m.record.offer(val["rmse"][m.k], step, epoch):
-                    m.tracker.log_metrics(m.record.best.metrics(), step)
+                if m.record.offer(val["rmse"][m.k], own_step, own_epoch):
+                    m.tracker.log_metrics(m.record.best.metrics(), own_step)
                     if self.keep == "best" or self.checkpoints in ("best", "all"):
                         m.best_weights = pl_module.model.member(m.k)
                     if self.checkpoints == "all" and trainer.is_global_zero:
-                        self._log_checkpoint(m, step)
+                        self._log_checkpoint(m, own_step)
                 elif m.record.out_of_patience:
                     m.stop(step, pl_module.model.member(m.k))
-                    m.stopped = Stopped(step, epoch)
+                    m.stopped = Stopped(own_step, own_epoch)
                     others = any(o.active for o in pl_module.members)
                     log.info(
                         "stopped   %searly at step %d (epoch %d): val_rmse has not improved on %s "
                         "for %d validation(s) (module.validation_patience=%d)%s",
                         f"member {m.k} " if len(pl_module.members) > 1 else "",
-                        step,
-                        epoch,
+                        own_step,
+                        own_epoch,
                         "-" if m.record.value is None else f"{m.record.value:.4g}",
                         m.record.since_best,
                         self.patience,

@@ -91,7 +91,7 @@ class EpochTimer(pl.Callback):
             if m.trains_at(pl_module.trained):
                 m.epochs.append(row)
                 with m.own_failure("its epoch's timing", pl_module.trained):
-                    m.tracker.log_metrics(logged, pl_module.trained)
+                    m.tracker.log_metrics(logged, m.own_step(pl_module.trained))
 
     # Saved in checkpoints, so that a resumed run's training time continues (plain values: a
     # checkpoint holds nothing that must be unpickled as a class of this project).
@@ -127,11 +127,15 @@ class TimeToTarget(pl.Callback):
             if not m.active or m.reached is not None:
                 continue
             m.reached = reached(
-                self.target, pl_module.val["rmse"][m.k], self.timer.trained_s_at_val, step, epoch
+                self.target,
+                pl_module.val["rmse"][m.k],
+                self.timer.trained_s_at_val - m.start_s,
+                m.own_step(step),
+                m.own_epoch(epoch),
             )
             if m.reached is not None:
                 with m.own_failure("its time to target", step):
-                    m.tracker.log_metrics(m.reached.metrics(), step)
+                    m.tracker.log_metrics(m.reached.metrics(), m.own_step(step))
 
 
 def reached(

@@ -1,10 +1,12 @@
 """A job's data on the training device, for its K >= 1 members (a run alone is a pack of one; issue
 32, point 4): each distinct set of samples once, and each member's training and validation rows into
-it, in the order its run alone would use them."""
+it, in the order its run alone would use them; and the fused loop's items of it, as Lightning
+iterates them (PackItems)."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
@@ -14,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab.data.module import batches_in, last_batch_single, process_share
 from seqlab.packing.members import Member
+from seqlab.training.profiling import phase
 
 
 def samples_key(data: DictConfig) -> str:
@@ -253,3 +256,35 @@ class PackData:
         if self._x_buffer is None or self._x_buffer.shape[0] != len(rows):
             self._x_buffer = self.x.new_empty((len(rows), *self.x.shape[1:]))
         return torch.index_select(self.x, 0, rows, out=self._x_buffer)
+
+
+Item = tuple[
+    torch.Tensor, int, int
+]  # every member's order this epoch (K, samples), its first and end batch
+
+
+class PackItems:
+    """The fused loop's training items, as Lightning iterates them: each pass draws every member's
+    order (its own generator: its run alone's order) and serves items of `per_item` mini-batches. A
+    pass resumed inside an epoch replays that epoch's order and skips the items it trained on."""
+
+    def __init__(self, data: PackData, members: list[Member], per_item: int) -> None:
+        self.data, self.members, self.per_item = data, members, max(per_item, 1)
+        self.pass_start: Optional[list[torch.Tensor]] = None  # the orders' states at its start
+        self.resume_at: Optional[tuple[list[torch.Tensor], int]] = None
+
+    def __len__(self) -> int:
+        return math.ceil(self.data.n_batches / self.per_item)
+
+    def __iter__(self) -> Iterator[Item]:
+        skip = 0
+        if self.resume_at is not None:
+            states, skip = self.resume_at
+            self.resume_at = None
+            for m, state in zip(self.members, states):
+                m.order.set_state(state)
+        self.pass_start = [m.order.get_state() for m in self.members]
+        with phase("data"):
+            orders = self.data.orders(self.members)
+        for i in range(skip, len(self)):
+            yield orders, i * self.per_item, min((i + 1) * self.per_item, self.data.n_batches)

@@ -42,13 +42,17 @@ from seqlab.training.evaluation import final_metrics
 log = logging.getLogger("seqlab")
 
 
-def open_runs(job: Job, members: list[Member], stack: ExitStack, device: Any) -> Optional[Path]:
+def open_runs(
+    job: Job, members: list[Member], stack: ExitStack, device: Any, pack_size: Optional[int] = None
+) -> Optional[Path]:
     """Each member's run opened (continued, where it has resume_run_id: its config checked against
     the run's, what its server had not stored sent first); the checkpoint a continued job starts
-    from, fetched once (a pack's members share one). A DDP job's other processes fetch their own."""
+    from, fetched once (a pack's members share one). A DDP job's other processes fetch their own.
+    `pack_size`: the pack's, where `members` are some of it (a trial taking a freed slot)."""
     sweep = job.sweep_info()
     checkpoint = None
-    pack = len(members) > 1
+    pack_size = pack_size or len(members)
+    pack = pack_size > 1
     for m in members:
         if m.ended_before:
             continue  # its run stays as it ended
@@ -60,7 +64,7 @@ def open_runs(job: Job, members: list[Member], stack: ExitStack, device: Any) ->
             device,
             sweep,
             **(
-                dict(pack_id=m.job.pack_id, pack_size=str(len(members)), pack_member=str(m.k))
+                dict(pack_id=m.job.pack_id, pack_size=str(pack_size), pack_member=str(m.k))
                 if pack
                 else {}
             ),
@@ -155,7 +159,7 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
     tracker.costs.training_s = wall  # the job's, to this member's end
     if m.status == "FAILED":
         return ended(m)
-    step = m.final_step or trainer.global_step
+    step = m.own_step(m.final_step or trainer.global_step)  # as its run counts its steps
     weights, kept = m.kept(model.member(m.k), trainer.global_step)
     m.network.load_state_dict(weights)
     # In single precision, as the data: trainer.precision=64-true trains a double network, and
@@ -232,7 +236,7 @@ def _save_checkpoint(m: Member, model: Any, trainer: Any, step: int) -> Path:
             {
                 "state_dict": {f"model.{k}": v.cpu() for k, v in m.network.state_dict().items()},
                 "global_step": step,
-                "epoch": trainer.current_epoch,
+                "epoch": m.own_epoch(trainer.current_epoch),
                 "pack_id": m.job.pack_id,
                 "pack_member": m.job.member,
             },

@@ -72,6 +72,20 @@ class Member:
     lr_scale: float = (
         1.0  # its learning rate as a multiple of the optimizer's (packing.optim.Update)
     )
+    # Where in the pack's training it started: 0 for the pack's own members; a search's trial that
+    # took the slot of a pruned member (hydra.sweeper.refill) starts at the pack's step, epoch and
+    # training time of that moment, and its run counts its own from 1 (`own_step`, `own_epoch`).
+    start_step: int = 0
+    start_epoch: int = 0
+    start_s: float = 0.0
+
+    def own_step(self, step: int) -> int:
+        """The pack's optimizer step `step` as this member's run counts it."""
+        return step - self.start_step
+
+    def own_epoch(self, epoch: int) -> int:
+        """The pack's epoch `epoch` (from 1) as this member's run counts it."""
+        return epoch - self.start_epoch
 
     @property
     def run_id(self) -> Optional[str]:
@@ -163,9 +177,11 @@ class Member:
     def kept(
         self, last: dict[str, torch.Tensor], step: int
     ) -> tuple[dict[str, torch.Tensor], Kept]:
-        """The network the run ends with and which it is (OutputNetwork.restore)."""
+        """The network the run ends with and which it is (OutputNetwork.restore); `step`: the
+        pack's last."""
         if self.last_weights is not None:  # stopped early: the pack trained on, this member did not
             last, step = self.last_weights, self.final_step
+        step = self.own_step(step)
         stopped = (
             f"step {self.stopped.step} (epoch {self.stopped.epoch})"
             if self.stopped is not None

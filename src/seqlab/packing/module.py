@@ -31,8 +31,7 @@ end (a failed one's with the job), or with the job when no member trains any mor
 from __future__ import annotations
 
 import logging
-import math
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -40,7 +39,7 @@ from torch import nn
 
 from seqlab import SeqlabError
 from seqlab.ddp.gradients import AverageGradients, without_reducer
-from seqlab.packing.data import PackData
+from seqlab.packing.data import PackData, PackItems
 from seqlab.packing.members import Member
 from seqlab.packing.model import share_streams
 from seqlab.packing.optim import Update
@@ -54,37 +53,6 @@ from seqlab.training.loop import FusedLoop, lightning_steps
 from seqlab.training.profiling import phase
 
 log = logging.getLogger("seqlab")
-
-Item = tuple[
-    torch.Tensor, int, int
-]  # every member's order this epoch (K, samples), its first and end batch
-
-
-class PackItems:
-    """The fused loop's training items, as Lightning iterates them: each pass draws every member's
-    order (its own generator: its run alone's order) and serves items of `per_item` mini-batches. A
-    pass resumed inside an epoch replays that epoch's order and skips the items it trained on."""
-
-    def __init__(self, data: PackData, members: list[Member], per_item: int) -> None:
-        self.data, self.members, self.per_item = data, members, max(per_item, 1)
-        self.pass_start: Optional[list[torch.Tensor]] = None  # the orders' states at its start
-        self.resume_at: Optional[tuple[list[torch.Tensor], int]] = None
-
-    def __len__(self) -> int:
-        return math.ceil(self.data.n_batches / self.per_item)
-
-    def __iter__(self) -> Iterator[Item]:
-        skip = 0
-        if self.resume_at is not None:
-            states, skip = self.resume_at
-            self.resume_at = None
-            for m, state in zip(self.members, states):
-                m.order.set_state(state)
-        self.pass_start = [m.order.get_state() for m in self.members]
-        with phase("data"):
-            orders = self.data.orders(self.members)
-        for i in range(skip, len(self)):
-            yield orders, i * self.per_item, min((i + 1) * self.per_item, self.data.n_batches)
 
 
 class SeqRegressor(pl.LightningModule):
@@ -144,6 +112,11 @@ class SeqRegressor(pl.LightningModule):
         self.val: Optional[dict[str, list[float]]] = None  # the last validation's, per member
         self.resuming = False  # the checkpoint fit starts from is these runs' own (not ckpt_path=)
         self.end_member: Optional[Callable[[Member], Any]] = None  # its run's end (seqlab.train)
+        # A packed search with hydra.sweeper.refill: what gives freed slots to the study's next
+        # trials (packing.refill.SlotFiller, set by seqlab.train).
+        self.slots: Any = None
+        self.retired: list[Member] = []  # members whose slots others took
+        self.none_left = False  # every member stopped (members_stopped)
         self.epoch_preds: list[torch.Tensor] = []  # automatic optimisation's, for train metrics
         self.epoch_targets: list[torch.Tensor] = []
         self._closed = False  # this epoch's train metrics are sent
@@ -291,26 +264,33 @@ class SeqRegressor(pl.LightningModule):
             if m.active:
                 with m.own_failure("its validation metrics", self.trained):
                     m.tracker.log_metrics(
-                        {f"val_{k}": v[m.k] for k, v in self.val.items()}, self.trained
+                        {f"val_{k}": v[m.k] for k, v in self.val.items()}, m.own_step(self.trained)
                     )
 
     def on_train_epoch_end(self) -> None:
         self._close_epoch()  # an epoch a signal or max_time ended before its last item
         if not self.automatic_optimization and self.update.scheduler is not None:
             self.update.scheduler.step()  # Lightning steps it only in automatic optimisation
+        epoch = self.trainer.current_epoch + 1
+        if self.slots is not None:
+            self.slots.end_own_epochs(self, epoch)
         # Members that stopped this epoch (patience, pruned) end their runs now, as their runs
         # alone would end, while the others train on; the last ones end with the job. One that
         # failed (its loss diverged) ends with the job: its run takes the job's checkpoints, which
-        # keep it FAILED in its slot when the job is continued.
-        if self.end_member is not None and any(m.active for m in self.members):
+        # keep it FAILED in its slot when the job is continued. Where slots are refilled, every
+        # member that stopped ends now: its slot goes to the next trial.
+        refills = self.slots is not None
+        if self.end_member is not None and (refills or any(m.active for m in self.members)):
             for m in self.members:
-                if not m.active and m.status != "FAILED" and m.run_open:
+                if not m.active and m.run_open and (m.status != "FAILED" or refills):
                     self.end_member(m)
+        if refills:
+            self.slots.refill(self, epoch)
 
     def members_stopped(self, trainer: pl.Trainer) -> None:
         """A callback stopped members (Member.stop, Member.fail): training stops once none trains."""
         if not any(m.active for m in self.members):
-            trainer.should_stop = True
+            trainer.should_stop = self.none_left = True
 
     @torch.no_grad()
     def _close_epoch(self) -> None:
@@ -332,7 +312,8 @@ class SeqRegressor(pl.LightningModule):
             if m.active:
                 with m.own_failure("its epoch's metrics", self.trained):
                     m.tracker.log_metrics(
-                        {f"train_{k}_epoch": v[m.k] for k, v in train.items()}, self.trained
+                        {f"train_{k}_epoch": v[m.k] for k, v in train.items()},
+                        m.own_step(self.trained),
                     )
 
     def _every_process(self, per_member: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,18 @@ class _PackedOptimizer(torch.optim.Optimizer):
     def _update(self, group: dict, p: torch.Tensor, state: dict) -> None:
         raise NotImplementedError
 
+    @torch.no_grad()
+    def restart(self, k: int, lr: float) -> None:
+        """Member k as a fresh optimizer's, at rate `lr`: its slice of every state tensor (moments,
+        momentum, square averages) zeroed, which is where torch's optimizers start, so that its next
+        step is a first step (a search's trial that takes a pruned member's slot: seqlab.packing.module)."""
+        for group in self.param_groups:
+            group["member_lr"][k] = lr
+            for p in group["params"]:
+                for value in self.state[p].values():
+                    if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                        value[k].zero_()
+
 
 class PackedAdam(_PackedOptimizer):
     """torch.optim.Adam's update (no amsgrad), member by member, with foreach kernels over all
@@ -109,6 +121,15 @@ class PackedAdam(_PackedOptimizer):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__(params, lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        for group in self.param_groups:  # each member's steps before its start (restart)
+            group["member_start"] = torch.zeros_like(group["member_lr"])
+
+    @torch.no_grad()
+    def restart(self, k: int, lr: float) -> None:
+        super().restart(k, lr)
+        for group in self.param_groups:
+            first = next((p for p in group["params"] if self.state[p]), None)
+            group["member_start"][k] = self.state[first]["step"] if first is not None else 0
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
@@ -141,6 +162,18 @@ class PackedAdam(_PackedOptimizer):
             torch._foreach_mul_(v, beta2)
             torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
             denom = torch._foreach_sqrt(v)
+            start = group.get("member_start")
+            if start is not None and bool(start.any()):
+                # A member restarted (restart): the bias corrections of each member's own step
+                # count, 1 - beta^t per member, as a fresh Adam's.
+                t = step - start
+                torch._foreach_div_(denom, [_along((1 - beta2**t).sqrt(), p) for p in params])
+                torch._foreach_add_(denom, group["eps"])
+                update = torch._foreach_div(m, denom)
+                rates = group["member_lr"] / (1 - beta1**t)
+                torch._foreach_mul_(update, [_along(rates, p) for p in params])
+                torch._foreach_add_(params, update, alpha=-group["lr"])
+                continue
             torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
             torch._foreach_add_(denom, group["eps"])
             # p -= lr / (1 - beta1^step) x member_lr[k] x exp_avg / denom, as foreach kernels over
@@ -300,6 +333,13 @@ class PackedGradientTreatment:
         self.active_l2 = bool(self.l2.any())
         self.active_threshold = bool(torch.isfinite(self.threshold).any())
 
+    def set_member(self, k: int, l2: float, threshold: Optional[float]) -> None:
+        """Member k's own factor and threshold (a search's trial that takes a pruned member's slot)."""
+        self.l2[k] = float(l2 or 0.0)
+        self.threshold[k] = math.inf if threshold is None else float(threshold)
+        self.active_l2 = bool(self.l2.any())
+        self.active_threshold = bool(torch.isfinite(self.threshold).any())
+
     @property
     def active(self) -> bool:
         return self.active_l2 or self.active_threshold or self.clip is not None
@@ -369,6 +409,7 @@ def build_update(
     impl: str = "fused",
     capturable: bool = False,
     one_step: bool = False,
+    restartable: bool = False,
 ) -> Update:
     """The update of `model` (packing.model.pack_of: one network, or K packed). Each member's
     optimizer (`optimizers`, conf/optimizer/ instantiated) is built as its run alone builds it, over
@@ -379,14 +420,17 @@ def build_update(
     data has one step per sample, where a packed network leaves out what then never trains
     (PackedCNNLSTM.freeze_unused) unless something decays it. `l2`, `threshold`: each member's
     MATLAB L2 factor and gradient threshold; `clip`: trainer.gradient_clip_val where the fused loop
-    steps the optimizer itself (Lightning clips in automatic optimisation)."""
+    steps the optimizer itself (Lightning clips in automatic optimisation). `restartable`: members
+    may be replaced as the pack trains (hydra.sweeper.refill): the packed optimizer (restart), the
+    gradient treatment kept though none has one yet, nothing left out as unused (a new member's L2
+    may need them: PackedGradientTreatment.set_member)."""
     own = [make(params=net.parameters()) for make, net in zip(optimizers, networks)]
     decays = any(o.defaults.get("weight_decay", 0.0) for o in own) or any(l2)
-    if one_step and not decays and hasattr(model, "freeze_unused"):
+    if one_step and not (decays or restartable) and hasattr(model, "freeze_unused"):
         model.freeze_unused()
     params = [p for p in model.parameters() if p.requires_grad]
     lrs = [o.param_groups[0]["lr"] for o in own]
-    if len(set(lrs)) == 1:
+    if len(set(lrs)) == 1 and not (restartable and len(own) > 1):
         optimizer = optimizer_factory(optimizers[0], impl, capturable=capturable)(params=params)
         lr_scale = [1.0] * len(own)
     else:
@@ -401,6 +445,6 @@ def build_update(
     return Update(
         optimizer,
         scheduler(optimizer=optimizer) if scheduler is not None else None,
-        gradients if gradients.active else None,
+        gradients if gradients.active or (restartable and len(own) > 1) else None,
         lr_scale,
     )

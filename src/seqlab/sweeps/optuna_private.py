@@ -64,3 +64,13 @@ def contains(distribution: optuna.distributions.BaseDistribution, value: Any) ->
         return distribution._contains(distribution.to_internal_repr(value))
     except (ValueError, TypeError):
         return False
+
+
+def trial_by_number(study: optuna.Study, number: int) -> optuna.trial.Trial:
+    """The study's trial `number` as a `Trial` to tell and tag (one a pack job asked for itself,
+    seqlab.sweeps.refill)."""
+    check_version()
+    storage = study._storage
+    return optuna.trial.Trial(
+        study, storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    )

@@ -129,6 +129,38 @@ def why_unpackable(cfg: DictConfig) -> Optional[str]:
     return next((why for bad, why in reasons if bad), None)
 
 
+def why_no_refill(cfg: DictConfig) -> Optional[str]:
+    """Why a search's trials of this config cannot take each other's slots in a running pack
+    (hydra.sweeper.refill, seqlab.sweeps.refill): one line, None if they can. A trial in a freed
+    slot counts its own epochs from where it starts, so what the pack does by its own epoch or step
+    count cannot be each member's."""
+    trainer = cfg.trainer
+    launcher = str(cfg.hydra.launcher.get("_target_", "")) if "hydra" in cfg else ""
+    reasons = [
+        (why_unpackable(cfg) is not None, why_unpackable(cfg)),
+        (
+            "_target_" in (cfg.get("scheduler") or {}),
+            "a learning-rate schedule steps every member by the pack's epochs: scheduler=none",
+        ),
+        (
+            trainer.check_val_every_n_epoch != 1 or trainer.val_check_interval not in (None, 1.0),
+            "pruning and the trials' records need one validation an epoch: "
+            "trainer.check_val_every_n_epoch=1 trainer.val_check_interval=null",
+        ),
+        (trainer.max_steps > 0, "trainer.max_steps counts the pack's steps: trainer.max_steps=-1"),
+        (
+            str(trainer.devices) != "1",
+            "a pack across processes keeps its slots: one device",
+        ),
+        (
+            "submitit" in launcher,
+            "a requeued pack restarts from its own members, not those that took freed slots: "
+            "a local launcher (hydra/launcher=basic or joblib)",
+        ),
+    ]
+    return next((why for bad, why in reasons if bad), None)
+
+
 @dataclass
 class Launch:
     """One job the launcher runs: a job alone, or a pack (`members`: each member's own overrides,

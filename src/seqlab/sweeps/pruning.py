@@ -40,9 +40,12 @@ class TrialReporter(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning runs the epoch-end validation before this hook.
-        epoch, step = trainer.current_epoch + 1, pl_module.trained
+        step = pl_module.trained
         latest, self.latest = self.latest, {}
         for m in pl_module.members:
+            # Its own epoch: a trial that took a pruned member's slot (hydra.sweeper.refill)
+            # reports as its job alone would, from epoch 1.
+            epoch = m.own_epoch(trainer.current_epoch + 1)
             value, prune = latest.get(m.k), False
             if m.trial is not None and m.active and value is not None:
                 prune = reported(m.trial, value, epoch, m.trial_link.number)
@@ -61,7 +64,7 @@ class TrialReporter(pl.Callback):
             if m.trial is not None:
                 m.trial.set_user_attr(PRUNED_AT, epoch)
                 with m.own_failure("its pruning", step):
-                    m.tracker.log_metrics({PRUNED_AT: float(epoch)}, step)
+                    m.tracker.log_metrics({PRUNED_AT: float(epoch)}, m.own_step(step))
                     m.tracker.set_tags({"trial_state": "PRUNED", PRUNED_AT: epoch})
             log.info(
                 "pruned    trial %d%s at epoch %d of %d: val_rmse %.4g is worse than the trials "
@@ -69,7 +72,7 @@ class TrialReporter(pl.Callback):
                 n,
                 f" (member {m.k})" if len(pl_module.members) > 1 else "",
                 epoch,
-                trainer.max_epochs,
+                m.cfg.trainer.max_epochs,  # its own (a pack that refills its slots trains on past it)
                 value,
                 "; the pack goes on" if any(o.active for o in pl_module.members) else "",
             )

@@ -27,6 +27,7 @@ from seqlab.secrets import mask_text, mask_uris
 from seqlab.sweeps import optuna_private, workers
 from seqlab.sweeps.job import SweepInfo, cpu_count
 from seqlab.sweeps.packs import PackPlan, key_of, pack_launches, pack_size, why_unpackable
+from seqlab.sweeps.refill import check_refill, refill_settings, refilled_trials, refilled_under
 from seqlab.sweeps.search_outcomes import tell, tell_interrupted
 from seqlab.sweeps.search_report import SearchRan, report
 from seqlab.sweeps.search_runs import Tracking
@@ -64,6 +65,7 @@ class Search:
         pruner: DictConfig,
         params: DictConfig,
         heartbeat: tuple[int, int] = (30, 120),
+        refill: bool = False,
     ) -> None:
         self.sweeper = sweeper
         self.config: DictConfig = sweeper.config
@@ -87,6 +89,7 @@ class Search:
             None  # pack=N: trials that share shapes train N to a job (seqlab.packing)
         )
         self.packs: list[list[list[str]]] = []  # every pack launched so far: the sweep's packs.json
+        self.refill = refill  # a pack's freed slots go to the next trials (seqlab.sweeps.refill)
         self.stop_signal: Optional[int] = None
         self.started = time.monotonic()
 
@@ -128,6 +131,8 @@ class Search:
             )
         space = parse_space(self.params, self.swept_here)
         check_against_config(space, self.config, self.compose, self.swept_here)
+        if self.refill is not False:
+            check_refill(self.refill, self.pack, space, self.compose([]))
         return space
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
@@ -253,7 +258,12 @@ class Search:
         # The jobs reach the study through this process's environment, which every launcher passes
         # on (in-process, joblib's workers, SLURM's --export=ALL): not on their command lines,
         # which Hydra prints and stores (.hydra/overrides.yaml), as a URL with a password would be.
-        restore_environment = study_environment(self.storage_url, study.study_name)
+        restore_environment = study_environment(
+            self.storage_url,
+            study.study_name,
+            # a pack job asks the study for the trials that take its freed slots
+            refill_settings(self.n_trials, space, self.sampler_spec) if self.refill else None,
+        )
         done = len(self._finished(study))
         tracking = self._tracking()
         progress = (
@@ -288,7 +298,9 @@ class Search:
                     study
                 )  # a worker that died meanwhile: its trial runs again
         except BaseException as error:
-            tell_interrupted(study, self.in_flight, tracking)
+            # With the trials this batch's pack jobs took into freed slots (hydra.sweeper.refill).
+            refilled = refilled_under(self.sweep_dir, study) if self.refill else []
+            tell_interrupted(study, self.in_flight + refilled, tracking)
             self.in_flight = []
             if isinstance(error, KeyboardInterrupt):
                 raise SystemExit(130) from None
@@ -356,7 +368,7 @@ class Search:
             (trials[i], ret, k if len(which) > 1 else None)
             for (_, which), ret in zip(launches, batch_returns)
             for k, i in enumerate(which)
-        ]
+        ] + refilled_trials(study, batch_returns)  # those its pack jobs took into freed slots
         for t, ret, member in sorted(told, key=lambda told: told[0].number):
             outcome = tell(study, t, ret, tracking, self.objective, member)
             # A pruned trial's value is its last reported val_rmse, not the objective.

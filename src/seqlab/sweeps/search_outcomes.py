@@ -36,38 +36,62 @@ def tell(
 ) -> Outcome:
     """Tell the study how the trial ended, from its MLflow run (or its job's result file);
     `objective`: the search's, the run's metric a COMPLETE trial's value is;
-    `member`: its place in the pack job `ret` (None: a job of its own)."""
-    states = optuna.trial.TrialState
+    `member`: its place in the pack job `ret` (None: a job of its own). A trial its pack job told
+    already as its run ended (hydra.sweeper.refill: tell_ended) is reported as told."""
     result = job_result(ret, member)
     run = tracking.run_of(study.study_name, trial.number) if tracking else None
     run_id = run.info.run_id if run else (result.run_id if result else None)
     run_name = run.info.run_name if run else (result.run_name if result else None)
     frozen = _trial_of(study, trial.number)  # as the job left it (its pruned_at_epoch)
     status = run.info.status if run else (result.status if result else "FAILED")
-    if status != "FINISHED":
-        state, value = states.FAIL, None
-        note = result.reason if result and result.reason else f"run {status}"
-    elif PRUNED_AT in frozen.user_attrs:
-        state, value = states.PRUNED, None
-        note = f"pruned at epoch {frozen.user_attrs[PRUNED_AT]}"
+    if frozen.state.is_finished():
+        state, value, note = frozen.state, frozen.value, ""
     else:
         value = (
             run.data.metrics.get(objective)
             if run
             else (result.val_rmse if result and objective == "final_val_rmse" else None)
         )
-        if value is None or not math.isfinite(value):
-            state, value, note = states.FAIL, None, f"the run recorded no finite {objective}"
-        else:
-            state, note = states.COMPLETE, ""
-    if run_id:
-        trial.set_user_attr("mlflow_run_id", run_id)
-    study.tell(trial.number, value if state == states.COMPLETE else None, state=state)
-    if state == states.PRUNED:
+        state, value, note = _judged(status, PRUNED_AT in frozen.user_attrs, value, objective)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        study.tell(trial.number, value, state=state)
+    if state == optuna.trial.TrialState.FAIL and status != "FINISHED":
+        note = result.reason if result and result.reason else f"run {status}"
+    elif state == optuna.trial.TrialState.PRUNED:
+        note = f"pruned at epoch {frozen.user_attrs[PRUNED_AT]}"
+    if state == optuna.trial.TrialState.PRUNED:
         value = _trial_of(study, trial.number).value  # Optuna's: the last value the job reported
     if tracking and run_id:
         tracking.tag(run_id, {"trial_state": state.name})
     return Outcome(trial.number, state.name, value, run_id, run_name, note)
+
+
+def tell_ended(trial: optuna.trial.Trial, result: Any) -> None:
+    """Tell the study how a trial ended, from the job that trained it, as its run ends (a pack
+    that refills its freed slots: seqlab.packing.refill), so that the pruner and the sampler count
+    it at once, not when the pack's job returns. `result`: its JobResult."""
+    objective = trial.study.user_attrs.get("seqlab_objective", "best_val_rmse")
+    value = result.best_val_rmse if objective == "best_val_rmse" else result.val_rmse
+    state, value, _ = _judged(result.status, PRUNED_AT in trial.user_attrs, value, objective)
+    if result.run_id:
+        trial.set_user_attr("mlflow_run_id", result.run_id)
+    trial.study.tell(trial.number, value, state=state)
+
+
+def _judged(
+    status: str, pruned: bool, value: Optional[float], objective: str
+) -> tuple[optuna.trial.TrialState, Optional[float], str]:
+    """A trial's state, value (a COMPLETE one's only) and note, from its run's status, whether its
+    pruner stopped it, and its objective."""
+    states = optuna.trial.TrialState
+    if status != "FINISHED":
+        return states.FAIL, None, f"run {status}"
+    if pruned:
+        return states.PRUNED, None, ""
+    if value is None or not math.isfinite(value):
+        return states.FAIL, None, f"the run recorded no finite {objective}"
+    return states.COMPLETE, value, ""
 
 
 def tell_interrupted(

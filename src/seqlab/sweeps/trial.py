@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional
 ENV_STORAGE = "SEQLAB_OPTUNA_STORAGE"
 ENV_STUDY = "SEQLAB_OPTUNA_STUDY"
 ENV_TRIAL = "SEQLAB_OPTUNA_TRIAL"  # the trial's number in its study
+ENV_REFILL = "SEQLAB_OPTUNA_REFILL"  # a refilling search's n_trials, space and sampler (JSON)
 PRUNED_AT = "pruned_at_epoch"
 
 
@@ -39,7 +40,7 @@ def current() -> Optional[TrialLink]:
     return TrialLink(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(number))
 
 
-def _set_environment(values: dict[str, str]) -> Callable[[], None]:
+def set_environment(values: dict[str, str]) -> Callable[[], None]:
     """`values` in this process's environment; returns what puts the environment back as it was."""
     before = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -54,10 +55,14 @@ def _set_environment(values: dict[str, str]) -> Callable[[], None]:
     return restore
 
 
-def study_environment(storage: str, study: str) -> Callable[[], None]:
-    """The study in this process's environment, where its jobs (and a pack's members) find it;
-    returns what puts the environment back as it was."""
-    return _set_environment({ENV_STORAGE: storage, ENV_STUDY: study})
+def study_environment(storage: str, study: str, refill: Optional[str] = None) -> Callable[[], None]:
+    """The study in this process's environment, where its jobs (and a pack's members) find it, with
+    what a pack job needs to refill its freed slots (seqlab.sweeps.refill.refill_settings); returns
+    what puts the environment back as it was."""
+    values = {ENV_STORAGE: storage, ENV_STUDY: study}
+    if refill is not None:
+        values[ENV_REFILL] = refill
+    return set_environment(values)
 
 
 def member_link(overrides: list[str]) -> Optional[TrialLink]:
@@ -81,7 +86,7 @@ def member_link(overrides: list[str]) -> Optional[TrialLink]:
 def as_current(link: Optional[TrialLink]) -> Iterator[None]:
     """`link` as this process's trial while a pack's member trains on its own (a pack that cannot
     train packed runs its members one by one, each as its job alone)."""
-    restore = _set_environment({ENV_TRIAL: str(link.number)}) if link is not None else None
+    restore = set_environment({ENV_TRIAL: str(link.number)}) if link is not None else None
     try:
         yield
     finally:

@@ -28,7 +28,8 @@ class DivergenceCheck(pl.Callback):
     callbacks."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, int] = {}  # member -> train_loss points looked at
+        # member (by identity: a refilled slot holds another) -> train_loss points looked at
+        self.seen: dict[int, int] = {}
 
     def on_train_batch_end(
         self,
@@ -52,8 +53,9 @@ class DivergenceCheck(pl.Callback):
             if m.status == "FAILED" or m.tracker is None:
                 continue
             points = m.tracker.history.get("train_loss", [])
-            new, self.seen[m.k] = points[self.seen.get(m.k, 0) :], len(points)
+            new, self.seen[id(m)] = points[self.seen.get(id(m), 0) :], len(points)
             bad = next(((step, v) for step, v in new if not math.isfinite(v)), None)
             if bad is not None:
-                m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0])
+                # The run's step (its own: a refilled slot's counts from 1), the pack's for the member.
+                m.fail(DIVERGED.format(value=bad[1], step=bad[0]), bad[0] + m.start_step)
         pl_module.members_stopped(trainer)

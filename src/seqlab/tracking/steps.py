@@ -118,18 +118,23 @@ class StepMetricsRecorder(pl.Callback):
         for m, values in zip(self.members, table):
             if m.status == "FAILED" or (m.final_step is not None and m.final_step < steps[0]):
                 continue  # it ended before these steps
+            # Its steps: after its start (a refilled slot's member starts at a later step of the
+            # pack), up to where it stopped; numbered as its run counts them.
+            lo = sum(s <= m.start_step for s in steps) if m.start_step else 0
             n = len(steps) if m.final_step is None else sum(s <= m.final_step for s in steps)
+            if n <= lo:
+                continue
             rmse = [
                 math.sqrt(max(self.loss_to_mse(v), 0.0)) if math.isfinite(v) else v
-                for v in values[:n]
+                for v in values[lo:n]
             ]
             with m.own_failure("its step metrics", steps[0]):
                 m.tracker.log_series(
                     {
-                        "train_loss": values[:n],
+                        "train_loss": values[lo:n],
                         "train_rmse": rmse,
-                        "lr": [lr * m.lr_scale for lr in lrs[:n]],
+                        "lr": [lr * m.lr_scale for lr in lrs[lo:n]],
                     },
-                    steps[:n],
-                    times[:n],
+                    [m.own_step(s) for s in steps[lo:n]] if m.start_step else steps[:n],
+                    times[lo:n],
                 )

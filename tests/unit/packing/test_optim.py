@@ -43,3 +43,54 @@ def test_weights_one_step_leaves_unused_leave_the_optimizer_only_where_nothing_m
     assert (id(model.lstm_weight_hh) not in stepped) is frozen
     assert id(model.conv_centre) in stepped
     assert update.lr_scale == pytest.approx([1e-3, 3e-3])
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgdm", "rmsprop"])
+def test_a_restarted_member_steps_as_a_fresh_optimizer_while_the_other_goes_on(compose_cfg, name):
+    """hydra.sweeper.refill (issue 36, point 4): member 1 of a pack is replaced after 7 steps by a
+    new network at another rate (packing.refill.take_slot): restart gives it a fresh optimizer's
+    state (moments, momentum, Adam's bias corrections from its own first step), while member 0
+    keeps its own. Each against its network trained alone with torch's optimizer, 15 steps."""
+    import torch
+
+    from seqlab.packing.optim import packed_optimizer
+
+    cfg = compose_cfg(f"optimizer={name}")
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(6, 2) for _ in range(3)]  # member 0, member 1, then its replacement
+    alone = [torch.nn.Linear(6, 2) for _ in range(3)]
+    for net, copy in zip(nets, alone):
+        copy.load_state_dict(net.state_dict())
+    lrs = [1e-2, 3e-2, 5e-3]
+    x, y = torch.randn(15, 4, 6), torch.randn(15, 4, 2)
+
+    def loss(w, b, i):
+        return ((x[i] @ w.T + b - y[i]) ** 2).sum()
+
+    # Alone: member 0 for 15 steps; the replacement for the last 8, from its first.
+    expected = []
+    for net, lr, steps in ((alone[0], lrs[0], range(15)), (alone[2], lrs[2], range(7, 15))):
+        optimizer = instantiate(cfg.optimizer)(params=net.parameters(), lr=lr)
+        for i in steps:
+            optimizer.zero_grad()
+            loss(net.weight, net.bias, i).backward()
+            optimizer.step()
+        expected.append(net)
+
+    # Packed: weights (2, 2, 6) and biases (2, 2), member k's slice its network's.
+    w = torch.nn.Parameter(torch.stack([nets[0].weight.detach(), nets[1].weight.detach()]))
+    b = torch.nn.Parameter(torch.stack([nets[0].bias.detach(), nets[1].bias.detach()]))
+    own = [instantiate(cfg.optimizer)(params=nets[k].parameters(), lr=lrs[k]) for k in (0, 1)]
+    optimizer = packed_optimizer(own, [w, b])
+    for i in range(15):
+        if i == 7:  # member 1's slot to the replacement
+            with torch.no_grad():
+                w[1].copy_(nets[2].weight)
+                b[1].copy_(nets[2].bias)
+            optimizer.restart(1, lrs[2])
+        optimizer.zero_grad()
+        (loss(w[0], b[0], i) + loss(w[1], b[1], i)).backward()
+        optimizer.step()
+    for k, net in enumerate(expected):
+        torch.testing.assert_close(w[k].detach(), net.weight.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b[k].detach(), net.bias.detach(), rtol=1e-5, atol=1e-6)
