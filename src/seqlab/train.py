@@ -189,7 +189,8 @@ class Recipe:
         with PROCESS.phase("data and networks"):
             samples = load_samples(members)
         # A packed search that refills freed slots builds its new members from the same samples.
-        refiller = Refiller.from_environment() if len(members) > 1 else None
+        # (One process: the search refuses refill with DDP, sweeps.refill.check_refill.)
+        refiller = Refiller.from_environment() if len(members) > 1 and job.rank == 0 else None
         self.slots = (
             SlotFiller(refiller, job, samples, self.stack, self.device) if refiller else None
         )
@@ -267,7 +268,8 @@ class Recipe:
                 impl=perf.optimizer_impl,
                 capturable=graphs,
                 one_step=data.steps == 1,
-                restartable=self.slots is not None,  # its members' slots may be refilled
+                restartable=self.slots is not None,  # its slots refilled (packing.refill)
+                may_decay=bool(self.slots and self.slots.may_decay),
             ),
             step_log=recorder.steps,
             loop=partial(FusedLoop, cuda_graph=str(perf.cuda_graph)) if fused else None,
@@ -281,11 +283,7 @@ class Recipe:
         module.end_member = lambda m: finish_or_fail(
             m, module.model, trainer, device, self._since()
         )
-        if self.slots is not None:
-            if ddp or job.rank != 0:
-                log.warning("refill    a pack across processes keeps its slots: no refill")
-            else:
-                module.slots = self.slots
+        module.slots = self.slots
         # Ctrl-C, SIGTERM and submitit's USR2 stop at a step boundary with a checkpoint (not under
         # DDP, where each process would decide on its own signal).
         stop = GracefulStop(job.output_dir / "checkpoints" / CHECKPOINT, enabled=not ddp)

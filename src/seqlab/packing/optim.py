@@ -410,6 +410,7 @@ def build_update(
     capturable: bool = False,
     one_step: bool = False,
     restartable: bool = False,
+    may_decay: bool = False,
 ) -> Update:
     """The update of `model` (packing.model.pack_of: one network, or K packed). Each member's
     optimizer (`optimizers`, conf/optimizer/ instantiated) is built as its run alone builds it, over
@@ -421,12 +422,11 @@ def build_update(
     (PackedCNNLSTM.freeze_unused) unless something decays it. `l2`, `threshold`: each member's
     MATLAB L2 factor and gradient threshold; `clip`: trainer.gradient_clip_val where the fused loop
     steps the optimizer itself (Lightning clips in automatic optimisation). `restartable`: members
-    may be replaced as the pack trains (hydra.sweeper.refill): the packed optimizer (restart), the
-    gradient treatment kept though none has one yet, nothing left out as unused (a new member's L2
-    may need them: PackedGradientTreatment.set_member)."""
+    may be replaced (hydra.sweeper.refill): the packed optimizer (restart), the gradient treatment
+    kept though none has one yet; `may_decay`: a new member may have its L2, nothing left out."""
     own = [make(params=net.parameters()) for make, net in zip(optimizers, networks)]
-    decays = any(o.defaults.get("weight_decay", 0.0) for o in own) or any(l2)
-    if one_step and not (decays or restartable) and hasattr(model, "freeze_unused"):
+    decays = any(o.defaults.get("weight_decay", 0.0) for o in own) or any(l2) or may_decay
+    if one_step and not decays and hasattr(model, "freeze_unused"):
         model.freeze_unused()
     params = [p for p in model.parameters() if p.requires_grad]
     lrs = [o.param_groups[0]["lr"] for o in own]

@@ -40,6 +40,7 @@ class SlotFiller:
         self.log = RefillLog()
         self.exhausted = False  # the study has no trial left: freed slots stay frozen
         self.told: set[int] = set()  # the members whose trials this job told (by identity)
+        self.may_decay = "module.l2_regularization" in refiller.space  # a new member's own L2
 
     def end_own_epochs(self, module: Any, epoch: int) -> None:
         """Members started at different epochs: each stops at the end of its own

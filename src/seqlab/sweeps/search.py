@@ -264,20 +264,8 @@ class Search:
             # a pack job asks the study for the trials that take its freed slots
             refill_settings(self.n_trials, space, self.sampler_spec) if self.refill else None,
         )
-        done = len(self._finished(study))
         tracking = self._tracking()
-        progress = (
-            f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}"
-            if done < self.n_trials
-            else f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)"
-        )
-        print(
-            f"search    study '{study.study_name}' in {mask_uris(self.storage_url)}: {progress}; objective {self.objective} (minimised), sampler "
-            f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
-            + (f", {batch} trials at a time" if batch > 1 else "")
-            + (f", trials that share shapes packed {self.pack} to a job" if self.pack else ""),
-            flush=True,
-        )
+        self._say_start(study, batch)
         self._sigterm_handler = self._on_sigterm
         previous = None
         if threading.current_thread() is threading.main_thread():
@@ -329,6 +317,23 @@ class Search:
         )
         report(ran, study, tracking)
         return returns
+
+    def _say_start(self, study: optuna.Study, batch: int) -> None:
+        """The line that says what this run of the search does."""
+        done = len(self._finished(study))
+        progress = (
+            f"{done} of {self.n_trials} trials finished{', continuing' if done else ''}"
+            if done < self.n_trials
+            else f"{done} trials finished, n_trials={self.n_trials}: nothing to run (raise hydra.sweeper.n_trials for more)"
+        )
+        print(
+            f"search    study '{study.study_name}' in {mask_uris(self.storage_url)}: {progress}; objective {self.objective} (minimised), sampler "
+            f"{self.sampler_spec.get('name')} (seed {self.sampler_spec.get('seed')}), pruner {self.pruner_spec.get('name')}"
+            + (f", {batch} trials at a time" if batch > 1 else "")
+            + (f", trials that share shapes packed {self.pack} to a job" if self.pack else "")
+            + (", a pack's freed slots refilled" if self.refill else ""),
+            flush=True,
+        )
 
     def _one_batch(
         self,
