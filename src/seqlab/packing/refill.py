@@ -57,7 +57,8 @@ class SlotFiller:
             if m.trial is not None and not m.run_open and id(m) not in self.told:
                 self.told.add(id(m))
                 try:
-                    tell_ended(m.trial, m.job.result)
+                    state = tell_ended(m.trial, m.job.result)
+                    m.tracker.client.set_tag(m.run_id, "trial_state", state)  # its run ended
                 except Exception as error:  # noqa: BLE001 - the sweeper tells it when the pack returns
                     log.warning(
                         "refill    trial %d not told yet: %s", m.trial.number, one_line(error)

@@ -67,16 +67,17 @@ def tell(
     return Outcome(trial.number, state.name, value, run_id, run_name, note)
 
 
-def tell_ended(trial: optuna.trial.Trial, result: Any) -> None:
+def tell_ended(trial: optuna.trial.Trial, result: Any) -> str:
     """Tell the study how a trial ended, from the job that trained it, as its run ends (a pack
     that refills its freed slots: seqlab.packing.refill), so that the pruner and the sampler count
-    it at once, not when the pack's job returns. `result`: its JobResult."""
+    it at once, not when the pack's job returns. `result`: its JobResult. Returns the state told."""
     objective = trial.study.user_attrs.get("seqlab_objective", "best_val_rmse")
     value = result.best_val_rmse if objective == "best_val_rmse" else result.val_rmse
     state, value, _ = _judged(result.status, PRUNED_AT in trial.user_attrs, value, objective)
     if result.run_id:
         trial.set_user_attr("mlflow_run_id", result.run_id)
     trial.study.tell(trial.number, value, state=state)
+    return state.name
 
 
 def _judged(
