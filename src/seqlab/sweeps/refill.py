@@ -129,7 +129,9 @@ class Refiller:
         if self.study is None:
             storage = storage_for(self.storage_url)
             study_id = storage.get_study_id_from_name(self.study_name)
-            pruner = make_pruner(storage.get_study_user_attrs(study_id).get("seqlab_pruner") or {})
+            pruner = make_pruner(
+                storage.get_study_user_attrs(study_id).get("seqlab_pruner") or {"name": "none"}
+            )
             seed = self.sampler_spec.get("seed")
             # The sweeper's sampler, drawing on from the trials so far (not its first draws again).
             trials = len(storage.get_all_trials(study_id, deepcopy=False))

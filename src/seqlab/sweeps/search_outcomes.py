@@ -45,7 +45,8 @@ def tell(
     frozen = _trial_of(study, trial.number)  # as the job left it (its pruned_at_epoch)
     status = run.info.status if run else (result.status if result else "FAILED")
     if frozen.state.is_finished():
-        state, value, note = frozen.state, frozen.value, ""
+        state, value = frozen.state, frozen.value
+        note = f"the run recorded no finite {objective}" if state.name == "FAIL" else ""
     else:
         value = (
             run.data.metrics.get(objective)
