@@ -240,47 +240,8 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
     job.overrides = [o for o in job.overrides if not o.lstrip("+~").startswith("resume=")]
     if entry is None:
         return None  # the sweep had not got to this job
-    if entry.status == "FINISHED":
-        result = JobResult(
-            "FINISHED",
-            job.num,
-            info.sweep_id,
-            job.overrides,
-            run_id=entry.run_id,
-            run_name=entry.run_name,
-            accelerator=entry.accelerator,
-            batch_size=entry.batch_size,
-            it_per_s=entry.it_per_s,
-            val_rmse=entry.val_rmse,
-            best_val_rmse=entry.best_val_rmse,
-        )
-        job.write(result)
-        log.info(
-            "done      job %s FINISHED before, in run %s (%s): skipped",
-            job.num,
-            entry.run_name,
-            entry.run_id,
-        )
-        return result
-    if entry.status == "RUNNING":
-        result = JobResult(
-            "RUNNING",
-            job.num,
-            info.sweep_id,
-            job.overrides,
-            run_id=entry.run_id,
-            run_name=entry.run_name,
-            reason=f"still running on {entry.host or 'another host'}: left alone",
-        )
-        job.write(result)
-        log.info(
-            "running   job %s still trains in run %s (%s) on %s, its heartbeat alive: left alone",
-            job.num,
-            entry.run_name,
-            entry.run_id,
-            entry.host or "another host",
-        )
-        return result
+    if entry.status in ("FINISHED", "RUNNING"):
+        return _left_as_it_is(job, entry, info.sweep_id)
     if entry.status == "KILLED" and entry.resumable:
         cfg.resume = entry.run_id
         job.overrides.append(f"resume={cfg.resume}")
@@ -311,6 +272,50 @@ def continue_job(cfg: DictConfig, job: Job) -> Optional[JobResult]:
             " without a checkpoint" if entry.status == "KILLED" else "",
         )
     return None
+
+
+def _left_as_it_is(job: Job, entry: PlannedJob, sweep_id: Optional[str]) -> JobResult:
+    """A job the resumed sweep does not train: FINISHED before (skipped, its result pointing at its
+    run) or still RUNNING on another host, its heartbeat alive (left alone). Its result, written."""
+    if entry.status == "FINISHED":
+        result = JobResult(
+            "FINISHED",
+            job.num,
+            sweep_id,
+            job.overrides,
+            run_id=entry.run_id,
+            run_name=entry.run_name,
+            accelerator=entry.accelerator,
+            batch_size=entry.batch_size,
+            it_per_s=entry.it_per_s,
+            val_rmse=entry.val_rmse,
+            best_val_rmse=entry.best_val_rmse,
+        )
+        log.info(
+            "done      job %s FINISHED before, in run %s (%s): skipped",
+            job.num,
+            entry.run_name,
+            entry.run_id,
+        )
+    else:
+        result = JobResult(
+            "RUNNING",
+            job.num,
+            sweep_id,
+            job.overrides,
+            run_id=entry.run_id,
+            run_name=entry.run_name,
+            reason=f"still running on {entry.host or 'another host'}: left alone",
+        )
+        log.info(
+            "running   job %s still trains in run %s (%s) on %s, its heartbeat alive: left alone",
+            job.num,
+            entry.run_name,
+            entry.run_id,
+            entry.host or "another host",
+        )
+    job.write(result)
+    return result
 
 
 def planned(cfg: DictConfig, job: Job) -> Optional[PlannedJob]:

@@ -101,26 +101,7 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
         config = _best_config(search, best, run_id, tracking, out / "best_config.yaml")
         if config:
             files.append(config)
-        starts = [t for t in trials if t.user_attrs.get(STARTING)]
-        start = next((t for t in starts if t.state == states.COMPLETE), None)
-        line = (
-            f"best: trial {best.number}"
-            + (f" (run trial-{best.number})" if run_id else "")
-            + f", {search.objective} {best.value:.4g}"
-        )
-        if not starts:
-            line += "; the starting config is not among the trials (it lies outside the search space): no comparison"
-        elif start is None:
-            line += f"; the starting config's trial ({starts[-1].number}) did not complete: no comparison"
-        elif start.number == best.number:
-            line += ": the starting config itself; no trial beat it"
-        else:
-            gain = start.value - best.value
-            line += (
-                f", {gain:.4g} lower than the starting config's {start.value:.4g} (trial {start.number}), "
-                f"{100 * gain / start.value:.1f}% better"
-            )
-        lines += [line, f"  {command}"]
+        lines += [_best_line(search.objective, best, trials, run_id), f"  {command}"]
         if config:
             lines.append(
                 f"  its whole config: {config}"
@@ -152,6 +133,37 @@ def report(search: SearchRan, study: optuna.Study, tracking: Optional[Any]) -> N
         client.set_tag(parent, key, str(value))
     if counts[states.COMPLETE]:
         client.log_metric(parent, "best_objective", study.best_value)
+
+
+def _best_line(
+    objective: str, best: optuna.trial.FrozenTrial, trials: list, run_id: Optional[str]
+) -> str:
+    """The best trial, and what it gained over the starting config's trial (trial 0, the config's
+    own values) where there is one to compare with."""
+    starts = [t for t in trials if t.user_attrs.get(STARTING)]
+    start = next((t for t in starts if t.state == optuna.trial.TrialState.COMPLETE), None)
+    line = (
+        f"best: trial {best.number}"
+        + (f" (run trial-{best.number})" if run_id else "")
+        + f", {objective} {best.value:.4g}"
+    )
+    if not starts:
+        return (
+            line
+            + "; the starting config is not among the trials (it lies outside the search space): no comparison"
+        )
+    if start is None:
+        return (
+            line
+            + f"; the starting config's trial ({starts[-1].number}) did not complete: no comparison"
+        )
+    if start.number == best.number:
+        return line + ": the starting config itself; no trial beat it"
+    gain = start.value - best.value
+    return line + (
+        f", {gain:.4g} lower than the starting config's {start.value:.4g} (trial {start.number}), "
+        f"{100 * gain / start.value:.1f}% better"
+    )
 
 
 def _best_config(
