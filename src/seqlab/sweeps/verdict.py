@@ -334,27 +334,9 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
     # Where one run is fastest, runs alone answer: a pack member's time and speed are its pack's,
     # shared by K networks (the "most networks" line below ranks packs). Packs only: those.
     alone = [g for g in finished if not g.packed] or finished
-    always = [g for g in alone if g.n_reached == g.n]
-    sometimes = [g for g in alone if g.n_reached]
-    if always or sometimes:
-        best = _best_text(always or sometimes, "time_to_target_s", " s", ".3g")
-        caveat = (
-            ""
-            if always
-            else " (no configuration reached it in every repeat; among those that reached it)"
-        )
-        # A configuration that missed the target in some repeats is not ranked by the times of
-        # the repeats that were lucky; it is named, with its count.
-        partly = [g for g in sometimes if g not in always] if always else []
-        unranked = (
-            (
-                "; not ranked, having missed it in some repeats: "
-                + "; ".join(f"{g.label} (reached in {g.n_reached} of {g.n})" for g in partly)
-            )
-            if partly
-            else ""
-        )
-        parts.append(f"Fastest to {target_text}{caveat}: {best[1]}{unranked}.")
+    fastest = _fastest_text(alone, target_text)
+    if fastest:
+        parts.append(fastest)
     elif any(g.n_missed for g in finished):
         parts.append(f"No run reached {target_text}.")
     best = _best_text(finished, "best_val_rmse", "", ".4f")
@@ -374,6 +356,38 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
                 f"fully): {best[1]}."
             )
 
+    parts.append(_repeats_text(groups, target_text))
+    return " ".join(parts)
+
+
+def _fastest_text(alone: list[Group], target_text: str) -> Optional[str]:
+    """The verdict's sentence on the fastest configuration to the target, None where no run
+    reached it. A configuration that missed the target in some repeats is not ranked by the times
+    of the repeats that were lucky; it is named, with its count."""
+    always = [g for g in alone if g.n_reached == g.n]
+    sometimes = [g for g in alone if g.n_reached]
+    if not (always or sometimes):
+        return None
+    best = _best_text(always or sometimes, "time_to_target_s", " s", ".3g")
+    caveat = (
+        ""
+        if always
+        else " (no configuration reached it in every repeat; among those that reached it)"
+    )
+    partly = [g for g in sometimes if g not in always] if always else []
+    unranked = (
+        (
+            "; not ranked, having missed it in some repeats: "
+            + "; ".join(f"{g.label} (reached in {g.n_reached} of {g.n})" for g in partly)
+        )
+        if partly
+        else ""
+    )
+    return f"Fastest to {target_text}{caveat}: {best[1]}{unranked}."
+
+
+def _repeats_text(groups: list[Group], target_text: str) -> str:
+    """The verdict's last sentence: how many runs finished, and which missed the target."""
     runs = [r for g in groups for r in g.runs]
     failed = [r for r in runs if r.status != "FINISHED"]
     missed = [g for g in groups if g.n_missed]
@@ -390,8 +404,7 @@ def verdict(rows: list[RunRow], target: Optional[float] = None) -> str:
         )
     elif any(g.n_reached for g in groups):
         count += f"; every finished run reached {target_text}"
-    parts.append(count + ".")
-    return " ".join(parts)
+    return count + "."
 
 
 def fastest_to_target(rows: list[RunRow]) -> Optional[Group]:
