@@ -45,6 +45,41 @@ def _process_tags() -> dict[str, str]:
     return {"sweep_host": socket.gethostname(), "sweep_pid": str(os.getpid())}
 
 
+def _plan_of(runs: list) -> dict[str, PlannedJob]:
+    """A resumed sweep's plan from its runs (newest first: a job run again is planned from its
+    newest run): per job, its run's id, status, whether it can continue from a checkpoint, and what
+    the summary shows of it."""
+    from seqlab.resume.points import STOPPED_AT  # a resumed sweep only
+
+    plan: dict[str, PlannedJob] = {}
+    for run in runs:
+        t, m = run.data.tags, run.data.metrics
+        if t.get("sweep_role") == "parent" or "hydra_overrides" not in t:
+            continue
+        key = job_key(t["hydra_overrides"])
+        if key in plan:
+            continue
+        status = run.info.status
+        # Still RUNNING after the store's reaper (seqlab.store.ghosts, when the store was opened):
+        # its process lives here, or it runs elsewhere (a compute node) with a heartbeat that this
+        # process has not seen stand still for long. Left alone, whatever host asks: never run twice.
+        plan[key] = PlannedJob(
+            run.info.run_id,
+            run.info.run_name,
+            status,
+            resumable=status in ("KILLED", "FAILED") and STOPPED_AT in t,
+            accelerator=t.get("accelerator"),
+            batch_size=int(run.data.params["data.batch_size"])
+            if run.data.params.get("data.batch_size", "").isdigit()
+            else None,
+            it_per_s=m.get("it_per_s_median"),
+            val_rmse=m.get("final_val_rmse"),
+            best_val_rmse=m.get("best_val_rmse"),
+            host=t.get("process_host"),
+        )
+    return plan
+
+
 def _alive(tags: dict[str, str]) -> bool:
 
     if tags.get("sweep_host") != socket.gethostname() or not tags.get("sweep_pid", "").isdigit():
@@ -230,8 +265,6 @@ class MlflowSweepCallback(Callback):
         """The sweep `value` names (latest, or a sweep id), checked against this command line, and
         the plan for its jobs: per job (its overrides, without resume=), its newest run's id,
         status, whether that run can continue from a checkpoint, and what the summary shows of it."""
-        from seqlab.resume.points import STOPPED_AT  # a resumed sweep only
-
         client = self.tracker.connect()
         experiment = self.tracker.experiment_name
         if is_run_id(value):
@@ -282,32 +315,7 @@ class MlflowSweepCallback(Callback):
             order_by=["attributes.start_time DESC"],
             max_results=5000,
         )
-        plan: dict[str, PlannedJob] = {}
-        for run in runs:  # newest first: a job run again is planned from its newest run
-            t, m = run.data.tags, run.data.metrics
-            if t.get("sweep_role") == "parent" or "hydra_overrides" not in t:
-                continue
-            key = job_key(t["hydra_overrides"])
-            if key in plan:
-                continue
-            status = run.info.status
-            # Still RUNNING after the store's reaper (seqlab.store.ghosts, when the store was opened):
-            # its process lives here, or it runs elsewhere (a compute node) with a heartbeat that this
-            # process has not seen stand still for long. Left alone, whatever host asks: never run twice.
-            plan[key] = PlannedJob(
-                run.info.run_id,
-                run.info.run_name,
-                status,
-                resumable=status in ("KILLED", "FAILED") and STOPPED_AT in t,
-                accelerator=t.get("accelerator"),
-                batch_size=int(run.data.params["data.batch_size"])
-                if run.data.params.get("data.batch_size", "").isdigit()
-                else None,
-                it_per_s=m.get("it_per_s_median"),
-                val_rmse=m.get("final_val_rmse"),
-                best_val_rmse=m.get("best_val_rmse"),
-                host=t.get("process_host"),
-            )
+        plan = _plan_of(runs)
         self.sweep_id = sweep_id
         counts = {
             s: sum(e.status == s for e in plan.values())
