@@ -258,7 +258,8 @@ def _auth_dir(backend_store_uri: str) -> Path:
     return Path(DEFAULT_DIR).resolve()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of `make server` (python -m seqlab.store.server)."""
     parser = argparse.ArgumentParser(
         prog="python -m seqlab.store.server",
         description="Start an MLflow tracking server that stores runs in a database and serves their "
@@ -309,7 +310,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default=None,
         help=f"the admin user created on the first start (default: {server_auth.ADMIN_USERNAME} or admin)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         check_backend(args.backend_store_uri)
         auth_env = server_auth.auth_environment(
