@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import optuna
+import pytest
 from omegaconf import OmegaConf
 
-from seqlab.sweeps.refill import RefillLog, refilled_overrides, refilled_under
+from seqlab.sweeps.refill import RefillLog, check_refill, refilled_overrides, refilled_under
 from seqlab.sweeps.search_outcomes import tell_interrupted
-from seqlab.sweeps.study import INTERRUPTED
+from seqlab.sweeps.study import INTERRUPTED, SearchError
+
+LR = {"optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
 
 
 def test_a_stopped_search_fails_the_trials_its_pack_jobs_took_and_keeps_those_told(tmp_path):
@@ -63,3 +66,53 @@ def test_a_trial_in_a_slot_takes_the_members_overrides_with_its_own_values_and_n
         "model": {"dropout": 0.2},
     }
     assert new[3:] == ["logger.run_name=trial-7", "++hydra.job.env_set.SEQLAB_OPTUNA_TRIAL=7"]
+
+
+@pytest.mark.parametrize(
+    "overrides,pack,space,expected",
+    [
+        (
+            [],
+            None,
+            LR,
+            "hydra.sweeper.refill=true gives a pack's freed slots to the next trials: add pack=N (N >= 2)",
+        ),
+        (
+            [],
+            4,
+            {**LR, "seed": optuna.distributions.IntDistribution(0, 9)},
+            "hydra.sweeper.refill=true: trials take each other's slots, so they may differ only in "
+            "optimizer.lr, module.l2_regularization, model.dropout, module.gradient_threshold; seed is "
+            "searched (leave it out with hydra.sweeper.params.seed=null, or refill=false)",
+        ),
+        (
+            ["scheduler=piecewise"],
+            4,
+            LR,
+            "hydra.sweeper.refill=true: a learning-rate schedule steps every member by the pack's "
+            "epochs: scheduler=none",
+        ),
+        (
+            ["trainer.check_val_every_n_epoch=2"],
+            4,
+            LR,
+            "hydra.sweeper.refill=true: pruning and the trials' records need one validation an epoch: "
+            "trainer.check_val_every_n_epoch=1 trainer.val_check_interval=null",
+        ),
+        (
+            ["trainer.devices=2", "trainer.strategy=ddp"],
+            4,
+            LR,
+            "hydra.sweeper.refill=true: a pack across processes keeps its slots: one device",
+        ),
+    ],
+    ids=["no-pack", "the-seed-searched", "a-schedule", "validation-every-2-epochs", "ddp"],
+)
+def test_a_search_that_cannot_refill_is_told_why_in_one_line(
+    compose_cfg, overrides, pack, space, expected
+):
+    cfg = compose_cfg("scheduler=none", *overrides)
+    with pytest.raises(SearchError) as refused:
+        check_refill(True, pack, space, cfg)
+    assert str(refused.value) == expected
+    check_refill(True, 4, LR, compose_cfg("scheduler=none"))  # what can refill passes
