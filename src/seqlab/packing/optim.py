@@ -94,9 +94,8 @@ class _PackedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def restart(self, k: int, lr: float) -> None:
-        """Member k as a fresh optimizer's, at rate `lr`: its slice of every state tensor (moments,
-        momentum, square averages) zeroed, which is where torch's optimizers start, so that its next
-        step is a first step (a search's trial that takes a pruned member's slot: seqlab.packing.module)."""
+        """Member k as a fresh optimizer's at rate `lr` (packing.refill.take_slot): its slice of every
+        state tensor zeroed, where torch's optimizers start, so that its next step is a first step."""
         for group in self.param_groups:
             group["member_lr"][k] = lr
             for p in group["params"]:
@@ -430,7 +429,8 @@ def build_update(
         model.freeze_unused()
     params = [p for p in model.parameters() if p.requires_grad]
     lrs = [o.param_groups[0]["lr"] for o in own]
-    if len(set(lrs)) == 1 and not (restartable and len(own) > 1):
+    restarts = restartable and len(own) > 1  # a pack's slots may be refilled
+    if len(set(lrs)) == 1 and not restarts:
         optimizer = optimizer_factory(optimizers[0], impl, capturable=capturable)(params=params)
         lr_scale = [1.0] * len(own)
     else:
@@ -445,6 +445,6 @@ def build_update(
     return Update(
         optimizer,
         scheduler(optimizer=optimizer) if scheduler is not None else None,
-        gradients if gradients.active or (restartable and len(own) > 1) else None,
+        gradients if gradients.active or restarts else None,
         lr_scale,
     )

@@ -80,10 +80,9 @@ class SlotFiller:
         trial = self.refiller.next_trial()
         if trial is None:
             return None
-        device = self.device
         index = len(module.members) + len(module.retired)  # its folder: after the pack's own
-        new = self._build(old, trial, index, device)
-        open_runs(self.job, [new], self.stack, device, pack_size=len(module.members))
+        new = self._build(old, trial, index)
+        open_runs(self.job, [new], self.stack, self.device, pack_size=len(module.members))
         log_datasets(new, data_changed=False)
         new.datamodule.release()
         timer = next(c for c in module.trainer.callbacks if isinstance(c, EpochTimer))
@@ -101,7 +100,7 @@ class SlotFiller:
         )
         return new
 
-    def _build(self, old: Member, trial: Any, index: int, device: Any) -> Member:
+    def _build(self, old: Member, trial: Any, index: int) -> Member:
         """Its config composed by Hydra from `old`'s overrides with the trial's values, its own
         folder (member<index>), its data, network, dropout stream and order as its job alone builds
         them (the pack's global random streams put back after), its learning rate."""
@@ -118,9 +117,9 @@ class SlotFiller:
         )
         new = Member(old.k, member_config(overrides, out), job, trial_link=member_link(overrides))
         validate(new.cfg)
-        gpu = [torch.cuda.current_device()] if device.accelerator == "gpu" else []
+        gpu = [torch.cuda.current_device()] if self.device.accelerator == "gpu" else []
         with torch.random.fork_rng(devices=gpu):  # its build seeds them, as its job alone's
-            build_member(new, self.samples, device)
+            build_member(new, self.samples, self.device)
         optimizer = instantiate(new.cfg.optimizer)(params=new.network.parameters())
         new.lr_scale = optimizer.param_groups[0]["lr"]  # its rate in the packed optimizer
         return new

@@ -4,9 +4,9 @@ to the next trial the study asks for, inside the running pack: asynchronous succ
 one step. The sweeper (seqlab.sweeps.search) checks that its trials can take each other's slots and
 puts what the pack job needs in the environment (`refill_settings`); the pack job asks the study
 for the trial (`Refiller`, the same asking rules as a worker's: free slots, a retry run once, none
-past n_trials), trains it in the freed slot (seqlab.packing.module.SeqRegressor.take_slot) and
-writes which trials it took (`RefillLog`), from which the sweeper tells the study how each ended, as
-it tells its own."""
+past n_trials), trains it in the freed slot (seqlab.packing.refill), tells the study how each of
+its members' trials ended as its run ends, and writes which trials it took (`RefillLog`), which the
+sweeper reports with its own (`refilled_trials`) or, stopped, fails (`refilled_under`)."""
 
 from __future__ import annotations
 
@@ -71,9 +71,9 @@ def refilled_under(sweep_dir: Path, study: optuna.Study) -> list[optuna.trial.Tr
     """Every trial the sweep's pack jobs took into freed slots so far (a stopped search fails those
     still running, as it fails its own: seqlab.sweeps.search_outcomes.tell_interrupted)."""
     return [
-        optuna_private.trial_by_number(study, taken["trial"])
+        trial
         for path in sorted(Path(sweep_dir).glob(f"*/{REFILLS_FILE}"))
-        for taken in RefillLog.read(path.parent).taken
+        for trial, _ in _taken(study, path.parent)
     ]
 
 
@@ -86,10 +86,16 @@ def refilled_trials(study: optuna.Study, batch_returns: list) -> list[tuple]:
             folder = Path(ret.hydra_cfg.hydra.runtime.output_dir)
         except Exception:  # noqa: BLE001 - a job that failed to compose has no hydra_cfg
             continue
-        for taken in RefillLog.read(folder).taken:
-            trial = optuna_private.trial_by_number(study, taken["trial"])
-            found.append((trial, ret, taken["member"]))
+        found += [(trial, ret, member) for trial, member in _taken(study, folder)]
     return found
+
+
+def _taken(study: optuna.Study, folder: Path) -> list[tuple[optuna.trial.Trial, int]]:
+    """The trials the pack job in `folder` took (its refills.json), each with its member's folder."""
+    return [
+        (optuna_private.trial_by_number(study, taken["trial"]), taken["member"])
+        for taken in RefillLog.read(folder).taken
+    ]
 
 
 def refilled_overrides(overrides: list[str], trial: optuna.trial.Trial) -> list[str]:
