@@ -118,8 +118,10 @@ def synthetic_daily_load(
     morning, evening = uniform(0.0, 0.5), uniform(0.0, 1.0)
     days = torch.arange(seq_len, dtype=torch.float64).reshape(1, -1, 1)
 
+    # Each term added in place, broadcast from its (samples, days, 1) factor: no temporary as
+    # large as x, whose fresh memory would cost as much again.
     x = torch.randn((n, seq_len, n_features), generator=g).mul_(noise)
-    x.add_(((level + trend * days) * cycle).float())
+    x.addcmul_((level + trend * days).float(), cycle.float())
     x.addcmul_(morning.float(), morning_peak.float()).addcmul_(evening.float(), evening_peak.float())
     next_level = level[:, :, 0] + trend[:, :, 0] * seq_len
     y = (

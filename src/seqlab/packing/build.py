@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from seqlab import SeqlabError
+from seqlab.data.kept import KEPT, generated
 from seqlab.packing.data import samples_key
 from seqlab.packing.members import Member
 from seqlab.sweeps.job import Job
@@ -68,19 +69,26 @@ def pack_members(cfg: DictConfig, job: Job) -> list[Member]:
 
 def load_samples(members: list[Member]) -> dict[str, Any]:
     """Each distinct set of the members' samples (packing.data.samples_key) loaded once, as many at
-    a time as the job has cores: NumPy releases the GIL in the arithmetic and random draws that make
-    synthetic data and in a file's reads, and each set depends on its own seed alone. The members'
-    networks are then built in turn (build_member: their seeds go through the one global stream)."""
+    a time as the job has cores: torch and NumPy release the GIL in the arithmetic and random draws
+    that make synthetic data and in a file's reads, and each set depends on its own seed alone.
+    Generated sets an earlier job of this process made are taken as they are (data.kept). The
+    members' networks are then built in turn (build_member: their seeds go through the one global
+    stream)."""
     configs: dict[str, DictConfig] = {}
     for m in members:
         configs.setdefault(samples_key(m.cfg.data), m.cfg.data)
-    modules = {key: instantiate(data) for key, data in configs.items()}
+    samples = {key: KEPT.get(key) for key in configs}
+    modules = {key: instantiate(configs[key]) for key, data in samples.items() if data is None}
     with ThreadPoolExecutor(max(1, min(len(modules), torch.get_num_threads()))) as pool:
         # Each in a copy of this context: Hydra's target policy (a context variable) holds there too.
         loads = {
             key: pool.submit(contextvars.copy_context().run, dm.load) for key, dm in modules.items()
         }
-        return {key: load.result() for key, load in loads.items()}
+        samples.update({key: load.result() for key, load in loads.items()})
+    for key, data in samples.items():
+        if generated(configs[key]):
+            KEPT.put(key, data)
+    return samples
 
 
 def build_member(m: Member, samples: dict[str, Any], device: Any) -> None:
