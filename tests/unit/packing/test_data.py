@@ -3,6 +3,7 @@ alone's (a pack of one) with its sequences' lengths."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,3 +100,38 @@ def test_under_ddp_each_process_trains_the_share_a_job_alones_process_trains():
         assert sorted(torch.cat(seen).tolist()) == list(range(32))  # disjoint shares, all rows
     with pytest.raises(SeqlabError, match="give each of the 8 processes 4, fewer than one batch"):
         _data(1).shard(0, 8)
+
+
+def test_sets_joined_once_are_taken_as_they_lie_by_the_next_job_and_kept_by_their_config():
+    # A pack joins its members' sets into one buffer; the next job that trains those sets (a
+    # study's next batch size, from data.kept) takes that buffer as it is, with no copy.
+    from omegaconf import OmegaConf
+
+    from seqlab.data.kept import KeptSamples, generated
+    from seqlab.data.sources import SeqData, synthetic_daily_load
+    from seqlab.packing.data import joined, samples_key
+
+    sets = [synthetic_daily_load(6, seed) for seed in range(3)]
+    firsts = [s.x.copy() for s in sets]
+    x = joined(sets, "x")
+    assert x.shape == (18, 1, 1440) and all(s.x.base is x for s in sets)
+    assert all(np.array_equal(s.x, f) for s, f in zip(sets, firsts))  # the same values, now views
+    again = joined(sets[1:], "x")  # a pack of two of those sets: the same memory
+    assert again.base is x and np.array_equal(again, np.concatenate(firsts[1:]))
+    other = joined([sets[2], sets[0]], "x")  # not in that order: joined anew
+    assert other.base is None and np.array_equal(other, np.concatenate([firsts[2], firsts[0]]))
+    assert joined([SeqData(firsts[0], sets[0].y)], "x") is firsts[0]
+
+    # What makes the samples, not how a job splits or batches them, keys them.
+    cfg = OmegaConf.create(
+        {"source": {"_target_": "seqlab.data.synthetic_daily_load"}, "seed": 1, "batch_size": 64}
+    )
+    other_batch = OmegaConf.merge(cfg, {"batch_size": 4096, "val_fraction": 0.3})
+    assert samples_key(cfg) == samples_key(other_batch) != samples_key(OmegaConf.merge(cfg, {"seed": 2}))
+    assert generated(cfg) and not generated(OmegaConf.create({"source": {"_target_": "mine.load"}}))
+    kept = KeptSamples(max_bytes=2 * sets[0].x.nbytes + 100)
+    for seed, s in enumerate(sets):
+        kept.put(str(seed), s)
+    assert kept.get("0") is None and kept.get("1") is sets[1] and kept.get("2") is sets[2]
+    kept.put("0", sets[0])  # "1" is now the least recently used
+    assert kept.get("1") is None and kept.get("2") is sets[2]
