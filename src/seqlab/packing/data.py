@@ -50,7 +50,9 @@ def joined(blocks: list, what: str) -> np.ndarray:
         base = arrays[0].base
         start = (arrays[0].ctypes.data - base.ctypes.data) // base.strides[0]
         return base[start : start + sum(len(a) for a in arrays)]
-    out = np.concatenate(arrays)
+    # torch's join: its threads, and its allocator's huge pages (seqlab/__init__.py); NumPy's took
+    # 7.4 s for 3 GB where torch's takes 4.6 s.
+    out = torch.cat([torch.from_numpy(a) for a in arrays]).numpy()
     start = 0
     for b, a in zip(blocks, arrays):
         setattr(b, what, out[start : start + len(a)])
