@@ -1,0 +1,22 @@
+"""plots.envelope: a long per-step series drawn as its band, not point by point."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqlab.plots import envelope
+
+
+def test_a_long_series_is_drawn_as_each_runs_lowest_and_highest_value_and_a_short_one_as_it_is():
+    values = np.sin(np.arange(10_000) / 7.0) + np.arange(10_000) * 1e-4
+    values[5_000] = 9.0  # a spike: the eye must still see it
+    values[7_000] = np.nan  # a gap stays a gap
+    points = list(enumerate(values))
+    steps, drawn = envelope(points, max_points=1_000)
+    assert len(steps) == len(drawn) == 1_000
+    assert steps[0] == 0 and steps[-1] == 9_999 and np.all(np.diff(steps) >= 0)
+    assert np.nanmax(drawn) == 9.0 and np.nanmin(drawn) == np.nanmin(values)
+    assert np.isnan(drawn).sum() == 2  # the run holding the NaN, its low and its high
+    short = list(enumerate(values[:50]))
+    steps, drawn = envelope(short, max_points=1_000)
+    assert np.array_equal(steps, np.arange(50)) and np.array_equal(drawn, values[:50])
