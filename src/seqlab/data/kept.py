@@ -37,7 +37,9 @@ def generated(data_cfg: Any) -> bool:
 
 def _bytes(data: SeqData) -> int:
     sets = [data] + ([data.val] if data.val is not None else [])
-    return sum(s.x.nbytes + s.y.nbytes + (0 if s.lengths is None else s.lengths.nbytes) for s in sets)
+    return sum(
+        s.x.nbytes + s.y.nbytes + (0 if s.lengths is None else s.lengths.nbytes) for s in sets
+    )
 
 
 class KeptSamples:

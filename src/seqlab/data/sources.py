@@ -130,7 +130,9 @@ def synthetic_daily_load(
     # large as x, whose fresh memory would cost as much again.
     x = torch.randn((n, seq_len, n_features), generator=g).mul_(noise)
     x.addcmul_((level + trend * days).float(), cycle.float())
-    x.addcmul_(morning.float(), morning_peak.float()).addcmul_(evening.float(), evening_peak.float())
+    x.addcmul_(morning.float(), morning_peak.float()).addcmul_(
+        evening.float(), evening_peak.float()
+    )
     next_level = level[:, :, 0] + trend[:, :, 0] * seq_len
     y = (
         next_level * cycle.mean()

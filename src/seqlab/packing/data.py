@@ -18,7 +18,6 @@ from seqlab.data.module import batches_in, last_batch_single, process_share
 from seqlab.packing.members import Member
 from seqlab.training.profiling import phase
 
-
 # Data keys that split and batch the samples (each member's data module does), not make them.
 _SPLIT_KEYS = ("batch_size", "val_fraction", "shuffle", "drop_last")
 
@@ -63,7 +62,11 @@ def joined(blocks: list, what: str) -> np.ndarray:
 def _adjacent(arrays: list[np.ndarray]) -> bool:
     """Whether the arrays are whole rows of one buffer, one right after another."""
     base = arrays[0].base
-    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or base.ndim != arrays[0].ndim:
+    if (
+        not isinstance(base, np.ndarray)
+        or not base.flags.c_contiguous
+        or base.ndim != arrays[0].ndim
+    ):
         return False
     at = arrays[0].ctypes.data
     for a in arrays:

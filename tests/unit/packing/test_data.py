@@ -119,7 +119,9 @@ def test_sets_joined_once_are_taken_as_they_lie_by_the_next_job_and_kept_by_thei
     again = joined(sets[1:], "x")  # a pack of two of those sets: the same memory
     assert again.base is x and np.array_equal(again, np.concatenate(firsts[1:]))
     other = joined([sets[2], sets[0]], "x")  # not in that order: joined anew
-    assert not np.shares_memory(other, x) and np.array_equal(other, np.concatenate([firsts[2], firsts[0]]))
+    assert not np.shares_memory(other, x) and np.array_equal(
+        other, np.concatenate([firsts[2], firsts[0]])
+    )
     assert joined([SeqData(firsts[0], sets[0].y)], "x") is firsts[0]
 
     # What makes the samples, not how a job splits or batches them, keys them.
@@ -127,7 +129,11 @@ def test_sets_joined_once_are_taken_as_they_lie_by_the_next_job_and_kept_by_thei
         {"source": {"_target_": "seqlab.data.synthetic_daily_load"}, "seed": 1, "batch_size": 64}
     )
     other_batch = OmegaConf.merge(cfg, {"batch_size": 4096, "val_fraction": 0.3})
-    assert samples_key(cfg) == samples_key(other_batch) != samples_key(OmegaConf.merge(cfg, {"seed": 2}))
+    assert (
+        samples_key(cfg)
+        == samples_key(other_batch)
+        != samples_key(OmegaConf.merge(cfg, {"seed": 2}))
+    )
     assert generated(cfg) and not generated(OmegaConf.create({"source": {"_target_": "mine.load"}}))
     kept = KeptSamples(max_bytes=2 * sets[0].x.nbytes + 100)
     for seed, s in enumerate(sets):
