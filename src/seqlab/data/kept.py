@@ -10,7 +10,8 @@ that asks for it gets the very same arrays. Only generated samples are kept: a f
 may change between two jobs, and is read again, and so may what a source of the user's own reads.
 
 The sets are shared, read-only by convention: nothing in seqlab writes into a SeqData's arrays
-(a split takes copies, a pack's device data copies or reads them)."""
+(a split takes copies, a pack's device data copies or reads them; packing.data.joined replaces a
+set's arrays by views of the same values in its joined buffer)."""
 
 from __future__ import annotations
 
@@ -61,9 +62,6 @@ class KeptSamples:
         self._sets.move_to_end(key)
         while sum(_bytes(d) for d in self._sets.values()) > self.max_bytes:
             self._sets.popitem(last=False)
-
-    def clear(self) -> None:
-        self._sets.clear()
 
 
 # This process's: packing.build.load_samples reads and fills it.
