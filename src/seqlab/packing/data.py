@@ -132,8 +132,8 @@ class PackData:
             # blocks that an earlier job of this process joined (joined()).
             if getattr(blocks[0], what) is None:
                 return None
-            rows = torch.from_numpy(joined(blocks, what))
-            return (rows[:, 0] if one_step else rows).to(device)
+            every = torch.from_numpy(joined(blocks, what))
+            return (every[:, 0] if one_step else every).to(device)
 
         dm = members[0].datamodule
         n, bs = len(train_rows[0]), dm.batch_size
