@@ -57,7 +57,7 @@ FILE_SECONDS = {
     "integration/test_server_auth.py": 32,
     "integration/test_train.py": 28,
     "unit/test_config.py": 26,
-    "integration/test_step_writer.py": 26,
+    "integration/test_delivery.py": 26,
     "integration/test_dashboard.py": 22,
     "integration/test_ghosts.py": 21,
     "integration/test_secrets.py": 20,

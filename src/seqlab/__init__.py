@@ -31,7 +31,7 @@ class SeqlabError(Exception):
 
 class ResumableStop(SeqlabError):
     """A stop the run continues from with resume= once its cause is fixed (a write that found no
-    room: resume.safe_writes.WriteFailed): its run ends KILLED, not FAILED."""
+    room: safe_writes.WriteFailed): its run ends KILLED, not FAILED."""
 
 
 def ending_status(error: "BaseException | None") -> "tuple[str, str | None]":

@@ -30,7 +30,6 @@ OutputNetworkChoice = _choices("OutputNetworkChoice", "last", "best")
 Loader = _choices("Loader", "tensor", "dataloader")
 OptimizerImpl = _choices("OptimizerImpl", "fused", "foreach", "default")
 Progress = _choices("Progress", "line", "bar")
-StepWriterKind = _choices("StepWriterKind", "process", "inline")
 # "auto" with devices > 1 is Lightning's choice, also DDP. Spawn-based strategies are not supported:
 # the MLflow run is owned by the process that started the job.
 Strategy = _choices("Strategy", "auto", "ddp")
@@ -157,20 +156,16 @@ class LoggerConfig:
     # the network kept (`model`): best (the lowest val_rmse's, if it is not the one kept), all (also one
     # at each new best, logged as training goes), none.
     log_checkpoints: str = "best"
-    synchronous: bool = (
-        False  # false: MLflow writes in the background (flushed before the run ends)
-    )
+    # Metrics go into the run's journal and from there, by the delivery process, into the store
+    # (seqlab.delivery); true: training waits for the store to hold each write (perf=naive's baseline).
+    synchronous: bool = False
     system_metrics: bool = (
         True  # system/cpu_utilization_percentage, memory; GPU utilisation, memory, power
     )
     system_metrics_interval_s: float = 2.0
-    outage_wait_s: float = (
-        60.0  # a server away at the end of a run: wait this long, then copy the run
-    )
-    fallback_uri: Optional[str] = None  # where that copy goes (a local store)
-    # A local store's per-step metrics: by a helper process (process: MLflow's per-row cost off the
-    # training process, tracking/step_writer.py) or MLflow's own thread (inline); not for a server.
-    step_writer: StepWriterKind = StepWriterKind.process
+    # A store that takes nothing for this long at a run's end: the run's journal stays in its job's
+    # folder, and the next command that opens the store delivers it and ends the run.
+    outage_wait_s: float = 60.0
     register_as: Optional[str] = (
         None  # also register the logged model as a new version: models:/NAME/VERSION
     )

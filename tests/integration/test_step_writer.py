@@ -90,7 +90,7 @@ def test_odd_values_and_the_latest_value_are_stored_as_mlflow_stores_them(
 
 def test_inline_writes_the_same_rows_without_a_helper(tmp_path, store):
     tracker = MlflowTracker(
-        f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline"
+        f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer"
     )
     with tracker.run("r", {}):
         assert tracker.sender.writer is None
@@ -131,7 +131,7 @@ def test_closing_a_stopped_helper_ends_within_its_deadline(tmp_path, store):
     from seqlab.tracking.step_writer import StepWriter
 
     tracker = MlflowTracker(
-        f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer", step_writer="inline"
+        f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer"
     )
     with tracker.run("r", {}):
         writer = StepWriter(f"sqlite:///{tmp_path}/mlruns/mlflow.db", tracker.run_id)

@@ -123,10 +123,6 @@ def test_validate_names_the_key_and_the_fix(compose_cfg, override, message):
         ),
         ("model.init=xavier", "model.init must be one of pytorch, matlab; got 'xavier'"),
         ("perf.loader=numpy", "perf.loader must be one of tensor, dataloader; got 'numpy'"),
-        (
-            "logger.step_writer=thread",
-            "logger.step_writer must be one of process, inline; got 'thread'",
-        ),
     ],
 )
 def test_choices_are_enum_fields_checked_at_compose_time(compose_cfg, override, message):

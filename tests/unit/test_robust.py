@@ -222,52 +222,48 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(
     )
 
 
-def test_metrics_a_killed_process_sent_to_an_away_server_are_delivered_from_its_journal(
+def test_metrics_a_killed_process_journaled_are_delivered_from_where_the_store_stopped(
     tmp_path, store
 ):
-    """A job killed outright while its server was away (SIGKILL after SIGTERM within SLURM's
-    KillWait, the OOM killer): the rows the server never confirmed are in the journal in the job's
-    folder, and resume= sends exactly those first."""
-    import time as clock
-
+    """A job killed outright while its store was away (SIGKILL after SIGTERM within SLURM's
+    KillWait, the OOM killer): every row is in the journal in the job's folder, with the count the
+    store confirmed, and resume= (the reaper, a new helper) delivers exactly the rest."""
     from mlflow.entities import Metric
 
-    from seqlab.resume.journal import MetricJournal, deliver_journal, journal_paths
-    from seqlab.tracking.senders import OutboxSender, RunRecord
+    from seqlab.delivery.journal import MetricJournal, deliver, deliver_journal, journal_paths, open_tail
 
     run_id = store.create_run(store.get_experiment_by_name("Default").experiment_id).info.run_id
-    answered = []
+    journal = MetricJournal(tmp_path, run_id)
 
-    class Server:  # takes the first batch, then is away
-        tracking_uri = "http://away:5000"
+    def batch(first):  # 25 steps
+        return [Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(first, first + 25)]
 
-        def log_batch(self, run_id, metrics=(), tags=(), synchronous=True):
-            if answered:
+    class AwayAfterOne:  # takes the first batch, then is away
+        def __init__(self):
+            self.taken = []
+
+        def write(self, run_id, rows):
+            if self.taken:
                 raise ConnectionError("no answer")
-            answered.append(len(metrics))
+            self.taken.append(len(rows))
 
-    sender = OutboxSender(
-        Server(), run_id, RunRecord("run", {}, metrics=MetricJournal(tmp_path, run_id)), 60, None
-    )
-    sender.outbox.retry_s = 0.05
-    for first in (1, 26, 51, 76):  # four batches of 25 steps
-        sender.metrics(
-            [
-                Metric("train_loss", float(s), 1_700_000_000_000 + s, s)
-                for s in range(first, first + 25)
-            ]
-        )
-    deadline = clock.monotonic() + 10
-    while sender.record.metrics.sent < 25 and clock.monotonic() < deadline:
-        clock.sleep(0.02)
-    sender.outbox.close()  # the process is killed here: nothing more is sent, nothing ended
-    assert answered == [25] and sender.record.metrics.sent == 25
+    server, tail = AwayAfterOne(), open_tail(tmp_path, run_id)
+    journal.extend(batch(1))
+    tail.read()
+    assert deliver(tail, server, run_id) == 25
+    for first in (26, 51, 76):
+        journal.extend(batch(first))
+    tail.read()
+    with pytest.raises(ConnectionError):
+        deliver(tail, server, run_id)
+    tail.close()  # the process is killed here
+    assert server.taken == [25] and journal.sent == 25 and len(journal.unsent()) == 75
     assert all(p.is_file() for p in journal_paths(tmp_path, run_id))
 
-    assert deliver_journal(store, run_id, tmp_path) == 75
+    assert deliver_journal(store.tracking_uri, run_id, tmp_path) == 75
     assert [m.step for m in store.get_metric_history(run_id, "train_loss")] == list(range(26, 101))
-    assert not any(p.exists() for p in journal_paths(tmp_path, run_id))  # sent once: gone
-    assert deliver_journal(store, run_id, tmp_path) == 0
+    assert not any(p.exists() for p in journal_paths(tmp_path, run_id))  # delivered once: gone
+    assert deliver_journal(store.tracking_uri, run_id, tmp_path) == 0
 
 
 def test_an_unreachable_tracking_database_is_one_line_with_its_password_masked(run_cli):
@@ -299,8 +295,8 @@ def test_a_journal_write_that_finds_no_room_is_one_line_and_ends_the_run_killed(
     from mlflow.entities import Metric
 
     from seqlab import ending_status
-    from seqlab.resume.journal import MetricJournal, journal_paths
-    from seqlab.resume.safe_writes import WriteFailed
+    from seqlab.delivery.journal import MetricJournal, journal_paths
+    from seqlab.safe_writes import WriteFailed
 
     journal = MetricJournal(tmp_path, "r1")
 

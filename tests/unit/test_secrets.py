@@ -135,10 +135,10 @@ def test_a_reopened_run_records_its_new_tags_masked(tmp_path, store):
 
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     overrides = "logger.fallback_uri=postgresql://bob:pg-pass-4711@db/mlflow"
-    first = MlflowTracker(uri, "reopen", step_writer="inline")
+    first = MlflowTracker(uri, "reopen")
     first.start("r", {"hydra_overrides": overrides})
     first.end("KILLED")
-    again = MlflowTracker(uri, "reopen", step_writer="inline")
+    again = MlflowTracker(uri, "reopen")
     again.start(
         "r", {"hydra_overrides": overrides + " resume=" + first.run_id}, resume_run_id=first.run_id
     )

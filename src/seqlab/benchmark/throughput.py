@@ -247,7 +247,7 @@ def log_to_mlflow(
 ) -> str:
 
     tracker = MlflowTracker(
-        tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True, step_writer="inline"
+        tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True
     )
     with tracker.run(
         f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 
-from seqlab.resume.safe_writes import replace_atomically
+from seqlab.safe_writes import replace_atomically
 
 log = logging.getLogger("seqlab")
 

@@ -20,7 +20,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from seqlab import SeqlabError
 from seqlab.resume.checkpoints import save_checkpoint
-from seqlab.resume.journal import deliver_journal
+from seqlab.delivery.journal import deliver_journal
 from seqlab.resume.points import CHECKPOINT, STOPPED_AT, deliver_unsent, fetch_checkpoint
 from seqlab.resume.requeue import Preempted, preempt_signal
 from seqlab.training.lightning_private import request_stop
@@ -228,7 +228,11 @@ def prepare_resume(
     # journaled in its folder and the server never confirmed.
     sent = deliver_unsent(client, run_id, dst)
     folder = run.data.params.get("paths.output_dir")
-    sent += deliver_journal(client, run_id, Path(folder)) if folder and Path(folder).is_dir() else 0
+    sent += (
+        deliver_journal(client.tracking_uri, run_id, Path(folder))
+        if folder and Path(folder).is_dir()
+        else 0
+    )
     if sent:
         log.info("resume    %d metric value(s) the run had not stored were sent first", sent)
     return checkpoint

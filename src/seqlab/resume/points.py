@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from seqlab.resume.journal import send_metrics
-from seqlab.resume.safe_writes import replace_atomically
+from seqlab.delivery.stores import MAX_BATCH, open_rows
+from seqlab.safe_writes import replace_atomically
 
 CHECKPOINT = "interrupted.ckpt"
 UNSENT = (
@@ -56,15 +56,16 @@ def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
 def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
     """Send the metrics a stopped run had not stored when its checkpoint was published (a store
     holds a row it already has once: rows the run sent after all are not doubled); how many."""
-    from mlflow.entities import Metric  # MLflow: a resume only (every job imports this module)
-    from mlflow.exceptions import MlflowException  # as Metric
+    from mlflow.exceptions import MlflowException  # MLflow: a resume only (every job imports this module)
 
     try:
         path = Path(client.download_artifacts(run_id, f"checkpoints/{UNSENT}", str(dst)))
     except (MlflowException, OSError):
         return 0  # a checkpoint from before UNSENT
-    rows = json.loads(path.read_text())
-    send_metrics(client, run_id, [Metric(k, v, ts, step) for k, v, ts, step in rows])
+    rows = [(str(k), float(v), int(ts), int(step)) for k, v, ts, step in json.loads(path.read_text())]
+    writer = open_rows(client.tracking_uri)  # as the delivery process writes them
+    for i in range(0, len(rows), MAX_BATCH):
+        writer.write(run_id, rows[i : i + MAX_BATCH])
     return len(rows)
 
 

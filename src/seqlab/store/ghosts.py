@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import psutil
 
 from seqlab import one_line
-from seqlab.resume.journal import deliver_journal
+from seqlab.delivery.journal import deliver_journal, end_status
 from seqlab.resume.points import STOPPED_AT
 from seqlab.secrets import mask_text
 
@@ -279,11 +279,12 @@ def end_dead_runs(
             continue
         seen.forget(run_id)
         try:
-            _deliver_journal(client, run)
-            client.set_tag(
-                run_id, "failure_reason", mask_text(reason)
-            )  # every failure_reason masked where it is written
-            client.set_terminated(run_id, "KILLED")
+            status = _deliver_journal(client, run)
+            if status != "FINISHED":  # else its training ended, only its store was away
+                client.set_tag(
+                    run_id, "failure_reason", mask_text(reason)
+                )  # every failure_reason masked where it is written
+            client.set_terminated(run_id, status)
         except Exception as refused:  # noqa: BLE001 - deleted meanwhile, another user's, no permission
             # A run this command cannot change is left as it is: never a reason not to start.
             log.warning(
@@ -307,20 +308,24 @@ def end_dead_runs(
     return ended
 
 
-def _deliver_journal(client: Any, run: Any) -> None:
-    """What the dead process sent to its server and the server never confirmed, from the journal in
-    its job's folder (seqlab.resume.journal) where this machine has it: stored before the run ends."""
-
+def _deliver_journal(client: Any, run: Any) -> str:
+    """What the dead process journaled and its store never confirmed, from the journal in its
+    job's folder (seqlab.delivery.journal) where this machine has it and it is this user's: stored
+    before the run ends. The status to end it with: the one its process left beside the journal
+    (its training ended, its store did not take the journal in time), else KILLED."""
     folder = run.data.params.get("paths.output_dir")
-    if folder and Path(folder).is_dir():
-        sent = deliver_journal(client, run.info.run_id, Path(folder))
-        if sent:
-            log.warning(
-                "tracking  run %s: %d metric value(s) its process had journaled and its server never "
-                "confirmed were sent",
-                run.info.run_id,
-                sent,
-            )
+    if not folder or not Path(folder).is_dir():
+        return "KILLED"
+    status = end_status(Path(folder), run.info.run_id) or "KILLED"
+    sent = deliver_journal(client.tracking_uri, run.info.run_id, Path(folder))
+    if sent:
+        log.warning(
+            "tracking  run %s: %d metric value(s) its process had journaled and its store never "
+            "confirmed were sent",
+            run.info.run_id,
+            sent,
+        )
+    return status
 
 
 class Heartbeat:

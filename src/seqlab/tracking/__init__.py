@@ -2,9 +2,8 @@
 
 - `run`:        the run's connection (`MlflowTracker`: open, records, end FINISHED/FAILED/KILLED)
 - `lifecycle`:  a run's steps from its opening to its end, a run alone's and a pack member's alike
-- `senders`:    how records travel: direct (+ the step-writer process), through the outbox to a
-                server (+ the fallback copy), or nowhere (a DDP job's other processes)
-- `step_writer`, `outbox`: the helper process that writes a local store's metrics; the queue to a server
+- `senders`:    how records travel: metrics through the run's journal and the delivery process
+                (seqlab.delivery) to any store, or nowhere (a DDP job's other processes)
 - `connect`:    reaching a store and its experiment
 - `history`:    every point logged, kept for the plot and the report
 - `steps`:      per-step metrics without a per-step synchronisation, to each member's run (`StepLog`,
@@ -15,8 +14,8 @@
 - `mlflow_private`: every use of MLflow's non-public API, behind a version check
 
 The names below (`seqlab.tracking.MlflowTracker`, the configs' `_target_`s) are loaded when first
-used: the step writer's helper process imports `seqlab.tracking.step_writer`, and a package that
-imported MLflow, torch and Lightning on the way would cost it seconds at every run's start.
+used: the light modules (a sweep's callback, the store's reaper) import pieces of this package, and a
+package that imported MLflow, torch and Lightning on the way would cost them seconds at every start.
 """
 
 import importlib

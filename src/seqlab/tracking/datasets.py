@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError
 from seqlab.tracking.mlflow_private import dataset_input
-from seqlab.tracking.outbox import transient
+from seqlab.delivery.stores import transient
 
 log = logging.getLogger("seqlab")
 

@@ -25,7 +25,7 @@ from mlflow.models import infer_signature
 from seqlab import one_line
 from seqlab.tracking.mlflow_private import given_requirements
 from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
-from seqlab.tracking.outbox import transient
+from seqlab.delivery.stores import transient
 from seqlab.tracking.records import Best
 
 log = logging.getLogger("seqlab")
@@ -130,7 +130,7 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
     ]
     if points:
         # The same rows, now with the model's id: MLflow's store skips a row it holds, but two writers
-        # inserting one row at once (the outbox's thread or the step writer still sending it) break
+        # inserting one row at once (the delivery process still sending it) break
         # its unique key (seen: IntegrityError on metrics, a resumed run's end under load). So the
         # run's own sending of them is waited for first, however slow the store.
         tracker.sync_metrics(tracker.outage_wait_s, idle=True)

@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, ending_status, one_line
-from seqlab.resume.journal import MetricJournal
+from seqlab.delivery.journal import MetricJournal
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.secrets import mask_flat, mask_text, mask_uris
 from seqlab.store.ghosts import PID, end_dead_runs
@@ -27,7 +27,7 @@ from seqlab.tracking.connect import artifact_location, client_for, ensure_experi
 from seqlab.tracking.costs import Costs
 from seqlab.tracking.history import MetricHistory
 from seqlab.tracking.replayed_steps import logged_through, not_yet_logged
-from seqlab.tracking.senders import DirectSender, NullSender, OutboxSender, RunRecord
+from seqlab.tracking.senders import JournalSender, NullSender
 from seqlab.tracking.system_metrics import listen
 
 log = logging.getLogger("seqlab")
@@ -46,8 +46,9 @@ def flatten(cfg: DictConfig | Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-# How long a checkpoint waits for the metrics before it (sync_metrics): the step writer usually
-# needs a fraction of a second; one that needs longer is replaced by this process's own writes.
+# How long a checkpoint waits for the metrics before it (sync_metrics): the delivery process usually
+# needs a fraction of a second; one that confirms nothing for longer is replaced by this process's
+# own writes (a local store; a server's backlog goes with the checkpoint instead).
 SYNC_WAIT_S = 30.0
 
 
@@ -70,8 +71,6 @@ class MlflowTracker:
         system_metrics: bool = _Defaults.system_metrics,
         system_metrics_interval_s: float = _Defaults.system_metrics_interval_s,
         outage_wait_s: float = _Defaults.outage_wait_s,
-        fallback_uri: Optional[str] = _Defaults.fallback_uri,
-        step_writer: str = _Defaults.step_writer,
         register_as: Optional[str] = _Defaults.register_as,
         log_onnx: bool = _Defaults.log_onnx,
         rank: int = 0,
@@ -87,12 +86,10 @@ class MlflowTracker:
         self.log_checkpoints = (
             log_checkpoints  # read by the `best` callback's config and seqlab.train
         )
-        self.synchronous = synchronous  # metrics go in the background unless synchronous
+        self.synchronous = synchronous  # the store holds each write before training goes on
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
         self.outage_wait_s = outage_wait_s
-        self.fallback_uri = fallback_uri
-        self.step_writer = step_writer
         self.register_as = (
             register_as  # the logged model also becomes a version of this registered model
         )
@@ -155,8 +152,8 @@ class MlflowTracker:
         journal_dir: Optional[Path] = None,
     ) -> str:
         """Create the run (a child of parent_run_id if given) and return its id; or open the
-        existing run `resume_run_id` again, to continue it. `journal_dir`: where a server's run
-        keeps its metrics' journal (seqlab.resume.journal; None: a temporary file)."""
+        existing run `resume_run_id` again, to continue it. `journal_dir`: where the run
+        keeps its metrics' journal (seqlab.delivery.journal; None: a private temporary folder)."""
         if self.rank > 0:
             self.sender = NullSender()
             return ""
@@ -199,15 +196,14 @@ class MlflowTracker:
             self.run_id = client.create_run(
                 self.experiment_id, run_name=run_name, tags=all_tags
             ).info.run_id
-        if self.is_server:
-            record = RunRecord(
-                run_name, dict(all_tags), metrics=MetricJournal(journal_dir, self.run_id)
-            )
-            self.sender = OutboxSender(
-                client, self.run_id, record, self.outage_wait_s, self._copy_to_fallback
-            )
-        else:
-            self.sender = DirectSender(client, self.run_id, self.step_writer, self.synchronous)
+        self.sender = JournalSender(
+            client,
+            self.run_id,
+            MetricJournal(journal_dir, self.run_id),
+            self.is_server,
+            self.outage_wait_s,
+            self.synchronous,
+        )
         return self.run_id
 
     def start_system_metrics(self) -> None:
@@ -271,35 +267,6 @@ class MlflowTracker:
         finally:
             self.end(*ending_status(error))
 
-    def _copy_to_fallback(self, record: RunRecord, status: str) -> None:
-        if not self.fallback_uri:
-            raise SeqlabError(
-                f"the tracking server at {self.tracking_uri} did not come back, and "
-                "logger.fallback_uri is not set: this run's last metrics were not stored"
-            )
-        local = MlflowTracker(
-            self.fallback_uri, self.experiment_name, self.artifact_root, step_writer="inline"
-        )
-        tags = {**record.tags, "server_uri": self.tracking_uri, "server_run_id": self.run_id}
-        tags.pop("mlflow.parentRunId", None)  # the parent lives on the server
-        local.start(record.name or "run", tags)
-        local.log_params(record.params)
-        for batch in record.metrics.batches():
-            local.sender.metrics(batch)
-        for path, artifact_path in record.artifacts:
-            local.log_artifact(path, artifact_path)
-        local.end(status)
-        log.warning(
-            "tracking  the server at %s did not come back within %.0f s: the whole run (its params, tags, every "
-            "metric and artifact) is in the local store %s as run %s (make ui shows it); on the server, run %s "
-            "is incomplete",
-            self.tracking_uri,
-            self.outage_wait_s,
-            self.fallback_uri,
-            local.run_id,
-            self.run_id,
-        )
-
     # -- records ---------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, str]) -> None:
         params = mask_flat(params)  # what a run records never holds a credential
@@ -349,7 +316,7 @@ class MlflowTracker:
 
     def sync_metrics(self, timeout_s: float = SYNC_WAIT_S, idle: bool = False) -> None:
         """Every metric sent so far is stored when this returns; training goes on sending after.
-        `idle`: a server's backlog is waited for while it keeps taking writes (senders.OutboxSender.sync)."""
+        `idle`: a server's backlog is waited for while it keeps taking writes (senders.JournalSender.sync)."""
         self.sender.sync(timeout_s, idle)
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:

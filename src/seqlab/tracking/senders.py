@@ -1,37 +1,36 @@
-"""How a run's records reach the store. One interface, three ways:
+"""How a run's records reach the store. One way for every store:
 
-- `DirectSender`: a local store (or `synchronous`): MLflow's client, and while the run is open the
-  metrics go through the step-writer process (seqlab.tracking.step_writer) so that no ORM write runs in
-  the training process.
-- `OutboxSender`: a tracking server, which may go away mid-run: writes wait in the outbox
-  (seqlab.tracking.outbox); at the end the run waits up to `outage_wait_s` for it, else the whole run is
-  copied to the fallback store.
+- `JournalSender`: the run's metrics go into its journal on disk and from there, through the
+  process's delivery helper, into the store (seqlab.delivery); params, tags and artifacts through
+  MLflow's client. A local store whose helper does not deliver in time is written from this
+  process; a tracking server that takes nothing for `outage_wait_s` at the run's end leaves the
+  journal where it is, and the run waits, RUNNING, for the next command that opens the store.
 - `NullSender`: processes 1..N-1 of a DDP job: process 0 owns the job's one run.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
-from seqlab import one_line
-from seqlab.resume.journal import MetricJournal
-from seqlab.resume.safe_writes import is_write_failure, write_failed
-from seqlab.secrets import mask_text, masked_copy
-from seqlab.tracking.outbox import Outbox, transient
-from seqlab.tracking.step_writer import StepWriter
+from seqlab import SeqlabError, one_line
+from seqlab.delivery.helper import Delivery
+from seqlab.delivery.journal import MetricJournal, end_status_path
+from seqlab.delivery.stores import transient
+from seqlab.safe_writes import is_write_failure, write_failed
+from seqlab.secrets import mask_text, mask_uris, masked_copy
 
 log = logging.getLogger("seqlab")
 
-MAX_BATCH = 1000  # MLflow's log_batch accepts at most 1000 metrics and 100 params per call
-MAX_PARAMS = 100
+MAX_PARAMS = 100  # MLflow's log_batch accepts at most 100 params per call
 # How long a resume point waits for a server's backlog before the rest goes with the checkpoint.
-OUTBOX_SYNC_S = 2.0
+SERVER_SYNC_S = 2.0
+# How long a local store's delivery may confirm nothing before this process writes in its place.
+LOCAL_STALL_S = 30.0
 
 
 def _upload(
@@ -83,248 +82,128 @@ class NullSender:
         pass
 
 
-# A step writer found dead or stalled gets this long to say what it wrote before it is killed.
-TAKE_OVER_WAIT_S = 5.0
-# Rows a live step writer may hold unconfirmed (about 100 bytes each, kept twice until the pipe
-# takes them): past this, training waits for it (SLOW_WRITER_WAIT_S) or writes in its place, so a
-# helper slower than training (a store on a slow disk) costs time, never unbounded memory.
-MAX_UNCONFIRMED_ROWS = 500_000
-SLOW_WRITER_WAIT_S = 30.0
-
-
-class DirectSender:
-    def __init__(
-        self, client: mlflow.MlflowClient, run_id: str, step_writer: str, synchronous: bool
-    ) -> None:
-        self.client, self.run_id, self.synchronous = client, run_id, synchronous
-        self.pending: list[Any] = []  # MLflow's background writes, waited for at the end
-        # After wait() (the run's metrics stored for its models), the few metrics left (the last
-        # system samples) are written at once: MLflow's background writes are waited for in
-        # batches (1 s at a run's end, measured)
-        self.waited = False
-        self.writer = None
-        if step_writer == "process":
-            self.writer = StepWriter(client.tracking_uri, run_id)
-
-    def params(self, params: list[Param]) -> None:
-        for i in range(0, len(params), MAX_PARAMS):
-            self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS])
-
-    def tags(self, tags: list[RunTag]) -> None:
-        self.client.log_batch(self.run_id, tags=tags)
-
-    tags_now = tags
-
-    def unsent(self) -> list[Metric]:
-        """The metrics sent that the store does not hold yet (after sync: none, but for a
-        writer that has just died)."""
-        return (
-            [Metric(k, v, ts, step) for k, v, ts, step in self.writer.rows]
-            if self.writer is not None
-            else []
-        )
-
-    def metrics(self, metrics: list[Metric]) -> None:
-        if self.writer is not None and not self.writer.alive():
-            self._close_writer(
-                TAKE_OVER_WAIT_S
-            )  # found at once: from here this process writes, nothing piles up
-        if (
-            self.writer is not None
-        ):  # epoch metrics too: no MLflow write in this process while training
-            self.writer.send([(m.key, m.value, m.timestamp, m.step) for m in metrics])
-            if len(self.writer.rows) > MAX_UNCONFIRMED_ROWS and not self.writer.drain(
-                SLOW_WRITER_WAIT_S
-            ):
-                self._close_writer(TAKE_OVER_WAIT_S)
-            return
-        self._log(metrics, self.synchronous or self.waited)
-
-    def _log(self, metrics: list[Metric], synchronous: bool) -> None:
-        for i in range(0, len(metrics), MAX_BATCH):
-            operation = self.client.log_batch(
-                self.run_id, metrics=metrics[i : i + MAX_BATCH], synchronous=synchronous
-            )
-            if operation is not None:
-                self.pending.append(operation)
-
-    def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
-        _upload(self.client, self.run_id, path, artifact_path)
-
-    def _close_writer(self, timeout_s: float = 300.0) -> None:
-        writer, self.writer = self.writer, None
-        if writer is None:
-            return
-        left, why = writer.close(timeout_s)
-        if left:
-            log.warning(
-                "tracking  the step writer stopped (%s): its last %d metric values are written from here",
-                why,
-                len(left),
-            )
-            self._log(
-                [Metric(k, v, ts, step) for k, v, ts, step in left], synchronous=True
-            )  # stored before anything else
-
-    def sync(self, timeout_s: float, idle: bool = False) -> None:
-        """Every metric sent so far is stored when this returns, the step writer kept: before
-        something that depends on them is published (a checkpoint that resume= continues after).
-        A writer that does not manage it in timeout_s is replaced by this process's own writes."""
-        if self.writer is not None and not self.writer.drain(timeout_s):
-            self._close_writer(TAKE_OVER_WAIT_S)
-        pending, self.pending = self.pending, []
-        for operation in pending:
-            operation.wait()
-
-    def wait(self) -> None:
-        """Every metric sent so far is stored when this returns (the step writer is closed: later
-        metrics go through MLflow's client from this process)."""
-        self.waited = True
-        self._close_writer()
-        pending, self.pending = self.pending, []
-        for operation in pending:
-            operation.wait()
-
-    def end(self, status: str, reason: Optional[str]) -> None:
-        try:
-            self.wait()
-        except BaseException as error:
-            # Metrics that were never stored make no FINISHED run: the run says what the job says.
-            if status == "FINISHED":
-                status, reason = (
-                    "FAILED",
-                    f"its last metrics could not be stored: {one_line(error)}",
-                )
-            raise
-        finally:
-            if reason:
-                self.tags([RunTag("failure_reason", mask_text(reason))])
-            self.client.set_terminated(self.run_id, status)
-
-
-@dataclass
-class RunRecord:
-    """Everything a run sent to a server, kept for a copy to the fallback store (its metrics on disk)."""
-
-    name: str
-    tags: dict[str, str]
-    params: dict[str, str] = field(default_factory=dict)
-    metrics: MetricJournal = field(default_factory=MetricJournal)
-    artifacts: list[tuple[Path, Optional[str]]] = field(default_factory=list)
-
-
-class OutboxSender:
+class JournalSender:
     def __init__(
         self,
         client: mlflow.MlflowClient,
         run_id: str,
-        record: RunRecord,
+        journal: MetricJournal,
+        server: bool,
         outage_wait_s: float,
-        copy_to_fallback: Callable[[RunRecord, str], None],
+        synchronous: bool,
     ) -> None:
-        self.client, self.run_id, self.record = client, run_id, record
-        self.outage_wait_s = outage_wait_s
-        self.copy_to_fallback = copy_to_fallback
-        self.outbox = Outbox(self._send, client.tracking_uri)
+        self.client, self.run_id, self.journal = client, run_id, journal
+        self.server, self.outage_wait_s, self.synchronous = server, outage_wait_s, synchronous
+        self.delivery = Delivery.to(client.tracking_uri, outage_wait_s)
+        self.delivery.open(journal)
+        self.unsent_tags: list[RunTag] = []  # a server's, while it is away: sent at the end
         self.unsent_artifacts: list[tuple[Path, Optional[str]]] = []
 
-    def _send(self, item: dict[str, Any]) -> None:
-        self.client.log_batch(self.run_id, synchronous=True, **item)
-        # In order: the journal's first rows are the ones the server holds (seqlab.resume.journal).
-        self.record.metrics.confirm(len(item.get("metrics", ())))
-
-    def wait(self) -> None:
-        pass  # the outbox sends in order: what follows is stored after what was sent before
-
-    def sync(self, timeout_s: float, idle: bool = False) -> None:
-        """What the outbox holds sent, if the server takes it within a short wait: a server
-        slower than training, or away, leaves a backlog that a stop could not wait for (SLURM
-        kills a job KillWait after its SIGTERM). What is still here then goes with the checkpoint
-        (`unsent`, seqlab.resume.points), and the resumed run sends it first. `idle`: waited for as
-        long as the server keeps taking writes (a run's end, which waits for them anyway)."""
-        self.outbox.drain(timeout_s if idle else min(timeout_s, OUTBOX_SYNC_S), idle=idle)
-
-    def unsent(self) -> list[Metric]:
-        with self.outbox.cond:
-            return [m for item in self.outbox.queue for m in item.get("metrics", ())]
-
-    def tags_now(self, tags: list[RunTag]) -> None:
-        """Tags that must not wait behind the outbox's backlog (the resume point's); during an
-        outage they join the queue."""
-        self.record.tags.update({t.key: t.value for t in tags})
-        try:
-            self.client.log_batch(self.run_id, tags=tags)
-        except Exception as error:  # noqa: BLE001 - classified
-            if not transient(error):
-                raise
-            self.outbox.put({"tags": tags})
-
     def params(self, params: list[Param]) -> None:
-        self.record.params.update({p.key: p.value for p in params})
         for i in range(0, len(params), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=params[i : i + MAX_PARAMS])
 
     def tags(self, tags: list[RunTag]) -> None:
-        self.record.tags.update({t.key: t.value for t in tags})
-        self.outbox.put({"tags": tags})
+        if self.server and self.delivery.down:
+            self.unsent_tags += tags  # known to be away: do not wait for it here
+            return
+        try:
+            self.client.log_batch(self.run_id, tags=tags)
+        except Exception as error:  # noqa: BLE001 - classified
+            if not (self.server and transient(error)):
+                raise
+            self.unsent_tags += tags
+
+    tags_now = tags
 
     def metrics(self, metrics: list[Metric]) -> None:
-        self.record.metrics.extend(metrics)
-        for i in range(0, len(metrics), MAX_BATCH):
-            self.outbox.put({"metrics": metrics[i : i + MAX_BATCH]})
+        self.journal.extend(metrics)  # on disk: from here the delivery process's
+        self.delivery.check()
+        if self.synchronous:  # perf=naive: the store holds each write before training goes on
+            self.sync(LOCAL_STALL_S)
+
+    def unsent(self) -> list[Metric]:
+        """The metrics journaled that the store has not confirmed yet."""
+        return [Metric(k, v, ts, step) for k, v, ts, step in self.journal.unsent()]
 
     def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
-        self.record.artifacts.append((path, artifact_path))
-        if self.outbox.down_since is not None:  # known to be away: do not wait for it here
+        if self.server and self.delivery.down:
             self.unsent_artifacts.append((path, artifact_path))
             return
         try:
             _upload(self.client, self.run_id, path, artifact_path)
         except Exception as error:  # noqa: BLE001
-            if not transient(error):
+            if not (self.server and transient(error)):
                 raise
             self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
 
+    def sync(self, timeout_s: float, idle: bool = False) -> bool:
+        """Every metric journaled so far stored when this returns True. A local store's delivery
+        that confirms nothing for timeout_s is replaced by this process's own writes. A server is
+        waited for briefly (what it has not taken goes with a checkpoint: `unsent`), or, `idle`,
+        as long as it keeps taking rows."""
+        if self.server:
+            return self.delivery.wait(self.journal, timeout_s if idle else min(timeout_s, SERVER_SYNC_S))
+        if not self.delivery.wait(self.journal, timeout_s):
+            self.delivery.take_over(self.journal)
+        return True
+
+    def wait(self) -> None:
+        """Every metric sent so far stored (before a logged model links them)."""
+        self.sync(self.outage_wait_s if self.server else LOCAL_STALL_S, idle=True)
+
     def end(self, status: str, reason: Optional[str]) -> None:
-        """Wait (up to outage_wait_s) for the server to take every write, then close the run
-        there; if it does not, copy the whole run to the local fallback store."""
-        if reason:
-            self.tags([RunTag("failure_reason", mask_text(reason))])
-        if self.outbox.down_since is not None:
+        """The run ends only once its journal is delivered. A server that takes nothing for
+        outage_wait_s: the journal stays in the job's folder with the status the run ends with,
+        and the next command that opens the store (its reaper) delivers both."""
+        if self.server and self.delivery.down:
             log.warning(
                 "tracking  waiting up to %.0f s for the server at %s to take this run's last metrics",
                 self.outage_wait_s,
-                self.client.tracking_uri,
-            )
-        elif len(self.outbox.queue) > 10:
-            log.info(
-                "tracking  sending the run's last %d batch(es) of metrics: the server is slower than training",
-                len(self.outbox.queue),
+                mask_uris(self.client.tracking_uri),
             )
         try:
-            # Given up only after outage_wait_s in which the server took nothing: a slow server is
-            # waited for (copying the run elsewhere would leave the server's copy half-written).
-            if not self.outbox.drain(self.outage_wait_s, idle=True):
-                raise ConnectionError("the tracking server did not come back")
-            for path, artifact_path in self.unsent_artifacts:
-                try:
-                    _upload(self.client, self.run_id, path, artifact_path)
-                except Exception as error:  # noqa: BLE001 - the run's status matters more
-                    if transient(error):
-                        raise
-                    log.warning(
-                        "tracking  %s was not stored: %s",
-                        path.name,
-                        " ".join(str(error).split())[:200],
-                    )
-            self.unsent_artifacts = []
-            self.client.set_terminated(self.run_id, status)
-        except Exception as error:  # noqa: BLE001
-            if not transient(error):
+            delivered = self.sync(self.outage_wait_s if self.server else LOCAL_STALL_S, idle=True)
+            if delivered:
+                self._send_the_rest()
+                self._close_run(status, reason)
+        except Exception as error:  # noqa: BLE001 - classified
+            self.delivery.close(self.journal)
+            if not (self.server and transient(error)):
+                # Metrics that were never stored make no FINISHED run: it says what the job says.
+                if status == "FINISHED":
+                    status = "FAILED"
+                    reason = f"its last metrics could not be stored: {one_line(error)}"
+                self._close_run(status, reason)
                 raise
-            self.copy_to_fallback(self.record, status)
-        finally:
-            self.outbox.close()
-            for refused in self.outbox.refused:
-                log.warning("tracking  the server refused a write: %s", refused)
-        self.record.metrics.discard()  # the run is whole on the server, or in the fallback store
+            delivered = False
+        self.delivery.close(self.journal)
+        if delivered:
+            self.journal.discard()  # the run is whole in the store
+            return
+        left = self.journal.count - self.journal.sent
+        end_status_path(self.journal.folder, self.run_id).write_text(status)
+        raise SeqlabError(
+            f"the tracking server at {mask_uris(self.client.tracking_uri)} took nothing for "
+            f"{self.outage_wait_s:.0f} s: run {self.run_id} stays RUNNING there, its last {left} metric "
+            f"value(s) in {self.journal.paths[0]}; once the server is back, the next command that opens "
+            f"it (python train.py, scripts/compare.py) delivers them and ends the run {status}"
+        )
+
+    def _close_run(self, status: str, reason: Optional[str]) -> None:
+        if reason:
+            self.client.log_batch(self.run_id, tags=[RunTag("failure_reason", mask_text(reason))])
+        self.client.set_terminated(self.run_id, status)
+
+    def _send_the_rest(self) -> None:
+        tags, self.unsent_tags = self.unsent_tags, []
+        if tags:
+            self.client.log_batch(self.run_id, tags=tags)
+        for path, artifact_path in self.unsent_artifacts:
+            try:
+                _upload(self.client, self.run_id, path, artifact_path)
+            except Exception as error:  # noqa: BLE001 - the run's status matters more
+                if transient(error):
+                    raise
+                log.warning("tracking  %s was not stored: %s", path.name, one_line(error)[:200])
+        self.unsent_artifacts = []

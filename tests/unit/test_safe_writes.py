@@ -15,7 +15,6 @@ def _tracker(tmp_path):
     tracker = MlflowTracker(
         f"sqlite:///{tmp_path}/mlruns/mlflow.db",
         artifact_root=str(tmp_path / "artifacts"),
-        step_writer="inline",
     )
     tracker.start("writes", {})
     return tracker
@@ -27,7 +26,7 @@ def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whol
     import errno
 
     from seqlab.resume.points import store_checkpoint
-    from seqlab.resume.safe_writes import WriteFailed
+    from seqlab.safe_writes import WriteFailed
 
     tracker = _tracker(tmp_path)
     ckpt = tmp_path / "interrupted.ckpt"
@@ -58,7 +57,7 @@ def test_a_failed_copy_into_the_artifact_folder_keeps_the_stored_checkpoint_whol
 def test_an_artifact_write_that_fails_is_one_line_naming_the_path(tmp_path, store, monkeypatch):
     import errno
 
-    from seqlab.resume.safe_writes import WriteFailed
+    from seqlab.safe_writes import WriteFailed
 
     tracker = _tracker(tmp_path)
     png = tmp_path / "training_curves.png"
@@ -83,7 +82,7 @@ def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, 
     # a power loss (XFS, NFS) can leave an empty checkpoint under the final name.
     import os
 
-    from seqlab.resume import safe_writes
+    from seqlab import safe_writes
 
     synced, real_fsync = [], os.fsync
 
@@ -101,7 +100,7 @@ def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, 
 def test_an_interrupt_in_the_middle_of_a_write_leaves_no_temporary_file(tmp_path):
     # A second Ctrl-C while a checkpoint is being written: the previous file stays whole and no
     # .last.ckpt.tmp is left to be uploaded among the run's artifacts.
-    from seqlab.resume import safe_writes
+    from seqlab import safe_writes
 
     target = tmp_path / "checkpoints" / "last.ckpt"
     safe_writes.replace_atomically(target, lambda tmp: tmp.write_bytes(b"good"))

@@ -1,4 +1,4 @@
-"""What the tests in `integration/test_step_writer.py` and `unit/tracking/test_step_writer.py`
+"""What the tests in `integration/test_delivery.py` and `unit/delivery/`
 share (under tests/)."""
 
 from __future__ import annotations

@@ -1,0 +1,301 @@
+"""The delivery process: one per training process and store, delivering the journals of every run
+that process owns (a run alone, every member of a pack, every job of a sweep), in order, to the
+store; and `Delivery`, the training side's handle on it.
+
+Why a process: MLflow's per-row cost is Python, and a thread of the training process would hold
+the GIL that every PyTorch call of the loop needs back (an in-process sender thread fell about
+12,700 values behind in 20 s of training). The training process only appends to a journal (one
+write a batch, delivery.journal) and never waits for the store while it trains. The helper reads
+each journal from the last row its store confirmed (so a new helper, a resume and the reaper go
+on from the same place), writes at most about five times a second while rows keep coming (each
+write locks a SQLite store that the UI and other runs need too), at once when the training side
+asks (a run's end, a checkpoint), and retries while the store does not answer: a server that is
+away is waited for, training goes on, and its rows go when it is back. It runs at a lower priority
+and ignores Ctrl-C and a scheduler's SIGTERM: the training process decides when to stop.
+
+    SEQLAB_DELIVERY_URI=... python -m seqlab.delivery.helper   # JSON lines on stdin, events on stdout
+
+The store's address goes in the environment, not the command line, which any user of the machine
+can read with ps (an address may hold a password). Messages in: {"open": run, "folder": path},
+{"close": run} (no more rows come: deliver the rest, then forget it), {"now": 1}. Events out, one
+JSON line each: {"sent": n} after each write (the training side's wake-up; the journal's count is
+the record), {"say": text} for a line the training process logs."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from seqlab.delivery.journal import MetricJournal, Tail, deliver, deliver_all, open_tail
+from seqlab.delivery.stores import open_rows, transient
+from seqlab.secrets import mask_uris
+
+log = logging.getLogger("seqlab")
+
+POLL_S = 0.2  # a new row is in the store within about this, plus the write interval
+MIN_WRITE_INTERVAL_S = 0.2  # while rows keep coming, at most about five writes a second
+RETRY_S = 2.0  # a store that does not answer is tried again this often
+MAX_PENDING_ROWS = 200_000  # read ahead of the store at most this (the journal holds the rest)
+
+
+# -- the helper process ---------------------------------------------------------------------------
+class _Helper:
+    def __init__(self, tracking_uri: str, give_up_s: float) -> None:
+        self.tracking_uri = tracking_uri
+        self.writer: Any = None  # opened at the first rows: MLflow's client costs an import
+        self.tails: dict[str, Tail] = {}
+        self.closing: set[str] = set()
+        self.give_up_s = give_up_s  # after the training process is gone, a store away this long
+        self.down_since: Optional[float] = None
+        self.last_write = 0.0
+        self.out = sys.stdout.buffer
+        os.set_blocking(self.out.fileno(), False)
+
+    def say(self, event: dict[str, Any]) -> None:
+        try:
+            self.out.write(json.dumps(event).encode() + b"\n")
+            self.out.flush()
+        except (BlockingIOError, BrokenPipeError, OSError):
+            pass  # the training side is busy or gone: its wake-ups are not needed, the count is on disk
+
+    def take(self, message: dict[str, Any]) -> None:
+        if "open" in message:
+            run_id = str(message["open"])
+            tail = open_tail(Path(message["folder"]), run_id)
+            if tail is None:
+                self.say({"say": f"delivery  run {run_id}: its journal cannot be read"})
+            else:
+                self.tails[run_id] = tail
+        elif "close" in message:
+            self.closing.add(str(message["close"]))
+
+    def deliver(self) -> bool:
+        """One pass over every journal; False while the store does not answer."""
+        if self.writer is None:
+            self.writer = open_rows(self.tracking_uri)
+        sent = 0
+        for run_id, tail in list(self.tails.items()):
+            try:
+                if len(tail.pending) < MAX_PENDING_ROWS:
+                    tail.read()
+                sent += deliver(tail, self.writer, run_id)
+            except Exception as error:  # noqa: BLE001 - classified
+                if not transient(error):
+                    # Refused (a run deleted in the UI, a 4xx): it would fail again; the run's own
+                    # records go on, the other runs' too.
+                    self.say(
+                        {"say": f"delivery  the store refused run {run_id}'s metrics: {' '.join(str(error).split())[:300]}"}
+                    )
+                    tail.confirm(len(tail.pending))
+                    tail.pending.clear()
+                    continue
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
+                    self.say(
+                        {
+                            "down": 1,
+                            "say": f"tracking  the store at {mask_uris(self.tracking_uri)} does not answer: "
+                            "training goes on, its metrics wait in their journals and are sent when it is back",
+                        }
+                    )
+                return False
+            if run_id in self.closing and not tail.pending and not tail.rows_waiting():
+                tail.close()
+                del self.tails[run_id]
+                self.closing.discard(run_id)
+        if self.down_since is not None:
+            self.say(
+                {
+                    "back": 1,
+                    "say": f"tracking  the store is back after {time.monotonic() - self.down_since:.0f} s: "
+                    "the waiting metrics were sent",
+                }
+            )
+            self.down_since = None
+        self.last_write = time.monotonic()
+        if sent:
+            self.say({"sent": sent})
+        return True
+
+    def run(self) -> int:
+        stdin = sys.stdin.buffer.fileno()
+        partial, eof, urgent, ok = b"", False, False, True
+        ended_at = None
+        while True:
+            wait = POLL_S if ok else RETRY_S
+            if not eof and select.select([stdin], [], [], wait)[0]:
+                data = os.read(stdin, 1 << 16)
+                if not data:
+                    eof, ended_at = True, time.monotonic()
+                *lines, partial = (partial + data).split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    urgent = urgent or "now" in message
+                    self.take(message)
+                if not urgent and not eof and self._soon():
+                    continue  # more may come: it joins the next write
+            elif eof and not ok:
+                time.sleep(RETRY_S)
+            urgent = False
+            ok = self.deliver()
+            if eof and (
+                (ok and not any(t.pending or t.rows_waiting() for t in self.tails.values()))
+                or time.monotonic() - ended_at > self.give_up_s
+            ):
+                return 0  # what is left stays in the journals: a resume or the reaper delivers it
+
+    def _soon(self) -> bool:
+        return time.monotonic() - self.last_write < MIN_WRITE_INTERVAL_S
+
+
+def _main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training process decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(int(os.environ.get("SEQLAB_DELIVERY_NICE", "10")))
+    helper = _Helper(
+        os.environ["SEQLAB_DELIVERY_URI"], float(os.environ.get("SEQLAB_DELIVERY_GIVE_UP_S", "60"))
+    )
+    return helper.run()
+
+
+# -- the training side ----------------------------------------------------------------------------
+class Delivery:
+    """The training process's handle on its delivery process for one store (`Delivery.to(uri)`):
+    `open` a run's journal, `wait` until the store holds it, `close` it. Never blocks training:
+    `check()` (each time rows are journaled) only reads what the helper said and finds it dead, in
+    which case a new one goes on from the journals' counts."""
+
+    _running: dict[str, "Delivery"] = {}
+    _owner = 0  # the process these helpers belong to (a forked child starts its own)
+
+    @classmethod
+    def to(cls, tracking_uri: str, give_up_s: float = 60.0) -> "Delivery":
+        if cls._owner != os.getpid():
+            cls._running, cls._owner = {}, os.getpid()
+        if tracking_uri not in cls._running:
+            cls._running[tracking_uri] = cls(tracking_uri, give_up_s)
+        return cls._running[tracking_uri]
+
+    def __init__(self, tracking_uri: str, give_up_s: float) -> None:
+        self.tracking_uri, self.give_up_s = tracking_uri, give_up_s
+        self.journals: dict[str, MetricJournal] = {}
+        self.down = False  # the helper said the store does not answer (and not yet that it is back)
+        self.heard = b""
+        self.proc: Optional[subprocess.Popen] = None
+        self._start()
+        atexit.register(self.stop)
+
+    def _start(self) -> None:
+        env = {
+            **os.environ,
+            "SEQLAB_DELIVERY_URI": self.tracking_uri,
+            "SEQLAB_DELIVERY_GIVE_UP_S": str(self.give_up_s),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "seqlab.delivery.helper"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        for journal in self.journals.values():
+            self._tell({"open": journal.run_id, "folder": str(journal.folder)})
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the helper is gone: check() starts a new one, which reads the journals again
+
+    def open(self, journal: MetricJournal) -> None:
+        self.check()
+        self.journals[journal.run_id] = journal
+        self._tell({"open": journal.run_id, "folder": str(journal.folder)})
+
+    def close(self, journal: MetricJournal) -> None:
+        """No more rows come for this run (the helper delivers what is left, then lets it go)."""
+        self.journals.pop(journal.run_id, None)
+        self._tell({"close": journal.run_id})
+
+    def check(self) -> None:
+        """What the helper said, logged; a helper that died replaced (said in one line)."""
+        self._hear()
+        if self.proc.poll() is not None:
+            log.warning(
+                "delivery  the delivery process stopped (exit status %s): a new one goes on from the "
+                "journals, nothing is lost",
+                self.proc.returncode,
+            )
+            self._start()
+
+    def _hear(self) -> bool:
+        try:
+            data = self.proc.stdout.read() or b""
+        except (BlockingIOError, OSError):
+            data = b""
+        *lines, self.heard = (self.heard + data).split(b"\n")
+        for line in lines:
+            event = json.loads(line)
+            self.down = (self.down or "down" in event) and "back" not in event
+            if "say" in event:
+                log.warning("%s", event["say"])
+        return bool(lines)
+
+    def wait(self, journal: MetricJournal, stall_s: float) -> bool:
+        """True once the store holds every row of `journal`; False after stall_s in which it
+        confirmed none (a store that keeps taking rows, slower than training, is waited for:
+        slow is not down)."""
+        if journal.sent >= journal.count:
+            return True
+        self._tell({"now": 1})
+        sent, deadline = journal.sent, time.monotonic() + stall_s
+        while sent < journal.count:
+            self.check()
+            if journal.sent != sent:
+                sent, deadline = journal.sent, time.monotonic() + stall_s
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self.proc.stdout], [], [], min(left, 0.1))
+        return True
+
+    def take_over(self, journal: MetricJournal) -> None:
+        """A helper that does not deliver (stopped, stalled): killed, `journal` delivered from this
+        process with the same code, and a new helper for the rest (said in one line)."""
+        log.warning(
+            "delivery  the delivery process did not deliver run %s's metrics in time: they are "
+            "written from here",
+            journal.run_id,
+        )
+        self.proc.kill()
+        self.proc.wait()
+        tail = open_tail(journal.folder, journal.run_id)
+        if tail is not None:
+            try:
+                deliver_all(tail, open_rows(self.tracking_uri), journal.run_id)
+            finally:
+                tail.close()
+        self._start()
+
+    def stop(self) -> None:
+        """The process ends: its helper delivers what is left (for at most give_up_s), then ends."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
