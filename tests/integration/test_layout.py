@@ -12,12 +12,12 @@ from conftest import cli_env
 
 def test_the_light_modules_stay_light():
     """What every multirun (the sweep callback, the packing sweeper and its plan), every job (its sweep and trial), the store's reaper
-    and the step writer's helper process (one per run) import pulls in neither torch, Lightning,
+    and the delivery process (one per training process) import pulls in neither torch, Lightning,
     MLflow nor Optuna: a new Python, as Hydra and a run start one."""
     code = (
         "import sys\n"
         "import seqlab.sweeps.callback, seqlab.sweeps.job, seqlab.sweeps.trial, seqlab.sweeps.study, "
-        "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.tracking.step_writer, seqlab.task, "
+        "seqlab.sweeps.summary, seqlab.resume.points, seqlab.store.ghosts, seqlab.delivery.helper, seqlab.task, "
         "seqlab.sweeps.packs, hydra_plugins.seqlab_pack_sweeper.sweeper\n"
         "print(sorted(m for m in ('torch', 'pytorch_lightning', 'mlflow', 'optuna') if m in sys.modules))"
     )

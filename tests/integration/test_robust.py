@@ -245,6 +245,7 @@ def outage(monkeypatch, caplog):
     said that the server does not answer: the outage is known to span whole epochs of training,
     with no sleep that the run could outlast. Records the wall clock (ms) at the stop and restart."""
     from seqlab.callbacks.timing import EpochTimer
+    from seqlab.delivery.helper import Delivery
 
     for (
         key
@@ -268,6 +269,9 @@ def outage(monkeypatch, caplog):
                     "does not answer: training goes on" not in caplog.text
                     and time.monotonic() < deadline
                 ):
+                    # What the delivery process said is logged as training sends rows; here
+                    # training waits for this loop, so it is heard from here.
+                    Delivery.to(restart.server.uri).check()
                     time.sleep(0.1)
                 clock["restart_ms"] = int(time.time() * 1000)
                 restart.server = restart.server.__class__(
@@ -328,50 +332,68 @@ def test_a_server_stopped_and_restarted_mid_run_gets_every_metric(
             range(2 * 26 + 1, 5 * 26 + 1)
         )
         out = caplog.text
-        assert "does not answer: training goes on" in out and "the server is back" in out
-        assert out.index("does not answer: training goes on") < out.index("the server is back")
+        assert "does not answer: training goes on" in out and "the store is back" in out
+        assert out.index("does not answer: training goes on") < out.index("the store is back")
     finally:
         handle.server.stop()
 
 
-def test_a_server_that_does_not_come_back_leaves_the_whole_run_in_the_local_store(
-    tmp_path, store, compose_cfg, outage, caplog
+def test_a_server_that_does_not_come_back_leaves_the_journal_for_the_next_command(
+    tmp_path, compose_cfg, outage, caplog
 ):
-    from seqlab.store.server import LocalServer
+    """Issue 33, point 4: a run ends only after its journal is delivered. A server that takes
+    nothing for outage_wait_s leaves the journal (and the status the run ends with) in the job's
+    folder, said in one line; once the server is back, the next command that opens it (its reaper)
+    delivers every row and ends the run FINISHED."""
+    import subprocess
+    import sys
 
-    handle = SimpleNamespace(
-        server=LocalServer(
-            f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
-        ).start()
+    import mlflow
+
+    from seqlab.store.ghosts import end_dead_runs
+    from seqlab.store.server import LocalServer, free_port
+
+    port, db, artifacts = (
+        free_port(),
+        f"sqlite:///{tmp_path}/server/mlflow.db",
+        str(tmp_path / "server" / "art"),
     )
-    clock = outage(handle, stop_after=2)  # gone for good from epoch 3 on
-    try:
-        result = train(
-            compose_cfg(
-                *OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=3"
-            )
+    handle = SimpleNamespace(server=LocalServer(db, artifacts, port=port).start())
+    clock = outage(handle, stop_after=2)  # gone from epoch 3 on
+    train(
+        compose_cfg(
+            *OUTAGE_RUN, f"logger.tracking_uri={handle.server.uri}", "logger.outage_wait_s=3"
         )
+    )
+    (line,) = [r.getMessage() for r in caplog.records if "took nothing for" in r.getMessage()]
+    assert "took nothing for 3 s" in line and "stays RUNNING" in line
+    assert "delivers them and ends the run FINISHED" in line
+    (journal,) = (tmp_path / "out").glob(".seqlab-metrics-*.journal")
+    run_id = journal.name.split("-")[2].split(".")[0]
+    assert str(journal) in line and run_id in line
+
+    server = LocalServer(db, artifacts, port=port).start()  # back
+    try:
+        client = mlflow.MlflowClient(server.uri)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        # This process is alive: as the next command would see it, the run's process has gone.
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait()
+        client.set_tag(run_id, "process_pid", str(ended.pid))
+        client.set_tag(run_id, "process_start_ticks", "1")
+        assert dict(end_dead_runs(client)).keys() == {run_id}
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and "failure_reason" not in run.data.tags
+        steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
+        assert steps == list(range(1, 8 * 26 + 1))  # every step once
+        # Epochs 3 to 8 were trained after the server had gone.
+        assert _steps_between(client, run_id, clock["stop_ms"], int(time.time() * 1000)) == list(
+            range(2 * 26 + 1, 8 * 26 + 1)
+        )
+        assert len(client.get_metric_history(run_id, "val_rmse")) == 8
+        assert not list((tmp_path / "out").glob(".seqlab-metrics-*"))
     finally:
-        handle.server.stop()
-    (run,) = runs_of(store, "seqlab")  # the local store: tmp_path/mlruns/mlflow.db
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["server_run_id"] == result.run_id
-    assert [m.step for m in store.get_metric_history(run.info.run_id, "train_loss")] == list(
-        range(1, 8 * 26 + 1)
-    )
-    # Epochs 3 to 8 were trained after the server had gone.
-    assert _steps_between(
-        store, run.info.run_id, clock["stop_ms"], int(time.time() * 1000)
-    ) == list(range(2 * 26 + 1, 8 * 26 + 1))
-    assert run.data.params["data.batch_size"] == "64" and "final_val_rmse" in run.data.metrics
-    assert "checkpoints/last.ckpt" in {
-        a.path for a in store.list_artifacts(run.info.run_id, "checkpoints")
-    }
-    assert "does not answer: training goes on" in caplog.text
-    assert (
-        f"is in the local store sqlite:///{tmp_path}/mlruns/mlflow.db as run {run.info.run_id}"
-        in caplog.text
-    )
+        server.stop()
 
 
 def _stopped_by_sigterm_after(stop_after: int, monkeypatch, cfg) -> None:
@@ -428,56 +450,35 @@ def test_resume_is_exact_wherever_the_stop_lands(
     assert steps == list(range(1, 4 * 13 + 1))
 
 
-def test_a_slow_server_is_waited_for_while_an_away_one_is_given_up():
-    """Slow is not down: the end of a run waits as long as the server keeps taking writes (a server
-    slower than training), and gives up only after outage_wait_s in which it took none."""
+def test_a_slow_store_is_waited_for_while_an_away_one_is_given_up(tmp_path):
+    """Slow is not down: the end of a run waits as long as the store keeps taking rows (a server
+    slower than training), and gives up only after a wait in which it took none."""
+    import threading
     import time as clock
 
-    from seqlab.tracking.outbox import Outbox
+    from seqlab.delivery.helper import Delivery
 
-    taken = []
-    slow = Outbox(lambda item: (clock.sleep(0.05), taken.append(item)), "http://slow")
-    for n in range(30):  # 1.5 s of work for a server that takes one write in 0.05 s
-        slow.put({"n": n})
-    assert slow.drain(0.4, idle=True) and len(taken) == 30  # never 0.4 s without progress
-    slow.close()
+    delivery = Delivery.to(f"sqlite:///{tmp_path}/unused.db")
 
-    def away(item):
-        raise ConnectionError("no answer")
+    class Journal:  # what wait() reads: the rows journaled and those the store confirmed
+        def __init__(self, count):
+            self.count, self.sent = count, 0
 
-    gone = Outbox(away, "http://away", retry_s=0.05)
-    gone.put({"n": 0})
+    slow = Journal(30)
+
+    def take_one_every_50_ms():
+        for _ in range(30):  # 1.5 s of work, never 0.4 s without progress
+            clock.sleep(0.05)
+            slow.sent += 1
+
+    threading.Thread(target=take_one_every_50_ms, daemon=True).start()
+    assert delivery.wait(slow, 0.4) and slow.sent == 30
+
+    away = Journal(1)
     started = clock.monotonic()
-    assert not gone.drain(0.4, idle=True)
+    assert not delivery.wait(away, 0.4)
     assert 0.35 < clock.monotonic() - started < 3
-    gone.close()
-
-
-def test_a_runs_copy_for_the_fallback_store_keeps_its_metrics_on_disk_not_in_memory():
-    import tracemalloc
-
-    from mlflow.entities import Metric
-
-    from seqlab.tracking.senders import RunRecord
-
-    record = RunRecord("run", {})
-    batch = [Metric("train_loss", 0.5 + i * 1e-6, 1_700_000_000_000 + i, i) for i in range(1000)]
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    for _ in range(200):  # 200,000 values: about 30 MB as Metric objects in a list
-        record.metrics.extend(batch)
-    grown = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    assert len(record.metrics) == 200_000 and grown < 2_000_000
-    read = [m for b in record.metrics.batches() for m in b]
-    assert len(read) == 200_000 and (
-        read[1].key,
-        read[1].value,
-        read[1].timestamp,
-        read[1].step,
-    ) == ("train_loss", 0.5 + 1e-6, 1_700_000_000_001, 1)
-    record.metrics.extend(batch[:1])  # after reading, more still goes at the end
-    assert sum(len(b) for b in record.metrics.batches()) == 200_001
+    delivery.stop()
 
 
 def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, store):
@@ -488,7 +489,7 @@ def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, stor
 
     from mlflow.entities import Metric
 
-    from seqlab.resume.journal import MetricJournal, journal_paths
+    from seqlab.delivery.journal import MetricJournal, journal_paths, open_tail
     from seqlab.store.ghosts import end_dead_runs, identity
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -500,9 +501,8 @@ def test_the_reaper_delivers_a_dead_runs_journal_before_ending_it(tmp_path, stor
     store.log_param(run_id, "paths.output_dir", str(folder))
     journal = MetricJournal(folder, run_id)
     journal.extend([Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(1, 11)])
-    journal.confirm(
-        4
-    )  # the server had taken steps 1-4 (here they never reached this store: only 5-10 may come)
+    # the server had taken steps 1-4 (here they never reached this store: only 5-10 may come)
+    open_tail(folder, run_id).confirm(4)
     journal.file.close()  # the process is gone
 
     (ended,) = end_dead_runs(store)
@@ -525,7 +525,7 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
 
     from mlflow.entities import Metric
 
-    from seqlab.resume.journal import MetricJournal, deliver_journal, journal_paths
+    from seqlab.delivery.journal import MetricJournal, deliver_journal, journal_paths
     from seqlab.store.ghosts import end_dead_runs, identity
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -581,7 +581,7 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     rows.file.close()
     path = journal_paths(bad, bad_run)[0]
     path.write_bytes(path.read_bytes().replace(b"2.0", b"9.0"))
-    assert deliver_journal(store, bad_run, bad) == 1
+    assert deliver_journal(store.tracking_uri, bad_run, bad) == 1
 
     # A journal reached through a link, and one another user owns: not opened.
     linked_run = store.create_run(experiment).info.run_id
@@ -593,10 +593,10 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
     journal_paths(tmp_path / "linked", linked_run)[0].symlink_to(
         journal_paths(elsewhere, linked_run)[0]
     )
-    assert deliver_journal(store, linked_run, tmp_path / "linked") == 0
+    assert deliver_journal(store.tracking_uri, linked_run, tmp_path / "linked") == 0
     if os.getuid() == 0:  # only root can give a file to another user here
         os.chown(journal_paths(elsewhere, linked_run)[0], 65534, 65534)
-        assert deliver_journal(store, linked_run, elsewhere) == 0
+        assert deliver_journal(store.tracking_uri, linked_run, elsewhere) == 0
     assert store.get_metric_history(linked_run, "train_loss") == []
 
 

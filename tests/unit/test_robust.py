@@ -230,13 +230,22 @@ def test_metrics_a_killed_process_journaled_are_delivered_from_where_the_store_s
     store confirmed, and resume= (the reaper, a new helper) delivers exactly the rest."""
     from mlflow.entities import Metric
 
-    from seqlab.delivery.journal import MetricJournal, deliver, deliver_journal, journal_paths, open_tail
+    from seqlab.delivery.journal import (
+        MetricJournal,
+        deliver,
+        deliver_journal,
+        journal_paths,
+        open_tail,
+    )
 
     run_id = store.create_run(store.get_experiment_by_name("Default").experiment_id).info.run_id
     journal = MetricJournal(tmp_path, run_id)
 
     def batch(first):  # 25 steps
-        return [Metric("train_loss", float(s), 1_700_000_000_000 + s, s) for s in range(first, first + 25)]
+        return [
+            Metric("train_loss", float(s), 1_700_000_000_000 + s, s)
+            for s in range(first, first + 25)
+        ]
 
     class AwayAfterOne:  # takes the first batch, then is away
         def __init__(self):

@@ -246,9 +246,7 @@ def log_to_mlflow(
     rows: list[Row], settings: dict, tracking_uri: str, artifact_root: Optional[str]
 ) -> str:
 
-    tracker = MlflowTracker(
-        tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True
-    )
+    tracker = MlflowTracker(tracking_uri, "seqlab-benchmark", artifact_root, synchronous=True)
     with tracker.run(
         f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}",
         {f"machine.{k}": v for k, v in machine().items()},

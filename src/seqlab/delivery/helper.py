@@ -93,7 +93,9 @@ class _Helper:
                     # Refused (a run deleted in the UI, a 4xx): it would fail again; the run's own
                     # records go on, the other runs' too.
                     self.say(
-                        {"say": f"delivery  the store refused run {run_id}'s metrics: {' '.join(str(error).split())[:300]}"}
+                        {
+                            "say": f"delivery  the store refused run {run_id}'s metrics: {' '.join(str(error).split())[:300]}"
+                        }
                     )
                     tail.confirm(len(tail.pending))
                     tail.pending.clear()
@@ -182,6 +184,12 @@ class Delivery:
         if cls._owner != os.getpid():
             cls._running, cls._owner = {}, os.getpid()
         if tracking_uri not in cls._running:
+            # A process uses one store, but for a sweep's parent elsewhere or a test's many: a
+            # helper with no run open is ended when another store's starts.
+            for uri, idle in list(cls._running.items()):
+                if not idle.journals:
+                    idle.stop()
+                    del cls._running[uri]
             cls._running[tracking_uri] = cls(tracking_uri, give_up_s)
         return cls._running[tracking_uri]
 
@@ -189,6 +197,7 @@ class Delivery:
         self.tracking_uri, self.give_up_s = tracking_uri, give_up_s
         self.journals: dict[str, MetricJournal] = {}
         self.down = False  # the helper said the store does not answer (and not yet that it is back)
+        self.gave_up = False  # a wait ended while it was down: the next ones do not wait again
         self.heard = b""
         self.proc: Optional[subprocess.Popen] = None
         self._start()
@@ -247,6 +256,7 @@ class Delivery:
         for line in lines:
             event = json.loads(line)
             self.down = (self.down or "down" in event) and "back" not in event
+            self.gave_up = self.gave_up and self.down
             if "say" in event:
                 log.warning("%s", event["say"])
         return bool(lines)
@@ -257,6 +267,9 @@ class Delivery:
         slow is not down)."""
         if journal.sent >= journal.count:
             return True
+        self.check()
+        if self.down and self.gave_up:
+            return False  # another run's end already waited for this store, which has not come back
         self._tell({"now": 1})
         sent, deadline = journal.sent, time.monotonic() + stall_s
         while sent < journal.count:
@@ -266,6 +279,7 @@ class Delivery:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
+                self.gave_up = self.down
                 return False
             select.select([self.proc.stdout], [], [], min(left, 0.1))
         return True

@@ -133,7 +133,9 @@ class Tail:
             if self.skip >= len(batch):
                 self.skip -= len(batch)
                 continue
-            self.pending += [(str(k), float(v), int(ts), int(step)) for k, v, ts, step in batch[self.skip :]]
+            self.pending += [
+                (str(k), float(v), int(ts), int(step)) for k, v, ts, step in batch[self.skip :]
+            ]
             self.skip = 0
 
     def rows_waiting(self) -> bool:

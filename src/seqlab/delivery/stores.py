@@ -134,7 +134,14 @@ def transient(error: BaseException) -> bool:
     from mlflow.exceptions import MlflowException  # as requests
 
     if isinstance(
-        error, (requests.RequestException, ConnectionError, TimeoutError, OSError, sqlite3.OperationalError)
+        error,
+        (
+            requests.RequestException,
+            ConnectionError,
+            TimeoutError,
+            OSError,
+            sqlite3.OperationalError,
+        ),
     ):
         return True
     if isinstance(error, MlflowException):

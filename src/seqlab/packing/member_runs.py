@@ -37,6 +37,7 @@ from seqlab.tracking.lifecycle import (
     open_run,
     record_end,
 )
+from seqlab.tracking.senders import Undelivered
 from seqlab.training.evaluation import final_metrics
 
 log = logging.getLogger("seqlab")
@@ -140,6 +141,9 @@ def finish_or_fail(m: Member, model: Any, trainer: Any, device: Any, wall: float
         m.datamodule.setup("fit")
     try:
         return _finish(m, model, trainer, device, wall)
+    except Undelivered as error:  # its end waits for its store: its result is written (ended)
+        log.error("member %d: %s", m.k, error)
+        return m.job.result
     except Exception as error:  # noqa: BLE001 - one member's run, not the pack's
         m.status = "RUNNING"  # it did not end as FINISHED
         m.fail(f"its MLflow run refused the end of its run: {one_line(error)}")

@@ -19,8 +19,8 @@ from mlflow.exceptions import MlflowException
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from seqlab import SeqlabError
-from seqlab.resume.checkpoints import save_checkpoint
 from seqlab.delivery.journal import deliver_journal
+from seqlab.resume.checkpoints import save_checkpoint
 from seqlab.resume.points import CHECKPOINT, STOPPED_AT, deliver_unsent, fetch_checkpoint
 from seqlab.resume.requeue import Preempted, preempt_signal
 from seqlab.training.lightning_private import request_stop

@@ -56,13 +56,17 @@ def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
 def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
     """Send the metrics a stopped run had not stored when its checkpoint was published (a store
     holds a row it already has once: rows the run sent after all are not doubled); how many."""
-    from mlflow.exceptions import MlflowException  # MLflow: a resume only (every job imports this module)
+    from mlflow.exceptions import (
+        MlflowException,
+    )  # MLflow: a resume only (every job imports this module)
 
     try:
         path = Path(client.download_artifacts(run_id, f"checkpoints/{UNSENT}", str(dst)))
     except (MlflowException, OSError):
         return 0  # a checkpoint from before UNSENT
-    rows = [(str(k), float(v), int(ts), int(step)) for k, v, ts, step in json.loads(path.read_text())]
+    rows = [
+        (str(k), float(v), int(ts), int(step)) for k, v, ts, step in json.loads(path.read_text())
+    ]
     writer = open_rows(client.tracking_uri)  # as the delivery process writes them
     for i in range(0, len(rows), MAX_BATCH):
         writer.write(run_id, rows[i : i + MAX_BATCH])

@@ -298,11 +298,12 @@ def end_dead_runs(
         ended.append((run_id, reason))
         resumable = f"; continue it with resume={run_id}" if STOPPED_AT in run.data.tags else ""
         log.warning(
-            "tracking  run %s (%s) was left RUNNING: %s; ended KILLED%s",
+            "tracking  run %s (%s) was left RUNNING: %s; ended %s%s",
             run_id,
             run.info.run_name,
             reason,
-            resumable,
+            status,
+            resumable if status == "KILLED" else "",
         )
     seen.save(running)
     return ended

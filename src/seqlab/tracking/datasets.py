@@ -18,8 +18,8 @@ from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError
-from seqlab.tracking.mlflow_private import dataset_input
 from seqlab.delivery.stores import transient
+from seqlab.tracking.mlflow_private import dataset_input
 
 log = logging.getLogger("seqlab")
 

@@ -23,9 +23,9 @@ from mlflow.entities import LoggedModelOutput, Metric
 from mlflow.models import infer_signature
 
 from seqlab import one_line
+from seqlab.delivery.stores import transient
 from seqlab.tracking.mlflow_private import given_requirements
 from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
-from seqlab.delivery.stores import transient
 from seqlab.tracking.records import Best
 
 log = logging.getLogger("seqlab")

@@ -53,6 +53,11 @@ def _upload(
         raise write_failed(error.filename or path, error) from None
 
 
+class Undelivered(SeqlabError):
+    """A run whose store took nothing of its journal for outage_wait_s at its end: the journal
+    waits in the job's folder, and the run, RUNNING, for the next command that opens the store."""
+
+
 class NullSender:
     def wait(self) -> None:
         pass
@@ -143,7 +148,9 @@ class JournalSender:
         waited for briefly (what it has not taken goes with a checkpoint: `unsent`), or, `idle`,
         as long as it keeps taking rows."""
         if self.server:
-            return self.delivery.wait(self.journal, timeout_s if idle else min(timeout_s, SERVER_SYNC_S))
+            return self.delivery.wait(
+                self.journal, timeout_s if idle else min(timeout_s, SERVER_SYNC_S)
+            )
         if not self.delivery.wait(self.journal, timeout_s):
             self.delivery.take_over(self.journal)
         return True
@@ -183,7 +190,7 @@ class JournalSender:
             return
         left = self.journal.count - self.journal.sent
         end_status_path(self.journal.folder, self.run_id).write_text(status)
-        raise SeqlabError(
+        raise Undelivered(
             f"the tracking server at {mask_uris(self.client.tracking_uri)} took nothing for "
             f"{self.outage_wait_s:.0f} s: run {self.run_id} stays RUNNING there, its last {left} metric "
             f"value(s) in {self.journal.paths[0]}; once the server is back, the next command that opens "

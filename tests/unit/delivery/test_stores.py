@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from seqlab.tracking import MlflowTracker
 
 
@@ -48,6 +47,8 @@ def test_a_store_at_an_unknown_schema_revision_is_written_through_mlflows_client
         "seqlab.delivery: the store's MLflow schema is at revision f00dfeed0001, which this "
         "writer was not tested with: writing through MLflow's client"
     ]
-    writer.write(run.info.run_id, [("train_loss", 0.5, 1_000_001, 1), ("train_loss", 0.25, 1_000_002, 2)])
+    writer.write(
+        run.info.run_id, [("train_loss", 0.5, 1_000_001, 1), ("train_loss", 0.25, 1_000_002, 2)]
+    )
     history = store.get_metric_history(run.info.run_id, "train_loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
