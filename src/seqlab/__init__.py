@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # MLflow 3 sends usage telemetry to its makers by default, from threads that a process's exit then
 # waits up to a second each for. A run's records are its user's: off unless the user says otherwise
 # (MLFLOW_DISABLE_TELEMETRY=false). Set here, before anything imports MLflow, and inherited by the
-# processes seqlab starts (the step writer, DDP's ranks, a sweep's workers).
+# processes seqlab starts (the delivery process, DDP's ranks, a sweep's workers).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # torch's CPU allocator asks the kernel for transparent huge pages for its large tensors only when
 # this is set (c10's alloc_cpu reads it at its first allocation, so here, before torch loads). A

@@ -163,6 +163,10 @@ def _main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training process decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(int(os.environ.get("SEQLAB_DELIVERY_NICE", "10")))
+    # While a store is away this process says so once (to the training process's log); urllib3
+    # and MLflow would print a warning a retry on the terminal.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    logging.getLogger("mlflow").setLevel(logging.ERROR)
     helper = _Helper(
         os.environ["SEQLAB_DELIVERY_URI"], float(os.environ.get("SEQLAB_DELIVERY_GIVE_UP_S", "60"))
     )
@@ -186,10 +190,9 @@ class Delivery:
         if tracking_uri not in cls._running:
             # A process uses one store, but for a sweep's parent elsewhere or a test's many: a
             # helper with no run open is ended when another store's starts.
-            for uri, idle in list(cls._running.items()):
+            for idle in list(cls._running.values()):
                 if not idle.journals:
                     idle.stop()
-                    del cls._running[uri]
             cls._running[tracking_uri] = cls(tracking_uri, give_up_s)
         return cls._running[tracking_uri]
 
@@ -223,7 +226,7 @@ class Delivery:
         try:
             self.proc.stdin.write(json.dumps(message).encode() + b"\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe; closed by stop()
             pass  # the helper is gone: check() starts a new one, which reads the journals again
 
     def open(self, journal: MetricJournal) -> None:
@@ -303,12 +306,14 @@ class Delivery:
         self._start()
 
     def stop(self) -> None:
-        """The process ends: its helper delivers what is left (for at most give_up_s), then ends."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        """The process ends (or no run of this store is open): its helper delivers what is left
+        (for at most give_up_s), then ends. A later run of this store starts a new one."""
+        if Delivery._running.get(self.tracking_uri) is self:
+            del Delivery._running[self.tracking_uri]
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ fails ends the reading: the rows before it count."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
 import stat
 import tempfile
+import time
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
@@ -30,6 +32,10 @@ from seqlab.delivery.stores import MAX_BATCH, Row, open_rows
 from seqlab.safe_writes import is_write_failure, write_failed
 
 log = logging.getLogger("seqlab")
+
+# How long a deliverer waits for another one to let go of a journal: a killed trainer's helper
+# gives a store that does not answer logger.outage_wait_s (60 s) after its trainer's end.
+LOCK_WAIT_S = 180.0
 
 
 def journal_paths(folder: Path, run_id: str) -> tuple[Path, Path]:
@@ -113,6 +119,10 @@ class Tail:
 
     def __init__(self, file: BinaryIO, sent_fd: int) -> None:
         self.file, self.sent_fd = file, sent_fd
+        # One deliverer at a time (a killed trainer's helper still at it, a resume, the reaper):
+        # two writers of one row at once break the store's unique key. Held until closed, or the
+        # holder's death; the count is read once it is ours.
+        _lock(file, LOCK_WAIT_S)
         self.sent = _count(os.pread(sent_fd, 64, 0))
         self.skip = self.sent  # rows already confirmed, met again from the journal's start
         self.offset = 0
@@ -236,6 +246,21 @@ def _records(file: BinaryIO, skip: int) -> Iterator[list[Row]]:
             continue
         yield [(str(k), float(v), int(ts), int(step)) for k, v, ts, step in batch[skip:]]
         skip = 0
+
+
+def _lock(file: BinaryIO, wait_s: float) -> None:
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{file.name} is being delivered by another process") from None
+            if not said:
+                log.info("journal   %s: waiting for the process delivering it", file.name)
+                said = True
+            time.sleep(0.1)
 
 
 def _count(data: bytes) -> int:

@@ -56,9 +56,7 @@ def publish_resume_point(tracker: Any, path: Path, step: int) -> None:
 def deliver_unsent(client: Any, run_id: str, dst: Path) -> int:
     """Send the metrics a stopped run had not stored when its checkpoint was published (a store
     holds a row it already has once: rows the run sent after all are not doubled); how many."""
-    from mlflow.exceptions import (
-        MlflowException,
-    )  # MLflow: a resume only (every job imports this module)
+    from mlflow.exceptions import MlflowException  # MLflow: a resume only (jobs import us)
 
     try:
         path = Path(client.download_artifacts(run_id, f"checkpoints/{UNSENT}", str(dst)))

@@ -31,7 +31,7 @@ def client_for(uri: str) -> mlflow.MlflowClient:
     process at a time (seqlab.store.local)."""
     if is_server(uri):
         check_server(uri)
-        # The outbox retries on its own schedule; MLflow's default (7 retries with a doubling
+        # The delivery process retries on its own schedule; MLflow's default (7 retries with a doubling
         # back-off, 120 s timeouts) would hold each write for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -39,7 +39,7 @@ def client_for(uri: str) -> mlflow.MlflowClient:
         # MLflow prints its own run links (without the UI's model-training view) as each run
         # ends; the report prints one that opens the runs (seqlab.store.ui).
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        # While a server is away, the outbox says so once; urllib3 would warn per retry.
+        # While a server is away, the delivery process says so once; urllib3 would warn per retry.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     if uri.startswith("sqlite:///"):

@@ -7,8 +7,8 @@ that is 9 threads (the members and the sweep's parent run), and py-spy counted 1
 training process's CPU in them during one 60-s command on the 2-core VM, whose cores the training
 wants. Here one thread samples with MLflow's own samplers (the same metrics under the same names,
 `system/...`), and each run's samples wait in its queue until the run's own thread sends them
-with its next metrics, the way its other metrics leave it (the step writer's helper process, or
-the outbox to a server): no store access from the sampler, no sender used from two threads."""
+with its next metrics, the way its other metrics leave it (its journal, which the delivery process
+sends): no store access from the sampler, no sender used from two threads."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ def quiet_libraries(loader: str) -> None:
     """Silence what libraries print that says nothing to a user of this project."""
     # Lightning's INFO lines (device tables, checkpoint notes) repeat what the report says.
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
-    # Its warnings repeat what the outbox says once when a tracking server goes away.
+    # Its warnings repeat what the delivery process says once when a tracking server goes away.
     logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
     # Noise that says nothing to a user of this project: an internal deprecation in Lightning,
     # and a hint about step-level self.log calls, which this module does not make.
