@@ -319,6 +319,101 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(
         )  # every epoch ended, the one of the checkpoint too
 
 
+STOP_THE_SERVER_THEN_DIE = """
+import math, os, runpy, signal, sys, time
+sys.argv.pop(0)
+from seqlab import train
+from seqlab.packing import module
+from seqlab.resume import points
+from seqlab.resume.checkpoints import TimedCheckpoint
+publish = points.publish_resume_point
+published = []
+after_step = module.SeqRegressor.after_step
+
+def step(self):  # one checkpoint, due after step 20; the server stopped after it; kill -9 at step 60
+    after_step(self)
+    timed = next(c for c in self.trainer.callbacks if isinstance(c, TimedCheckpoint))
+    timed._last = -math.inf if self.trained == 20 else time.monotonic()
+    if self.trained == 60:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+module.SeqRegressor.after_step = step
+
+def publish_then_stop_the_server(tracker, path, at):
+    publish(tracker, path, at)
+    published.append(at)
+    if len(published) == 4:  # the pack's four members
+        os.killpg(int(os.environ["SERVER_PGID"]), signal.SIGSTOP)  # the server and its workers
+
+points.publish_resume_point = publish_then_stop_the_server
+train.publish_resume_point = publish_then_stop_the_server
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_pack_on_a_server_that_stops_mid_run_then_killed_resumes_with_every_step_once(
+    tmp_path, run_cli
+):
+    """Issue 33: a pack of 4 on a server that is stopped (SIGSTOP) after the pack's checkpoint at step
+    20; the pack trains on to step 60 (two epochs' metrics into the members' journals, none into the
+    stopped server) and is killed -9 there. The server continues; resume=latest delivers each
+    member's journal first (or the orphaned helper has), trains on from step 20, and stores the
+    steps it trains again once: every member has every step exactly once."""
+    import os
+    import time
+
+    import mlflow
+    from harness import zygote
+
+    from seqlab.store.server import LocalServer
+
+    server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art"))
+    server.start()
+    try:
+        args = [
+            *(a for a in KILLABLE if not a.startswith(("seed=", "pack="))),
+            "seed=0,1,2,3",
+            "pack=4",
+            "checkpoint.interval_s=3600",
+            "logger=mlflow_server",
+            f"logger.tracking_uri={server.uri}",
+            "logger.outage_wait_s=5",
+        ]
+        killed = zygote.run(
+            [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
+            tmp_path,
+            cli_env({"SERVER_PGID": str(server.proc.pid)}),
+            timeout=300,
+            code=STOP_THE_SERVER_THEN_DIE,
+        )
+        assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+        killed_ms = int(time.time() * 1000)
+        os.killpg(server.proc.pid, signal.SIGCONT)
+        client = mlflow.MlflowClient(server.uri)
+        members = {r.info.run_id for r in runs_of(client, "seqlab") if "pack_id" in r.data.tags}
+        assert len(members) == 4
+
+        resumed = run_cli(*args, "resume=latest")
+        out = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0, out[-3000:]
+        assert "continues its 4 members from step 20" in out
+        after = {r.info.run_id: r for r in runs_of(client, "seqlab") if "pack_id" in r.data.tags}
+        assert after.keys() == members  # the same runs, continued
+        for run_id, run in after.items():
+            assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
+            history = client.get_metric_history(run_id, "train_loss")
+            steps = sorted(m.step for m in history)
+            assert steps == list(range(1, 4 * 26 + 1))  # every step once: none lost, none twice
+            assert len(client.get_metric_history(run_id, "val_rmse")) == 4
+            # Steps 21-52, trained while the server was stopped, are the killed process's: from
+            # its journal (the resume trained them again and did not store them twice).
+            outage = [m for m in history if 21 <= m.step <= 52]
+            assert len(outage) == 32 and all(m.timestamp < killed_ms for m in outage)
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+        server.stop()
+
+
 @pytest.mark.gpu
 def test_a_pack_trains_on_the_gpu_and_each_member_is_a_run(run_cli, store):
     proc = run_cli(

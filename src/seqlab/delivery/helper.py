@@ -31,6 +31,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -81,7 +82,7 @@ class _Helper:
     def deliver(self) -> bool:
         """One pass over every journal; False while the store does not answer."""
         if self.writer is None:
-            self.writer = open_rows(self.tracking_uri)
+            self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
         sent = 0
         for run_id, tail in list(self.tails.items()):
             try:
@@ -212,10 +213,14 @@ class Delivery:
             "SEQLAB_DELIVERY_URI": self.tracking_uri,
             "SEQLAB_DELIVERY_GIVE_UP_S": str(self.give_up_s),
         }
+        # Its own stderr (a traceback, if it dies), read when it is found dead: not the terminal's,
+        # which a helper that outlives a killed trainer would otherwise hold open for its reader.
+        self.errors = tempfile.TemporaryFile(prefix="seqlab-delivery-")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "seqlab.delivery.helper"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self.errors,
             env=env,
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
@@ -243,11 +248,14 @@ class Delivery:
         """What the helper said, logged; a helper that died replaced (said in one line)."""
         self._hear()
         if self.proc.poll() is not None:
+            self.errors.seek(0)
+            said = self.errors.read().decode(errors="replace").strip().splitlines()
             log.warning(
-                "delivery  the delivery process stopped (exit status %s): a new one goes on from the "
-                "journals, nothing is lost",
-                self.proc.returncode,
+                "delivery  the delivery process stopped (%s): a new one goes on from the journals, "
+                "nothing is lost",
+                said[-1][:300] if said else f"exit status {self.proc.returncode}",
             )
+            self.errors.close()
             self._start()
 
     def _hear(self) -> bool:

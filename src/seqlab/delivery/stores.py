@@ -11,14 +11,16 @@ and so does every replay of a journal (delivery.journal.deliver_journal)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sqlite3
-import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
 MAX_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics a call
+
+log = logging.getLogger("seqlab")
 
 
 # The two tables MLflow's SQL store keeps metrics in (unchanged from MLflow 1.x to 3.17): a row
@@ -113,17 +115,15 @@ class ClientRows:
         )
 
 
-def open_rows(tracking_uri: str) -> Any:
+def open_rows(tracking_uri: str, say: Callable[[str], None] = log.warning) -> Any:
     """Where `tracking_uri`'s rows go: by SQL into a known local SQLite store, else MLflow's
-    client (SEQLAB_DELIVERY_CLIENT=1: always the client, as a test compares the two)."""
+    client (SEQLAB_DELIVERY_CLIENT=1: always the client, as a test compares the two); `say`
+    takes the one line that says why a SQLite store is not written by SQL."""
     if tracking_uri.startswith("sqlite:///") and os.environ.get("SEQLAB_DELIVERY_CLIENT") != "1":
         try:
             return SqliteRows(tracking_uri[len("sqlite:///") :])
         except LookupError as error:  # another MLflow schema: its own client knows it
-            print(
-                f"seqlab.delivery: {error}: writing through MLflow's client",
-                file=sys.stderr,
-            )
+            say(f"delivery  {error}: writing through MLflow's client")
     return ClientRows(tracking_uri)
 
 

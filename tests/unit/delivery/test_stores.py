@@ -25,7 +25,7 @@ def test_the_latest_value_holds_across_separate_writes(tmp_path, store):
 
 
 def test_a_store_at_an_unknown_schema_revision_is_written_through_mlflows_client(
-    tmp_path, store, capfd
+    tmp_path, store, caplog
 ):
     """Issue 33: the plain-SQL path only on the MLflow schema revisions it was tested with (a fresh
     store of the pinned MLflow is one); any other revision through MLflow's client, in one line."""
@@ -39,12 +39,11 @@ def test_a_store_at_an_unknown_schema_revision_is_written_through_mlflows_client
     with sqlite3.connect(f"{tmp_path}/mlruns/mlflow.db") as con:
         # as a newer MLflow would leave it
         con.execute("UPDATE alembic_version SET version_num = 'f00dfeed0001'")
-    capfd.readouterr()
+    caplog.clear()
     writer = open_rows(uri)
     assert isinstance(writer, ClientRows)
-    err = capfd.readouterr().err.strip().splitlines()
-    assert err == [
-        "seqlab.delivery: the store's MLflow schema is at revision f00dfeed0001, which this "
+    assert [r.getMessage() for r in caplog.records] == [
+        "delivery  the store's MLflow schema is at revision f00dfeed0001, which this "
         "writer was not tested with: writing through MLflow's client"
     ]
     writer.write(
