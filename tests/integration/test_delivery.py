@@ -49,9 +49,17 @@ def test_every_row_of_every_run_arrives_through_one_helper_process(tmp_path, sto
     assert not first.sender.journal.folder.exists() and not second.sender.journal.folder.exists()
 
 
-def test_a_running_runs_rows_are_in_the_store_within_two_seconds(tmp_path, store):
-    """Issue 33, point 5: live, as the UI and get_metric_history show it, without any wait by training."""
-    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+@pytest.mark.parametrize("where", ["sqlite", "server"])
+def test_a_running_runs_rows_are_in_the_store_within_two_seconds(tmp_path, store, where, request):
+    """Issue 33, point 5: live, as the UI and get_metric_history show it, without any wait by
+    training: into a local store and to a tracking server alike."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    if where == "server":
+        uri = request.getfixturevalue("mlflow_server").uri
+        store = mlflow.MlflowClient(uri)
+    tracker = MlflowTracker(uri, f"live-{tmp_path.name}")
     with tracker.run("r", {}):
         for start in (1, 51, 101):
             tracker.log_series(*_series(start, 50))

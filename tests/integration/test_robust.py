@@ -594,6 +594,10 @@ def test_a_journal_is_data_read_only_where_this_user_owns_it_and_up_to_a_torn_re
         journal_paths(elsewhere, linked_run)[0]
     )
     assert deliver_journal(store.tracking_uri, linked_run, tmp_path / "linked") == 0
+    # A journal in a folder others may write into (anyone could have put it there): not opened.
+    elsewhere.chmod(0o777)
+    assert deliver_journal(store.tracking_uri, linked_run, elsewhere) == 0
+    elsewhere.chmod(0o700)
     if os.getuid() == 0:  # only root can give a file to another user here
         os.chown(journal_paths(elsewhere, linked_run)[0], 65534, 65534)
         assert deliver_journal(store.tracking_uri, linked_run, elsewhere) == 0
