@@ -71,6 +71,11 @@ class _Helper:
     def take(self, message: dict[str, Any]) -> None:
         if "open" in message:
             run_id = str(message["open"])
+            # The same run again (resumed in this process): its earlier journal was delivered
+            # before it ended and is removed; this one is new.
+            self.closing.discard(run_id)
+            if run_id in self.tails:
+                self.tails.pop(run_id).close()
             tail = open_tail(Path(message["folder"]), run_id)
             if tail is None:
                 self.say({"say": f"delivery  run {run_id}: its journal cannot be read"})
