@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from seqlab import one_line
+from seqlab.delivery.journal import deliver_journal
 from seqlab.resume.points import STOPPED_AT
 from seqlab.secrets import mask_text
 
@@ -101,6 +102,9 @@ def previous_attempt(
             return None
         reason = f"SLURM job {now[SLURM_JOB]} was requeued before the run ended (start {tags.get(SLURM_ATTEMPT, '0')})"
         try:
+            # What the earlier start journaled and its store never confirmed, stored before the
+            # run ends (as the reaper and resume= deliver it): this attempt may train anew.
+            deliver_journal(client.tracking_uri, run.info.run_id, output_dir)
             client.set_tag(run.info.run_id, "failure_reason", mask_text(reason))
             client.set_terminated(run.info.run_id, "KILLED")
         except MlflowException as refused:
