@@ -254,28 +254,11 @@ KILLABLE = [
 ]
 
 
-# Mid-epoch on a tracking server (each member's journal), at an epoch's end on the local store.
-@pytest.mark.parametrize(
-    "at,where", [(26, "local"), (40, "server")], ids=["epoch-end-local", "mid-epoch-server"]
-)
-def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(
-    tmp_path, store, run_cli, at, where, request
-):
-    import mlflow
+# At an epoch's end (mid-epoch, on a tracking server: the outage test below).
+def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(tmp_path, store, run_cli):
     from harness import zygote
 
-    args = [*KILLABLE]
-    if (
-        where == "server"
-    ):  # its runs on a tracking server: what the server had not stored comes from each member's journal
-        server = request.getfixturevalue("mlflow_server")
-        args += [
-            "logger=mlflow_server",
-            f"logger.tracking_uri={server.uri}",
-            f"logger.experiment_name=pack-{tmp_path.name}",
-        ]
-        store = mlflow.MlflowClient(server.uri)
-    experiment = f"pack-{tmp_path.name}" if where == "server" else "seqlab"
+    at, args, experiment = 26, [*KILLABLE], "seqlab"
     killed = zygote.run(
         [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
         tmp_path,
@@ -319,10 +302,11 @@ def test_a_pack_killed_after_its_checkpoint_continues_with_resume_latest(
         )  # every epoch ended, the one of the checkpoint too
 
 
-STOP_THE_SERVER_THEN_DIE = """
+OUTAGE_THEN_DIE = """
 import math, os, runpy, signal, sys, time
 sys.argv.pop(0)
 from seqlab import train
+from seqlab.delivery.helper import Delivery
 from seqlab.packing import module
 from seqlab.resume import points
 from seqlab.resume.checkpoints import TimedCheckpoint
@@ -330,7 +314,7 @@ publish = points.publish_resume_point
 published = []
 after_step = module.SeqRegressor.after_step
 
-def step(self):  # one checkpoint, due after step 20; the server stopped after it; kill -9 at step 60
+def step(self):  # one checkpoint, due after step 20; the outage after it; kill -9 at step 60
     after_step(self)
     timed = next(c for c in self.trainer.callbacks if isinstance(c, TimedCheckpoint))
     timed._last = -math.inf if self.trained == 20 else time.monotonic()
@@ -339,79 +323,93 @@ def step(self):  # one checkpoint, due after step 20; the server stopped after i
 
 module.SeqRegressor.after_step = step
 
-def publish_then_stop_the_server(tracker, path, at):
+def publish_then_outage(tracker, path, at):
     publish(tracker, path, at)
     published.append(at)
-    if len(published) == 4:  # the pack's four members
-        os.killpg(int(os.environ["SERVER_PGID"]), signal.SIGSTOP)  # the server and its workers
+    if len(published) < int(os.environ["MEMBERS"]):
+        return
+    if "SERVER_PGID" in os.environ:  # the server and its workers stopped
+        os.killpg(int(os.environ["SERVER_PGID"]), signal.SIGSTOP)
+    else:  # the local store's delivery process killed
+        for delivery in Delivery._running.values():
+            os.kill(delivery.proc.pid, signal.SIGKILL)
 
-points.publish_resume_point = publish_then_stop_the_server
-train.publish_resume_point = publish_then_stop_the_server
+points.publish_resume_point = publish_then_outage
+train.publish_resume_point = publish_then_outage
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_pack_on_a_server_that_stops_mid_run_then_killed_resumes_with_every_step_once(
-    tmp_path, run_cli
+@pytest.mark.parametrize("where", ["server-pack", "sqlite-run"])
+def test_an_outage_then_kill_9_then_resume_stores_every_step_exactly_once(
+    tmp_path, store, run_cli, where, request
 ):
-    """Issue 33: a pack of 4 on a server that is stopped (SIGSTOP) after the pack's checkpoint at step
-    20; the pack trains on to step 60 (two epochs' metrics into the members' journals, none into the
-    stopped server) and is killed -9 there. The server continues; resume=latest delivers each
-    member's journal first (or the orphaned helper has), trains on from step 20, and stores the
-    steps it trains again once: every member has every step exactly once."""
+    """Issue 33. server-pack: a pack of 4 on a tracking server that is stopped (SIGSTOP) after the
+    pack's checkpoint at step 20. sqlite-run: a run alone on the local store whose delivery process
+    is killed there. Either trains on to step 60 (two epochs' metrics into the journals) and is
+    killed -9; then (the server continued) its resume delivers the journals first (or the orphaned
+    helper has), trains on from step 20, and stores the steps it trains again once: every run has
+    every step exactly once, those trained in the outage from the killed process's journal."""
     import os
     import time
 
     import mlflow
     from harness import zygote
 
-    from seqlab.store.server import LocalServer
+    common = [a for a in KILLABLE if not a.startswith(("-m", "seed=", "pack="))]
+    common += ["checkpoint.interval_s=3600", "logger.outage_wait_s=5"]
+    env, server = {}, None
+    if where == "server-pack":
+        from seqlab.store.server import LocalServer
 
-    server = LocalServer(f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art"))
-    server.start()
+        server = LocalServer(
+            f"sqlite:///{tmp_path}/server/mlflow.db", str(tmp_path / "server" / "art")
+        ).start()
+        args = ["-m", "seed=0,1,2,3", "pack=4", *common, "logger=mlflow_server"]
+        args += [f"logger.tracking_uri={server.uri}"]
+        env = {"SERVER_PGID": str(server.proc.pid), "MEMBERS": "4"}
+        store = mlflow.MlflowClient(server.uri)
+    else:
+        args, env = [*common], {"MEMBERS": "1"}
     try:
-        args = [
-            *(a for a in KILLABLE if not a.startswith(("seed=", "pack="))),
-            "seed=0,1,2,3",
-            "pack=4",
-            "checkpoint.interval_s=3600",
-            "logger=mlflow_server",
-            f"logger.tracking_uri={server.uri}",
-            "logger.outage_wait_s=5",
-        ]
         killed = zygote.run(
             [str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"],
             tmp_path,
-            cli_env({"SERVER_PGID": str(server.proc.pid)}),
+            cli_env(env),
             timeout=300,
-            code=STOP_THE_SERVER_THEN_DIE,
+            code=OUTAGE_THEN_DIE,
         )
         assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
         killed_ms = int(time.time() * 1000)
-        os.killpg(server.proc.pid, signal.SIGCONT)
-        client = mlflow.MlflowClient(server.uri)
-        members = {r.info.run_id for r in runs_of(client, "seqlab") if "pack_id" in r.data.tags}
-        assert len(members) == 4
+        if server is not None:
+            os.killpg(server.proc.pid, signal.SIGCONT)
 
-        resumed = run_cli(*args, "resume=latest")
+        def trained():  # the runs that train (a sweep's parent run does not)
+            found = runs_of(store, "seqlab")
+            return {r.info.run_id: r for r in found if server is None or "pack_id" in r.data.tags}
+
+        runs = trained()
+        assert len(runs) == (4 if server else 1)
+        resume = "resume=latest" if server else f"resume={next(iter(runs))}"
+        resumed = run_cli(*args, resume)
         out = resumed.stdout + resumed.stderr
         assert resumed.returncode == 0, out[-3000:]
-        assert "continues its 4 members from step 20" in out
-        after = {r.info.run_id: r for r in runs_of(client, "seqlab") if "pack_id" in r.data.tags}
-        assert after.keys() == members  # the same runs, continued
+        after = trained()
+        assert after.keys() == runs.keys()  # the same runs, continued
         for run_id, run in after.items():
             assert run.info.status == "FINISHED", run.data.tags.get("failure_reason")
-            history = client.get_metric_history(run_id, "train_loss")
+            history = store.get_metric_history(run_id, "train_loss")
             steps = sorted(m.step for m in history)
             assert steps == list(range(1, 4 * 26 + 1))  # every step once: none lost, none twice
-            assert len(client.get_metric_history(run_id, "val_rmse")) == 4
-            # Steps 21-52, trained while the server was stopped, are the killed process's: from
-            # its journal (the resume trained them again and did not store them twice).
+            assert len(store.get_metric_history(run_id, "val_rmse")) == 4
+            # Steps 21-52, trained in the outage, are the killed process's: from its journal (the
+            # resume trained them again and did not store them twice).
             outage = [m for m in history if 21 <= m.step <= 52]
             assert len(outage) == 32 and all(m.timestamp < killed_ms for m in outage)
     finally:
-        os.killpg(server.proc.pid, signal.SIGCONT)
-        server.stop()
+        if server is not None:
+            os.killpg(server.proc.pid, signal.SIGCONT)
+            server.stop()
 
 
 @pytest.mark.gpu

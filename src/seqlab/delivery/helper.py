@@ -52,7 +52,7 @@ MAX_PENDING_ROWS = 200_000  # read ahead of the store at most this (the journal 
 class _Helper:
     def __init__(self, tracking_uri: str, give_up_s: float) -> None:
         self.tracking_uri = tracking_uri
-        self.writer: Any = None  # opened at the first rows: MLflow's client costs an import
+        self.writer: Any = None  # opened at the first rows (delivery.stores.open_rows)
         self.tails: dict[str, Tail] = {}
         self.closing: set[str] = set()
         self.give_up_s = give_up_s  # after the training process is gone, a store away this long
@@ -86,13 +86,15 @@ class _Helper:
 
     def deliver(self) -> bool:
         """One pass over every journal; False while the store does not answer."""
-        if self.writer is None:
-            self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
         sent = 0
         for run_id, tail in list(self.tails.items()):
             try:
                 if len(tail.pending) < MAX_PENDING_ROWS:
                     tail.read()
+                if (
+                    tail.pending and self.writer is None
+                ):  # at the first rows: MLflow's client costs seconds
+                    self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
                 sent += deliver(tail, self.writer, run_id)
             except Exception as error:  # noqa: BLE001 - classified
                 if not transient(error):
