@@ -175,8 +175,8 @@ class JournalSender:
                 self._send_the_rest()
                 self._close_run(status, reason)
         except Exception as error:  # noqa: BLE001 - classified
-            self.delivery.close(self.journal)
             if not (self.server and transient(error)):
+                self.delivery.close(self.journal)
                 # Metrics that were never stored make no FINISHED run: it says what the job says.
                 if status == "FINISHED":
                     status = "FAILED"
