@@ -20,7 +20,9 @@ def test_time_to_target_is_the_training_time_when_val_rmse_first_reached_it(comp
             "data.n_samples=4096",
             "trainer.max_epochs=6",
             "metrics.target_rmse=0.25",
-            "logger.system_metrics_interval_s=0.5",
+            # The run lasts about a second on a quick host: samples every 0.1 s leave margin (at
+            # 0.5 s, the first sample sometimes came after the run's end: none recorded).
+            "logger.system_metrics_interval_s=0.1",
         )
     )
     (run,) = runs_of(store, "seqlab")
