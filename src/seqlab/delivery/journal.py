@@ -76,9 +76,6 @@ class MetricJournal:
         self.sent_fd = os.open(self.paths[1], flags, 0o600)
         self.count = 0
 
-    def __len__(self) -> int:
-        return self.count
-
     def extend(self, metrics: list[Any]) -> None:
         if not metrics:
             return
