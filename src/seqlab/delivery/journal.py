@@ -26,7 +26,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO, Optional
 
 from seqlab.delivery.stores import MAX_BATCH, Row, open_rows
 from seqlab.safe_writes import is_write_failure, write_failed
@@ -96,7 +96,12 @@ class MetricJournal:
     def unsent(self) -> list[Row]:
         """The rows the store has not confirmed yet, in order."""
         with open(self.paths[0], "rb") as file:
-            return [row for rows in _records(file, self.sent) for row in rows]
+            tail = Tail(
+                file, self.sent_fd, lock=False
+            )  # the helper may hold the lock: reading is safe
+            while tail.read():
+                pass
+            return tail.pending
 
     def discard(self) -> None:
         """The store holds the whole run: the journal is not needed again."""
@@ -114,28 +119,32 @@ class Tail:
     adds the whole records appended since to `pending`, `confirm(n)` advances the count once the
     store holds the first n of them. A record still being written is read at the next call."""
 
-    def __init__(self, file: BinaryIO, sent_fd: int) -> None:
+    def __init__(self, file: BinaryIO, sent_fd: int, lock: bool = True) -> None:
         self.file, self.sent_fd = file, sent_fd
         # One deliverer at a time (a killed trainer's helper still at it, a resume, the reaper):
         # two writers of one row at once break the store's unique key. Held until closed, or the
-        # holder's death; the count is read once it is ours.
-        _lock(file, LOCK_WAIT_S)
+        # holder's death; the count is read once it is ours. (A reader that delivers nothing,
+        # MetricJournal.unsent, takes no lock.)
+        if lock:
+            _lock(file, LOCK_WAIT_S)
         self.sent = _count(os.pread(sent_fd, 64, 0))
         self.skip = self.sent  # rows already confirmed, met again from the journal's start
         self.offset = 0
         self.pending: list[Row] = []
         self.broken = False  # a record failed its checksum: nothing after it is trusted
 
-    def read(self) -> None:
+    def read(self) -> int:
+        """Bytes read (0: nothing whole past the last read)."""
         if self.broken:
-            return
+            return 0
+        start = self.offset
         data = os.pread(self.file.fileno(), 1 << 24, self.offset)  # 16 MB: many seconds of rows
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines(keepends=True):
             batch = _parse(line)
             if batch is None:
                 self.broken = True
-                return
+                break
             self.offset += len(line)
             if self.skip >= len(batch):
                 self.skip -= len(batch)
@@ -143,6 +152,7 @@ class Tail:
             # JSON gives back the types written (str, float, int, int): no conversion a row.
             self.pending += map(tuple, batch[self.skip :])
             self.skip = 0
+        return self.offset - start
 
     def rows_waiting(self) -> bool:
         """Whether the journal holds a whole record past what was read."""
@@ -229,19 +239,6 @@ def _parse(line: bytes) -> Optional[list[Any]]:
         return json.loads(body)
     except ValueError:
         return None
-
-
-def _records(file: BinaryIO, skip: int) -> Iterator[list[Row]]:
-    """Each whole record's rows, in order, but the first `skip` rows, up to the first bad line."""
-    for line in file:
-        batch = _parse(line)
-        if batch is None:
-            return
-        if skip >= len(batch):
-            skip -= len(batch)
-            continue
-        yield [(str(k), float(v), int(ts), int(step)) for k, v, ts, step in batch[skip:]]
-        skip = 0
 
 
 def _lock(file: BinaryIO, wait_s: float) -> None:
