@@ -20,3 +20,28 @@ def test_a_long_series_is_drawn_as_each_runs_lowest_and_highest_value_and_a_shor
     short = list(enumerate(values[:50]))
     steps, drawn = envelope(short, max_points=1_000)
     assert np.array_equal(steps, np.arange(50)) and np.array_equal(drawn, values[:50])
+
+
+def test_a_runs_curves_drawn_on_the_process_figure_equal_those_drawn_on_a_new_one(tmp_path):
+    from matplotlib.image import imread
+
+    from seqlab import plots
+
+    rng = np.random.default_rng(0)
+    before = {  # a long run: log loss, validation points, a schedule, a title
+        "train_rmse": list(enumerate(rng.random(3_000) * 3)),
+        "train_loss": list(enumerate(rng.random(3_000) + 0.1)),
+        "val_rmse": [(i * 300, v) for i, v in enumerate(rng.random(10))],
+        "val_loss": [(i * 300, v) for i, v in enumerate(rng.random(10))],
+        "lr": [(i, 1e-3 if i < 1_500 else 1e-4) for i in range(3_000)],
+    }
+    after = {  # a short one: a loss that is not all positive (linear), no validation, no title
+        "train_rmse": list(enumerate(rng.random(50))),
+        "train_loss": list(enumerate(rng.random(50) - 0.5)),
+        "lr": [(i, 0.01) for i in range(50)],
+    }
+    plots.training_curves(before, tmp_path / "before.png", title="run A")
+    again = plots.training_curves(after, tmp_path / "again.png")
+    plots._CURVES = None  # a new process's figure
+    anew = plots.training_curves(after, tmp_path / "anew.png")
+    assert np.array_equal(imread(again), imread(anew))

@@ -97,6 +97,9 @@ class MlflowTracker:
         self.rank = rank
         self.samples = None  # tracking.system_metrics: this run's, while it is sampled
         self.ended = False  # this process ended its run (a heartbeat then knows an end is its own)
+        # Whether connecting ends the store's dead runs first: a pack's members open their runs
+        # at one moment, so its first member's tracker does it for all (packing.member_runs).
+        self.reap = True
         self.client: Optional[mlflow.MlflowClient] = None
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
@@ -127,7 +130,8 @@ class MlflowTracker:
             client = client_for(
                 self.tracking_uri
             )  # a database server that does not answer: one line (store.local)
-            end_dead_runs(client)  # runs whose process died without closing them
+            if self.reap:
+                end_dead_runs(client)  # runs whose process died without closing them
         except SeqlabError:
             raise
         except Exception as error:  # noqa: BLE001 - a database store's driver errors: one line, the password masked
