@@ -15,8 +15,8 @@ import mlflow.data
 import numpy as np
 import pandas as pd
 from mlflow.data.code_dataset_source import CodeDatasetSource
-from mlflow.data.digest_utils import MAX_ROWS, compute_numpy_digest, get_normalized_md5_digest
 from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.digest_utils import MAX_ROWS, compute_numpy_digest, get_normalized_md5_digest
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
