@@ -5,7 +5,10 @@ its own client, to its own store, and a sweep's jobs in one process write to dif
 - the system-metrics samplers (public: `mlflow.start_run(log_system_metrics=True)`, fluent, a
   thread per run that reads the run back at every sample: tracking/system_metrics.py);
 - the module map of MLflow's requirement check, which a model logged with its requirements given
-  does not need (no public switch: `given_requirements`).
+  does not need (no public switch: `given_requirements`);
+- the serving check of a logged model's input example, for a model seqlab has checked itself
+  (a flavor's `validate_serving_input=False` reaches the ONNX flavor's save_model, which refuses
+  it: `serving_checked`).
 An MLflow upgrade can break them, so each call checks first that the installed MLflow is one these
 were tested with, and says so in one line if not."""
 
@@ -17,6 +20,7 @@ from typing import Any, Iterator
 
 import mlflow
 from mlflow.entities import DatasetInput, InputTag
+from mlflow.models import utils as model_utils
 from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
 from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
@@ -86,3 +90,19 @@ def given_requirements(requirements: list[str]) -> Iterator[None]:
     finally:
         requirements_utils._MODULES_TO_PACKAGES = None
         requirements_utils._PACKAGES_TO_MODULES = None
+
+
+@contextmanager
+def serving_checked() -> Iterator[None]:
+    """A model logged without MLflow's serving check of its input example (log_model loads the
+    files it has just written and predicts the example with them), for a model the caller has
+    already predicted with from those very files (tracking.onnx_model.export: onnxruntime on the
+    run's training inputs). For the call only."""
+    check_version()
+
+    checked = model_utils._validate_serving_input
+    model_utils._validate_serving_input = lambda model_uri, serving_input: None
+    try:
+        yield
+    finally:
+        model_utils._validate_serving_input = checked
