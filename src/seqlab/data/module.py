@@ -19,9 +19,9 @@ from seqlab.schema import DataConfig as _Defaults
 from seqlab.training.lightning_private import batches_done_in_epoch
 from seqlab.training.profiling import phase
 
-EXAMPLE_SAMPLES = (
-    8  # the first training samples kept as an input example (a logged model takes a few)
-)
+# The first training samples kept as an input example: a logged model takes two, its ONNX copy
+# is checked on N_CHECK (tracking.onnx_model).
+EXAMPLE_SAMPLES = 64
 
 log = logging.getLogger("seqlab")
 
@@ -212,6 +212,7 @@ class SeqDataModule(pl.LightningDataModule):
             None  # a pack member's samples before the split (setup, release)
         )
         self.example_x: Optional[np.ndarray] = None
+        self.train_y_mean: Optional[np.ndarray] = None  # baseline_val_rmse's (setup)
         self.columns: Optional[str] = (
             None  # a table's index and target columns, as the source took them
         )
@@ -237,33 +238,40 @@ class SeqDataModule(pl.LightningDataModule):
 
     def setup(self, stage: Optional[str] = None, samples: Optional[SeqData] = None) -> None:
         """The split (Lightning calls this). `samples`: what load() gave, kept by reference for a
-        split again after release() (a pack's members, which share their samples, seqlab.packing)."""
+        split again after release() (a pack's members, which share their samples, seqlab.packing).
+        stage="validate" (Lightning's name for it) splits the validation set alone: what a run's
+        end scores (packing.member_runs), where gathering every training input again cost a
+        member's end 0.03-0.3 s of fresh memory here, for nothing it reads."""
         again = (
             samples is None and self.samples is not None
         )  # split again after release(): said once already
         if samples is not None:
             self.samples = samples
-        if self.train is not None:
+        validating = stage == "validate"
+        if self.val is not None and (validating or self.train is not None):
             return
         data = self.samples or self.load()
         self.columns = data.columns
         if data.val is not None:
             self.train, self.val = data, data.val
+            train_rows = np.arange(len(data))
             if not again:
                 log.info(
                     "data      validation: the set that came with the data (data.val_fraction not used)"
                 )
         else:
             train_rows, val_rows = self.split(len(data))
-            self.train, self.val = data.take(train_rows), data.take(val_rows)
-        self.example_x = self.train.x[
-            :EXAMPLE_SAMPLES
-        ].copy()  # a logged model's input example, kept by release()
+            self.val = data.take(val_rows)
+            self.train = None if validating else data.take(train_rows)
+        # What the end reads of the training set, from its rows alone: the training targets' mean
+        # (baseline_val_rmse) and a logged model's input example (kept by release()).
+        self.train_y_mean = data.y[train_rows].astype(np.float64).mean(axis=0)
+        self.example_x = data.x[train_rows[:EXAMPLE_SAMPLES]]
         if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
             raise SeqlabError(
                 f"data: validation has {self.val.x.shape[2]} features, training {data.x.shape[2]}"
             )
-        n_train = len(self.train)
+        n_train = len(train_rows)
         if n_train < 2:
             raise SeqlabError(
                 f"data: {n_train} training sample(s): BatchNorm needs 2 or more; use more data"
@@ -333,7 +341,7 @@ class SeqDataModule(pl.LightningDataModule):
         """RMSE on validation of predicting the training mean: the score to beat."""
         if self.val is None or len(self.val) == 0:
             return None
-        mean = self.train.y.astype(np.float64).mean(axis=0)
+        mean = self.train_y_mean
         return float(np.sqrt(((self.val.y.astype(np.float64) - mean) ** 2).mean()))
 
     def describe(self) -> str:

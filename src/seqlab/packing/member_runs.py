@@ -138,12 +138,15 @@ def stopped(members: list[Member], signal: str, step: int) -> None:
 def finish_or_fail(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> JobResult:
     """The member's run ended as its job alone ends it (FINISHED; FAILED where it failed); where its
     own run refuses (deleted in the UI, an upload its store refuses), that member ends FAILED and
-    the pack's other members still end theirs. Its own training and validation sets are split
-    again for its end, and dropped after it."""
+    the pack's other members still end theirs. Its own validation set is split again for its end
+    (its training set too where its end takes a pass over it), and dropped after it."""
     if m.job.result is not None and m.job.result.status != "RUNNING":
         return m.job.result  # its run ended where it stopped, or before this start of the pack
     if m.status != "FAILED":
-        m.datamodule.setup("fit")
+        # What its end scores: the validation set, and the training set only where BatchNorm's
+        # population statistics take a pass over it (module.bn_statistics).
+        population = m.cfg.module.bn_statistics == "population"
+        m.datamodule.setup("fit" if population else "validate")
     try:
         return _finish(m, model, trainer, device, wall)
     except Undelivered as error:  # its end waits for its store: its result is written (ended)
@@ -199,7 +202,7 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         tracker.set_tags(target_tags(cfg.metrics.target_rmse, m.reached))
     ending = Ending(
         m.network,
-        m.datamodule.train.x,
+        m.datamodule.example_x,
         kept,
         summary,
         step,

@@ -106,7 +106,9 @@ class Ending:
     a search's pruning)."""
 
     network: Any  # the network kept, with its weights loaded
-    example_x: Any  # the training inputs: the logged model's signature and example
+    example_x: (
+        Any  # the first training inputs: the logged model's signature and example, the ONNX check
+    )
     kept: Kept
     summary: dict[str, float]  # training.module.final_metrics, and the job's own
     step: int  # where the run's training ended: its final metrics' step

@@ -131,6 +131,22 @@ def test_datamodule_split_is_seeded_and_disjoint():
     assert a.baseline_val_rmse() == pytest.approx(expected)
 
 
+def test_a_split_again_for_validation_alone_is_the_fits_validation_set_baseline_and_example():
+    """What a run's end reads (stage "validate", packing.member_runs) without the training inputs."""
+    fit = _module(seed=1)
+    fit.setup("fit")
+    samples = fit.samples or fit.load()
+    end = _module(seed=1)
+    end.setup("validate", samples=samples)
+    assert end.train is None
+    np.testing.assert_array_equal(end.val.x, fit.val.x)
+    np.testing.assert_array_equal(end.val.y, fit.val.y)
+    assert end.baseline_val_rmse() == fit.baseline_val_rmse()
+    np.testing.assert_array_equal(end.example_x, fit.train.x[: len(end.example_x)])
+    end.setup("fit")  # and the training set where it is asked for after all
+    np.testing.assert_array_equal(end.train.x, fit.train.x)
+
+
 def test_a_validation_set_that_comes_with_the_data_is_used_as_it_is(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(
