@@ -46,16 +46,19 @@ REPEAT_KEYS = ("seed", "data.seed")
 
 
 def config_tag(
-    accelerator: str, cfg: DictConfig, overrides: list[str], swept: Optional[list[str]] = None
+    accelerator: str,
+    cfg: DictConfig,
+    params: dict[str, str],
+    overrides: list[str],
+    swept: Optional[list[str]] = None,
 ) -> str:
     """The `config` tag: the same for every repeat of one configuration (runs that differ only in
     REPEAT_KEYS), so that the MLflow UI's "Group by" tags.config shows each configuration's
     mean and spread as compare.py does: the run's name without the repeat keys, and a short hash
-    of every param that makes the configuration (not where it was stored or logged)."""
+    of every param (`params`: run_params's) that makes the configuration (not where it was
+    stored or logged)."""
     params = {
-        k: v
-        for k, v in run_params(cfg).items()
-        if k not in REPEAT_KEYS and not k.startswith(NOT_CONFIG)
+        k: v for k, v in params.items() if k not in REPEAT_KEYS and not k.startswith(NOT_CONFIG)
     }
     digest = hashlib.sha1(json.dumps([accelerator, sorted(params.items())]).encode()).hexdigest()[
         :8
@@ -65,8 +68,9 @@ def config_tag(
 
 
 def run_tags(
-    cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState
+    cfg: DictConfig, job: Job, device, sweep: SweepInfo, code: CodeState, params: dict[str, str]
 ) -> dict[str, str]:
+    """The run's tags; `params`: its run_params (the config tag hashes them)."""
 
     tags = {
         "accelerator_requested": cfg.trainer.accelerator,
@@ -85,6 +89,7 @@ def run_tags(
     tags["config"] = config_tag(
         device.accelerator if device else cfg.trainer.accelerator,
         cfg,
+        params,
         job.overrides,
         sweep.swept_keys,
     )

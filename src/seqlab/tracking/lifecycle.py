@@ -53,10 +53,11 @@ def describe_run(
     with tracker.costs.phase("code and environment"):
         # Read once: the run's tags and its code/ artifacts agree.
         code = code_state(Path(cfg.paths.root_dir))
+    params = run_params(cfg)  # every resolved key flattened and masked: once a run
     return Opening(
         name,
-        {**run_tags(cfg, job, device, sweep, code), **identity(), **more_tags},
-        run_params(cfg),
+        {**run_tags(cfg, job, device, sweep, code, params), **identity(), **more_tags},
+        params,
         code,
     )
 
