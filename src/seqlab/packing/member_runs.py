@@ -55,6 +55,7 @@ def open_runs(
     pack_size = pack_size or len(members)
     pack = pack_size > 1
     reaped = set()  # the stores whose dead runs a member's connecting ended (Tracker.reap)
+    code = {}  # the code's state as read for the first member under each project root
     for m in members:
         if m.ended_before:
             continue  # its run stays as it ended
@@ -69,6 +70,9 @@ def open_runs(
             m.tracker,
             device,
             sweep,
+            # The code as git saw it for the pack's first member: its members start at one
+            # moment (three git commands a member otherwise).
+            code.get(m.cfg.paths.root_dir),
             **(
                 dict(pack_id=m.job.pack_id, pack_size=str(pack_size), pack_member=str(m.k))
                 if pack
@@ -93,6 +97,7 @@ def open_runs(
                 client, m.resume_run_id, m.job.output_dir / "resume" / f"rank{job.rank}"
             )
         m.name = m.opening.name
+        code.setdefault(m.cfg.paths.root_dir, m.opening.code)
         # The journal in the member's folder: a server's backlog that kill -9 cut off is sent by the resume.
         open_run(m.tracker, m.cfg, m.job, sweep, m.opening, m.resume_run_id)
         stack.enter_context(heartbeat(m.tracker))

@@ -44,15 +44,23 @@ class Opening:
 
 
 def describe_run(
-    cfg: DictConfig, job: Job, tracker: Any, device: Any, sweep: SweepInfo, **more_tags: str
+    cfg: DictConfig,
+    job: Job,
+    tracker: Any,
+    device: Any,
+    sweep: SweepInfo,
+    code: Optional[CodeState] = None,
+    **more_tags: str,
 ) -> Opening:
     """The run's name (the logger's, else made from what the job sets), its tags (with the
-    process that owns it: a run it leaves RUNNING is found and ended) and its params."""
+    process that owns it: a run it leaves RUNNING is found and ended) and its params. `code`: the
+    project's code as git saw it a moment ago (a pack's first member's), else read here."""
     accelerator = device.accelerator if device is not None else cfg.trainer.accelerator
     name = tracker.run_name or run_name(accelerator, cfg, job.overrides, sweep.swept_keys)
-    with tracker.costs.phase("code and environment"):
-        # Read once: the run's tags and its code/ artifacts agree.
-        code = code_state(Path(cfg.paths.root_dir))
+    if code is None:
+        with tracker.costs.phase("code and environment"):
+            # Read once: the run's tags and its code/ artifacts agree.
+            code = code_state(Path(cfg.paths.root_dir))
     params = run_params(cfg)  # every resolved key flattened and masked: once a run
     return Opening(
         name,
