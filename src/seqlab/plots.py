@@ -60,18 +60,21 @@ def training_curves(history: Mapping[str, Series], path: Path, title: str = "") 
     fig.subplots_adjust(
         left=0.12, right=0.97, bottom=0.06, top=0.94 if title else 0.97, hspace=0.08
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    return write_figure(fig, path, dpi=100)
+
+
+def save_figure(fig, path: Path, dpi: int) -> Path:
+    """Lay the figure out around its labels, write it and free it."""
+    fig.tight_layout()
+    write_figure(fig, path, dpi)
+    plt.close(fig)
     return path
 
 
-def save_figure(fig, path: Path, dpi: int, tight: bool = True) -> Path:
-    """Lay the figure out (tight: around its labels), write it (creating its folder) and free it."""
-    if tight:
-        fig.tight_layout()
+def write_figure(fig, path: Path, dpi: int) -> Path:
+    """Write the figure as it is laid out, creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path
 
 
