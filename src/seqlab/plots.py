@@ -24,6 +24,13 @@ _CURVES: Optional[tuple[Figure, np.ndarray]] = None
 
 
 def training_curves(history: Mapping[str, Series], path: Path, title: str = "") -> Path:
+    # Matplotlib's own style, whatever a library set since (Optuna's plots use ggplot's): the
+    # figure made in one style and its next run's lines drawn in another would mix them.
+    with plt.style.context("default"):
+        return _draw_curves(history, path, title)
+
+
+def _draw_curves(history: Mapping[str, Series], path: Path, title: str) -> Path:
     global _CURVES
     if _CURVES is None:
         _CURVES = plt.subplots(3, 1, figsize=(9, 9), sharex=True)

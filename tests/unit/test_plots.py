@@ -23,6 +23,7 @@ def test_a_long_series_is_drawn_as_each_runs_lowest_and_highest_value_and_a_shor
 
 
 def test_a_runs_curves_drawn_on_the_process_figure_equal_those_drawn_on_a_new_one(tmp_path):
+    import matplotlib.pyplot as plt
     from matplotlib.image import imread
 
     from seqlab import plots
@@ -41,7 +42,9 @@ def test_a_runs_curves_drawn_on_the_process_figure_equal_those_drawn_on_a_new_on
         "lr": [(i, 0.01) for i in range(50)],
     }
     plots.training_curves(before, tmp_path / "before.png", title="run A")
-    again = plots.training_curves(after, tmp_path / "again.png")
+    # A library's style set between two runs (Optuna's plots set ggplot's) changes neither.
+    with plt.style.context("ggplot"):
+        again = plots.training_curves(after, tmp_path / "again.png")
     plots._CURVES = None  # a new process's figure
     anew = plots.training_curves(after, tmp_path / "anew.png")
     assert np.array_equal(imread(again), imread(anew))
