@@ -84,7 +84,14 @@ class FusedLoop:
     - `average_gradients`: under DDP, each step's gradients averaged over the processes after the
       backward (seqlab.ddp.gradients), as DDP's reducer would.
     - `after_step`: run after each step, outside any graph (the step counted; a pack puts its
-      frozen members back)."""
+      frozen members back).
+
+    The loop calls the network's `forward` itself rather than the module (`model(...)`):
+    nn.Module's __call__ only dispatches hooks, and none is registered on the loop's network
+    (OneMember and PackedCNNLSTM are this project's own wrappers; DDP's and Lightning's sit on the
+    modules around it). On this project's 2-core VM that dispatch was 10 us of a 590-us step at
+    batch 64, the largest single cost of this loop over the bare loop of its math
+    (benchmark.loops.bare_loop). The network's own layers are still called as modules."""
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class FusedLoop:
         self.batch_size = batch_size
         self.gradients = gradients if gradients is not None and gradients.active else None
         self.dropout_streams, self.after_step = dropout_streams, after_step
+        self.forward = model.forward  # without __call__'s hook dispatch (the docstring says why)
         self.average_gradients = average_gradients
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.counts_steps = optimizer_step is not None  # Lightning's step counts itself
@@ -167,7 +175,7 @@ class FusedLoop:
         """One iteration as MATLAB orders it: loss, backward, L2 and threshold, update."""
         torch._foreach_zero_(self.grads)
         with phase("forward"):
-            pred = self.model(x, self.dropout_streams, lengths)  # (K, batch, outputs)
+            pred = self.forward(x, self.dropout_streams, lengths)  # (K, batch, outputs)
             loss = self.loss_fn(pred, y)  # (K,)
         with phase("backward"):
             # The backward of the members' summed losses (a gradient of ones for each member's,
