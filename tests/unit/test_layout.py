@@ -218,6 +218,7 @@ def test_sweep_json_is_written_and_read_as_one_dataclass(tmp_path):
         ("seqlab.training.lightning_private", "pytorch_lightning", "pytorch-lightning"),
         ("seqlab.sweeps.optuna_private", "optuna", "optuna"),
         ("seqlab.tracking.mlflow_private", "mlflow", "mlflow"),
+        ("seqlab.packing.hydra_private", "hydra", "hydra-core"),
     ],
 )
 def test_a_library_release_the_internals_were_not_tested_with_is_one_line(

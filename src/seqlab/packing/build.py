@@ -9,37 +9,22 @@ from __future__ import annotations
 
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from hydra import compose
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from seqlab import SeqlabError
 from seqlab.data.kept import KEPT, generated
+from seqlab.packing.configs import member_config
 from seqlab.packing.data import samples_key
 from seqlab.packing.members import Member
 from seqlab.sweeps.job import Job
 from seqlab.sweeps.packs import PackPlan, key_of, member_dir
 from seqlab.sweeps.trial import member_link
 from seqlab.tracking.costs import PROCESS
-
-
-def member_config(overrides: list[str], output_dir: Path) -> DictConfig:
-    """A member's own config, composed by Hydra from its job's overrides: what its job alone composes
-    (the pack job's own keys are its members' shared ones), in its folder inside the pack's. Hydra's
-    own overrides (the launcher, a trial's environment) are the pack job's."""
-    mine = [
-        o for o in overrides if not key_of(o).startswith(("hydra.", "hydra/", "+hydra", "~hydra"))
-    ]
-    member = compose(config_name=HydraConfig.get().job.config_name, overrides=mine)
-    with open_dict(member):
-        member.paths.output_dir = str(output_dir)
-    return member
 
 
 def pack_members(cfg: DictConfig, job: Job) -> list[Member]:

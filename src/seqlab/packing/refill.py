@@ -14,7 +14,8 @@ from hydra.utils import instantiate
 
 from seqlab import one_line
 from seqlab.callbacks.timing import EpochTimer
-from seqlab.packing.build import build_member, member_config
+from seqlab.packing.build import build_member
+from seqlab.packing.configs import member_config
 from seqlab.packing.member_runs import log_datasets, open_runs
 from seqlab.packing.members import Member
 from seqlab.sweeps.job import Job
