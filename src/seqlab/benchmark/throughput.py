@@ -9,7 +9,9 @@ another give; its members differ in seed (their weights, data order and dropout)
 `packed-lr`, only in the learning rate (one data order: each batch shared, issue 35). Runs
 alternate (a, b, c, d, e, a, b, ...) so that a noisy machine slows all alike; each figure is the
 median over repeats of the median epoch, the first (warm-up) left out, the device synchronised
-before each clock read; each row's FLOP and bytes against the machine's peaks: roofline.py."""
+before each clock read; each row's FLOP and bytes against the machine's peaks: roofline.py. A
+row's ratio to `bare` also comes with its noise: each repeat's ratio to the bare run beside it
+(the two ran a few seconds apart), and the 95% interval of their mean (seqlab.sweeps.stats)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import seqlab.schema  # noqa: F401
 from seqlab.benchmark.loops import BARE_LOOPS, framework_loop, packed_loop
 from seqlab.benchmark.roofline import Peaks, config_step_cost, fractions, measure_peaks
 from seqlab.hydra_version import VERSION_BASE
+from seqlab.sweeps.stats import Summary
 from seqlab.tracking import MlflowTracker
 from seqlab.tracking.records import epoch_median
 from seqlab.training.devices import cpu_name
@@ -76,6 +79,11 @@ class Row:
     bytes_per_step: float = 0.0
     flop_fraction: float = 0.0
     byte_fraction: float = 0.0
+    # Each repeat's model-steps/s over the same repeat's bare run (paired: alternated, seconds
+    # apart), and the 95% Student-t interval of their mean: None without bare or with one repeat.
+    paired_ratios: list[float] = field(default_factory=list)
+    ratio_lo: Optional[float] = None
+    ratio_hi: Optional[float] = None
 
 
 def machine() -> dict[str, str]:
@@ -184,6 +192,7 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
             )
             for (loop, k), it in medians.items():
                 model_steps = it * k
+                noise = paired_ratios(runs[(loop, k)], runs.get(("bare", 1), []), k)
                 cost = config_step_cost(configs[loop], batch_size, k, loop == "packed-lr")
                 flop_fraction, byte_fraction = fractions(cost, it, peaks[device])
                 rows.append(
@@ -204,9 +213,24 @@ def _run(devices, shapes, batch_sizes, repeats, smoke, progress, loops, packs) -
                         cost.bytes,
                         flop_fraction,
                         byte_fraction,
+                        list(noise.values),
+                        noise.lo,
+                        noise.hi,
                     )
                 )
     return rows
+
+
+def paired_ratios(rates: list[float], bare: list[float], members: int) -> Summary:
+    """Each repeat's model-steps/s (`members` x its it/s) over the bare run of the same repeat,
+    summarised with the 95% interval of their mean (empty without bare runs)."""
+    return Summary(tuple(members * r / b for r, b in zip(rates, bare)))
+
+
+def _interval(row: Row) -> str:
+    if row.loop == "bare" or row.ratio_lo is None:
+        return "-"
+    return f"{row.ratio_lo:.2f}-{row.ratio_hi:.2f}x"
 
 
 def _label(loop: str, members: int) -> str:
@@ -216,14 +240,19 @@ def _label(loop: str, members: int) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         f"{'device':6} {'shape':8} {'batch':>5} {'loop':9} {'it/s':>9} {'model-steps/s':>13} {'samples/s':>11} "
-        f"{'vs plain':>8} {'vs bare':>8} {'FLOP':>6} {'bytes':>6}"
+        f"{'vs plain':>8} {'vs bare':>8} {'95% (paired)':>13} {'FLOP':>6} {'bytes':>6}"
     ]
     for r in rows:
         lines.append(
             f"{r.device:6} {r.shape:8} {r.batch_size:5} {_label(r.loop, r.members):9} {r.it_per_s:9,.1f} "
             f"{r.model_steps_per_s:13,.1f} {r.samples_per_s:11,.0f} {r.ratio_to_plain:7.2f}x {r.ratio_to_bare:7.2f}x"
-            f" {r.flop_fraction:6.1%} {r.byte_fraction:6.1%}"
+            f" {_interval(r):>13} {r.flop_fraction:6.1%} {r.byte_fraction:6.1%}"
         )
+    lines.append(
+        "vs bare: the medians' ratio; 95% (paired): the interval of the mean of each repeat's ratio to "
+        "the bare run beside it (a shared machine's speed moves between runs: a target inside it is "
+        "not told apart)"
+    )
     lines.append(
         "FLOP, bytes: the share of this machine's measured peak arithmetic and memory traffic the "
         "row's steps use (benchmark/roofline.py); far below both: bound by launches and Python"
