@@ -33,12 +33,17 @@ def check_version() -> None:
     require_tested("hydra-core", hydra.__version__, TESTED, "Hydra")
 
 
+@functools.cache
+def _parser() -> OverridesParser:
+    return OverridesParser.create()  # its grammar built once a process
+
+
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[Override], tuple[str, ...]]:
     """`overrides` as Hydra's compose sees them: those that choose config groups (as written), those
     that set values (parsed, for `apply_values`), and the config search path they are read against."""
     check_version()
     loader = GlobalHydra.instance().hydra.config_loader
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parsed = _parser().parse_overrides(overrides)
     values = Overrides(loader.repository, parsed).config_overrides
     value_ids = {id(o) for o in values}
     groups = [o.input_line for o in parsed if id(o) not in value_ids]
