@@ -52,7 +52,7 @@ MAX_PENDING_ROWS = 200_000  # read ahead of the store at most this (the journal 
 class _Helper:
     def __init__(self, tracking_uri: str, give_up_s: float) -> None:
         self.tracking_uri = tracking_uri
-        self.writer: Any = None  # opened at the first rows (delivery.stores.open_rows)
+        self.writer: Any = None  # opened as it starts (run; delivery.stores.open_rows)
         self.tails: dict[str, Tail] = {}
         self.closing: set[str] = set()
         self.give_up_s = give_up_s  # after the training process is gone, a store away this long
@@ -84,6 +84,9 @@ class _Helper:
         elif "close" in message:
             self.closing.add(str(message["close"]))
 
+    def open_writer(self) -> None:
+        self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
+
     def deliver(self) -> bool:
         """One pass over every journal; False while the store does not answer."""
         sent = 0
@@ -91,10 +94,8 @@ class _Helper:
             try:
                 if len(tail.pending) < MAX_PENDING_ROWS:
                     tail.read()
-                if (
-                    tail.pending and self.writer is None
-                ):  # at the first rows: MLflow's client costs seconds
-                    self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
+                if tail.pending and self.writer is None:
+                    self.open_writer()
                 sent += deliver(tail, self.writer, run_id)
             except Exception as error:  # noqa: BLE001 - classified
                 if not transient(error):
@@ -170,7 +171,6 @@ class _Helper:
 def _main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the training process decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.nice(int(os.environ.get("SEQLAB_DELIVERY_NICE", "10")))
     # While a store is away this process says so once (to the training process's log); urllib3
     # and MLflow would print a warning a retry on the terminal.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
@@ -178,6 +178,16 @@ def _main() -> int:
     helper = _Helper(
         os.environ["SEQLAB_DELIVERY_URI"], float(os.environ.get("SEQLAB_DELIVERY_GIVE_UP_S", "60"))
     )
+    # The writer before the first rows, and before this process lowers its priority: a server's
+    # goes through MLflow's client, whose import is 1.5 s of CPU; at nice 10 beside a training
+    # that keeps every core busy it took 27 s here, and the first rows would wait for it. What
+    # is left at the lower priority is a write now and then. One that fails here is opened again
+    # at the first rows, where its error is classified (deliver).
+    try:
+        helper.open_writer()
+    except Exception:  # noqa: BLE001 - retried and classified at the first rows
+        helper.writer = None
+    os.nice(int(os.environ.get("SEQLAB_DELIVERY_NICE", "10")))
     return helper.run()
 
 
