@@ -252,6 +252,11 @@ def outage(monkeypatch, caplog):
     ) in OUTAGE_KEYS:  # the tracker sets MLflow's retry settings for a server; undone afterwards
         monkeypatch.setenv(key, os.environ.get(key, ""))
         monkeypatch.delenv(key)
+    # A user's own retry settings are kept (tracking.connect sets only those unset): here none,
+    # since what is tested is the journal, not MLflow's retries, which spend 3 s of back-off on
+    # each request to the stopped server (a logged model's, a run's end).
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     clock = {}
 
     def arrange(restart, stop_after: int, back_after: Optional[int] = None):

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sqlite3
+import urllib.parse
 from typing import Any, Callable, Optional
 
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
@@ -40,7 +41,9 @@ class SqliteRows:
     above (both checked on open); anything else goes through MLflow's client."""
 
     def __init__(self, path: str) -> None:
-        self.con = sqlite3.connect(path, timeout=120)  # waits while MLflow itself writes
+        # mode=rw: a store that is not there is an error (retried), never an empty file made here
+        # for MLflow to find; timeout: it waits while MLflow itself writes.
+        self.con = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=rw", uri=True, timeout=120)
         revision = self.revision()
         if revision not in KNOWN_REVISIONS:
             self.con.close()
