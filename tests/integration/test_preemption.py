@@ -59,7 +59,9 @@ def test_submitits_preemption_signal_requeues_a_local_pack(tmp_path, store):
             proc.kill()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     _, runs = _runs(store, "seqlab")
-    assert len(runs) == 2 and all("pack_id" in r.data.tags for r in runs)  # the same runs, continued
+    assert len(runs) == 2 and all(
+        "pack_id" in r.data.tags for r in runs
+    )  # the same runs, continued
     logs = _job_logs(tmp_path)
     assert (
         logs.count("SIGUSR2: the job is preempted or near its time limit; stopping after this step")

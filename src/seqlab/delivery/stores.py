@@ -43,7 +43,9 @@ class SqliteRows:
     def __init__(self, path: str) -> None:
         # mode=rw: a store that is not there is an error (retried), never an empty file made here
         # for MLflow to find; timeout: it waits while MLflow itself writes.
-        self.con = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=rw", uri=True, timeout=120)
+        self.con = sqlite3.connect(
+            f"file:{urllib.parse.quote(path)}?mode=rw", uri=True, timeout=120
+        )
         revision = self.revision()
         if revision not in KNOWN_REVISIONS:
             self.con.close()
