@@ -32,49 +32,6 @@ CONF_DIR = ROOT / "conf"
 TINY = ["data.n_samples=256", "trainer.max_epochs=2"]
 
 
-# Seconds each file took (setup, call and teardown summed, --durations=0 of the whole suite on this
-# session's 2-core AMD VM, two xdist workers, 2026-12-06), by its path under tests/. xdist hands out
-# whole files in the order collected (--no-loadscope-reorder in pyproject's addopts: by default it
-# orders files by their number of tests): the longest first, so that no long
-# file starts last while the other worker has nothing left (the suite's tail). A file not listed
-# costs little and goes after these.
-FILE_SECONDS = {
-    "integration/test_search.py": 83,
-    "integration/test_robust.py": 70,
-    "integration/test_scale.py": 70,
-    "integration/test_pack_runs.py": 69,
-    "integration/test_cluster.py": 55,
-    "integration/test_rank_failure.py": 41,
-    "integration/test_repeats.py": 38,
-    "integration/test_search_workers.py": 33,
-    "integration/test_preemption.py": 33,
-    "integration/test_readme.py": 27,
-    "integration/test_perf.py": 26,
-    "integration/test_run_to_use.py": 22,
-    "integration/test_study.py": 21,
-    "integration/test_server_auth.py": 19,
-    "integration/test_search_refill.py": 15,
-    "integration/test_dashboard.py": 15,
-    "integration/test_store.py": 15,
-    "integration/test_delivery.py": 14,
-    "integration/test_hydra_next.py": 13,
-    "integration/test_checkpoints.py": 12,
-    "integration/test_secrets.py": 12,
-    "integration/test_train.py": 10,
-    "integration/test_bad_input.py": 9,
-    "unit/test_config.py": 9,
-    "integration/test_own_data.py": 8,
-    "unit/tracking/test_mlflow_private.py": 8,
-    "integration/test_ghosts.py": 8,
-    "integration/test_rerun.py": 7,
-    "integration/test_cli.py": 7,
-    "integration/test_checkpoint_models.py": 6,
-    "integration/test_config.py": 5,
-    "integration/test_sync.py": 4,
-    "unit/test_robust.py": 4,
-}
-
-
 # MLflow's default store is sqlite:///mlflow.db in the working folder: a test that reaches MLflow
 # without a tracking URI would leave one in the repository (one was committed by mistake, twice).
 _STRAY_STORE = ROOT / "mlflow.db"
@@ -91,11 +48,6 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    # sorted() is stable: a file's tests keep their order.
-    items[:] = sorted(
-        items,
-        key=lambda item: -FILE_SECONDS.get(item.path.relative_to(ROOT / "tests").as_posix(), 0),
-    )
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
