@@ -33,25 +33,20 @@ def _task_of(proc, job: str) -> psutil.Process:
     raise AssertionError(f"no training process of local job {job}")
 
 
-# A pack of two (issue 32): a job alone is a pack of one through the same module and stop
-# (resume.interrupt.GracefulStop); its requeue under SLURM is in test_cluster.py.
-PACK = [o if not o.startswith("seed=") else "seed=0,1" for o in BOTH]
-
-
-def test_submitits_preemption_signal_requeues_a_local_pack(tmp_path, store):
-    """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its
-    requeue, for a pack's job."""
+def test_submitits_preemption_signal_requeues_a_local_job_and_pack(tmp_path, store):
+    """The same preemption without SLURM: submitit's local executor, its signal (SIGUSR2), its requeue,
+    for a job alone and a pack (issue 32) in one sweep."""
     proc = start_cli(
         tmp_path,
         "-m",
         "hydra/launcher=submitit_local",
         "trainer.accelerator=cpu",
         "logger.system_metrics=false",
-        *PACK,
+        *BOTH,
     )
     try:
         _stop_each_once_training(
-            tmp_path, proc, 1, lambda job: _task_of(proc, job).send_signal(signal.SIGUSR2)
+            tmp_path, proc, 2, lambda job: _task_of(proc, job).send_signal(signal.SIGUSR2)
         )
         out, err = proc.communicate(timeout=300)
     finally:
@@ -59,16 +54,17 @@ def test_submitits_preemption_signal_requeues_a_local_pack(tmp_path, store):
             proc.kill()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     _, runs = _runs(store, "seqlab")
-    assert len(runs) == 2 and all(
-        "pack_id" in r.data.tags for r in runs
+    assert (
+        len(runs) == 3 and sum("pack_id" in r.data.tags for r in runs) == 2
     )  # the same runs, continued
     logs = _job_logs(tmp_path)
+    # The job alone and the pack, each stopped by the same graceful stop (resume.interrupt.GracefulStop).
     assert (
         logs.count("SIGUSR2: the job is preempted or near its time limit; stopping after this step")
-        == 1
+        == 2
     )
-    assert "preempted: the pack's runs ended KILLED" in logs
-    assert logs.count("Requeued job") >= 1  # submitit's own line
+    assert "preempted: MLflow run" in logs and "preempted: the pack's runs ended KILLED" in logs
+    assert logs.count("Requeued job") >= 2  # submitit's own line, for each
     for run in runs:
         assert run.info.status == "FINISHED" and "interrupted_at_step" not in run.data.tags
         assert f"requeue   this job started again: it continues its run {run.info.run_id}" in logs
