@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from seqlab import SeqlabError
+from seqlab.packing.flat import FlatState
 from seqlab.schema import ThresholdMethod, choice
 from seqlab.training.gradients import GradientTreatment
 from seqlab.training.perf import optimizer_factory
@@ -68,7 +69,7 @@ class _PackedOptimizer(torch.optim.Optimizer):
                 **defaults,
             ),
         )
-        self._rate_views: dict[tuple[int, int], torch.Tensor] = {}  # PackedAdam._member_rates
+        self._flats: dict[int, FlatState] = {}  # PackedAdam's buffers, per group
 
     @staticmethod
     def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -105,9 +106,8 @@ class _PackedOptimizer(torch.optim.Optimizer):
 
 
 class PackedAdam(_PackedOptimizer):
-    """torch.optim.Adam's update (no amsgrad), member by member, with foreach kernels over all
-    parameters at once (its step replaces the base class's per-parameter one). `decoupled`: AdamW's
-    weight decay (each member's weights shrink by its own lr x weight_decay before the update)."""
+    """torch.optim.Adam's update (no amsgrad), member by member, over buffers (FlatState: its step
+    replaces the base class's per-parameter one). `decoupled`: AdamW's weight decay."""
 
     decoupled = False
 
@@ -137,15 +137,6 @@ class PackedAdam(_PackedOptimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            beta1, beta2 = group["betas"]
-            if self.decoupled and group["weight_decay"]:
-                for p in (
-                    params
-                ):  # torch.optim.AdamW: param.mul_(1 - lr * weight_decay), before the moments
-                    p.mul_(1 - self._rate(group, p) * group["weight_decay"])
-                grads = [p.grad for p in params]
-            else:
-                grads = [self._grad(group, p) for p in params]
             m, v = [], []
             for p in params:
                 state = self.state[p]
@@ -157,37 +148,46 @@ class PackedAdam(_PackedOptimizer):
                 m.append(state["exp_avg"])
                 v.append(state["exp_avg_sq"])
             step = self.state[params[0]]["step"]
-            torch._foreach_lerp_(m, grads, 1 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
-            denom = torch._foreach_sqrt(v)
             start = group.get("member_start")
-            if start is not None and bool(start.any()):
-                # A member restarted (restart): the bias corrections of each member's own step
-                # count, 1 - beta^t per member, as a fresh Adam's.
-                t = step - start
-                torch._foreach_div_(denom, [_along((1 - beta2**t).sqrt(), p) for p in params])
-                torch._foreach_add_(denom, group["eps"])
-                update = torch._foreach_div(m, denom)
-                rates = group["member_lr"] / (1 - beta1**t)
-                torch._foreach_mul_(update, [_along(rates, p) for p in params])
-                torch._foreach_add_(params, update, alpha=-group["lr"])
-                continue
-            torch._foreach_div_(denom, math.sqrt(1 - beta2**step))
-            torch._foreach_add_(denom, group["eps"])
-            # p -= lr / (1 - beta1^step) x member_lr[k] x exp_avg / denom, as foreach kernels over
-            # every parameter: a dozen operations a step rather than five per parameter (a pack's
-            # steps are bound by launches and Python, not arithmetic).
-            update = torch._foreach_div(m, denom)
-            torch._foreach_mul_(update, self._member_rates(group, params))
-            torch._foreach_add_(params, update, alpha=-group["lr"] / (1 - beta1**step))
+            # A restarted member (restart): bias corrections of its own step count, a fresh Adam's.
+            restarted = step - start if start is not None and bool(start.any()) else None
+            self._flat_step(group, self._flat(group, params, m, v), step, restarted)
         return loss
 
-    def _member_rates(self, group: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each member's rate as a (K, 1, ...) view against each parameter, made once (kept out
-        of the group: a checkpoint saves the groups)."""
-        rates = group["member_lr"]
-        return [self._rate_views.setdefault((id(rates), p.dim()), _along(rates, p)) for p in params]
+    def _flat(
+        self, group: dict, params: list[torch.Tensor], m: list[torch.Tensor], v: list[torch.Tensor]
+    ) -> FlatState:
+        """The group's tensors in one buffer a kind (FlatState), bound again where one no longer
+        lies in it (a checkpoint's optimizer state loaded, a gradient made anew)."""
+        tensors = (params, [p.grad for p in params], m, v)
+        flat = self._flats.get(id(group))
+        if flat is None or not flat.holds(tensors, group["member_lr"]):
+            flat = self._flats[id(group)] = FlatState.bind(tensors, group["member_lr"])
+        return flat
+
+    def _flat_step(
+        self, group: dict, flat: FlatState, step: int, restarted: Optional[torch.Tensor]
+    ) -> None:
+        """torch.optim.Adam's update at member k's rate, each operation once over a buffer: a pack's
+        steps are bound by launches, and the dozen tensors of a packed CNN-LSTM made each foreach
+        operation a dozen kernels (K = 32, 2-core VM: 250-400 us a step that way, 130-150 us so).
+        `restarted`: each member's own step count t, (K,), where a member restarted."""
+        beta1, beta2 = group["betas"]
+        lr, decay, grad = group["lr"], group["weight_decay"], flat.grad
+        # AdamW: param.mul_(1 - lr * weight_decay) first; Adam: grad + weight_decay * p (coupled)
+        if decay and self.decoupled:
+            flat.param.mul_(1 - lr * flat.rate * decay)
+        elif decay:
+            grad = grad.add(flat.param, alpha=decay)
+        flat.exp_avg.lerp_(grad, 1 - beta1)
+        flat.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        if restarted is None:
+            second, rate, alpha = math.sqrt(1 - beta2**step), flat.rate, -lr / (1 - beta1**step)
+        else:
+            second = flat.spread((1 - beta2**restarted).sqrt())
+            rate, alpha = flat.spread(group["member_lr"] / (1 - beta1**restarted)), -lr
+        denom = flat.exp_avg_sq.sqrt().div_(second).add_(group["eps"])
+        flat.param.add_(flat.exp_avg.div(denom).mul_(rate), alpha=alpha)
 
 
 class PackedAdamW(PackedAdam):

@@ -94,3 +94,68 @@ def test_a_restarted_member_steps_as_a_fresh_optimizer_while_the_other_goes_on(c
     for k, net in enumerate(expected):
         torch.testing.assert_close(w[k].detach(), net.weight.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b[k].detach(), net.bias.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["optimizer=adam"], ["optimizer=adam", "optimizer.weight_decay=0.1"], ["optimizer=adamw"]],
+    ids=["adam", "adam-weight-decay", "adamw"],
+)
+def test_a_packed_adam_over_one_buffer_steps_each_member_as_its_own_through_a_checkpoint(
+    compose_cfg, overrides
+):
+    """PackedAdam moves the parameters, gradients and moments into one buffer each (FlatState)
+    and re-points the tensors at it: the gradient list the fused loop took before the first step
+    (zeroed in place, the backward adding into it) still is each parameter's gradient, and an
+    gradients made anew (step 3) and an optimizer state loaded from a checkpoint (new tensors) are
+    bound again: steps 6-8 trained, then undone by resuming from the checkpoint at 6. Each member against its network alone with
+    torch's optimizer at its own rate, 12 steps."""
+    import copy
+
+    import torch
+
+    from seqlab.packing.optim import packed_optimizer
+    from seqlab.training.loop import gradient_buffers
+
+    cfg = compose_cfg(*overrides)
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(6, 2) for _ in range(2)]
+    lrs = [1e-2, 4e-2]
+    x, y = torch.randn(12, 4, 6), torch.randn(12, 4, 2)
+
+    def loss(w, b, i):
+        return ((x[i] @ w.T + b - y[i]) ** 2).sum()
+
+    w = torch.nn.Parameter(torch.stack([n.weight.detach() for n in nets]))
+    b = torch.nn.Parameter(torch.stack([n.bias.detach() for n in nets]))
+    own = [instantiate(cfg.optimizer)(params=n.parameters(), lr=lr) for n, lr in zip(nets, lrs)]
+    optimizer = packed_optimizer(own, [w, b])
+    grads = [torch.zeros_like(w), torch.zeros_like(b)]
+    w.grad, b.grad = grads  # as the fused loop holds them (training.loop.gradient_buffers)
+    for n, opt in zip(nets, own):  # alone: 12 steps
+        for i in range(12):
+            opt.zero_grad()
+            loss(n.weight, n.bias, i).backward()
+            opt.step()
+    i, saved = 0, None
+    while i < 12:
+        if i == 6 and saved is None:  # a checkpoint: weights and optimizer state
+            saved = (w.detach().clone(), b.detach().clone(), copy.deepcopy(optimizer.state_dict()))
+        if i == 9 and saved[0] is not None:  # stopped, resumed from it into the same objects
+            with torch.no_grad():  # as Lightning loads them: in place, and the state anew
+                w.copy_(saved[0])
+                b.copy_(saved[1])
+            optimizer.load_state_dict(saved[2])
+            i, saved = 6, (None, None, None)
+        if i == 3:  # the gradients freed and made anew (Lightning may, around a validation)
+            w.grad = b.grad = None
+            grads = gradient_buffers([w, b])
+        torch._foreach_zero_(grads)
+        (loss(w[0], b[0], i) + loss(w[1], b[1], i)).backward()
+        optimizer.step()
+        i += 1
+    assert w.grad is grads[0] and b.grad is grads[1]
+    assert w.grad.untyped_storage().data_ptr() == b.grad.untyped_storage().data_ptr()  # one buffer
+    for k, net in enumerate(nets):
+        torch.testing.assert_close(w[k].detach(), net.weight.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b[k].detach(), net.bias.detach(), rtol=1e-5, atol=1e-6)
