@@ -69,7 +69,6 @@ class _PackedOptimizer(torch.optim.Optimizer):
                 **defaults,
             ),
         )
-        self._flats: dict[int, FlatState] = {}  # PackedAdam's buffers, per group
 
     @staticmethod
     def _rate(group: dict, p: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -122,6 +121,8 @@ class PackedAdam(_PackedOptimizer):
         super().__init__(params, lr, weight_decay=weight_decay, betas=betas, eps=eps)
         for group in self.param_groups:  # each member's steps before its start (restart)
             group["member_start"] = torch.zeros_like(group["member_lr"])
+        # Each group's buffers, by its place (a checkpoint's groups loaded replace the dicts).
+        self._flats: dict[int, FlatState] = {}
 
     @torch.no_grad()
     def restart(self, k: int, lr: float) -> None:
@@ -133,7 +134,7 @@ class PackedAdam(_PackedOptimizer):
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
         loss = None if closure is None else closure()
-        for group in self.param_groups:
+        for i, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -151,18 +152,16 @@ class PackedAdam(_PackedOptimizer):
             start = group.get("member_start")
             # A restarted member (restart): bias corrections of its own step count, a fresh Adam's.
             restarted = step - start if start is not None and bool(start.any()) else None
-            self._flat_step(group, self._flat(group, params, m, v), step, restarted)
+            self._flat_step(group, self._flat(i, group, params, m, v), step, restarted)
         return loss
 
-    def _flat(
-        self, group: dict, params: list[torch.Tensor], m: list[torch.Tensor], v: list[torch.Tensor]
-    ) -> FlatState:
+    def _flat(self, i: int, group: dict, params: list, m: list, v: list) -> FlatState:
         """The group's tensors in one buffer a kind (FlatState), bound again where one no longer
         lies in it (a checkpoint's optimizer state loaded, a gradient made anew)."""
         tensors = (params, [p.grad for p in params], m, v)
-        flat = self._flats.get(id(group))
+        flat = self._flats.get(i)
         if flat is None or not flat.holds(tensors, group["member_lr"]):
-            flat = self._flats[id(group)] = FlatState.bind(tensors, group["member_lr"])
+            flat = self._flats[i] = FlatState.bind(tensors, group["member_lr"])
         return flat
 
     def _flat_step(
