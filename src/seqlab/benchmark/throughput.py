@@ -262,7 +262,29 @@ def table(rows: list[Row]) -> str:
             "packedK: K networks in one step; it/s is the pack's steps/s, model-steps/s K x that; "
             "vs bare: over K bare loops one after another"
         )
+    lines += one_order_lines(rows)
     return "\n".join(lines)
+
+
+def one_order_lines(rows: list[Row]) -> list[str]:
+    """For each packedK-lr row beside a packedK row of the same device, shape and batch: its
+    model-steps/s over theirs (K members of one data order, sharing each batch, against K members
+    of K orders), as the medians' ratio and the 95% interval of each repeat's ratio to the packedK
+    run beside it: the two run seconds apart, so the pair sees one speed of a shared machine."""
+    seeds = {(r.device, r.shape, r.batch_size, r.members): r for r in rows if r.loop == "packed"}
+    lines = []
+    for r in rows:
+        other = seeds.get((r.device, r.shape, r.batch_size, r.members))
+        if r.loop != "packed-lr" or other is None:
+            continue
+        paired = Summary(tuple(a / b for a, b in zip(r.runs, other.runs)))
+        interval = "" if paired.lo is None else f", 95% (paired) {paired.lo:.2f}-{paired.hi:.2f}x"
+        lines.append(
+            f"{_label(r.loop, r.members)} over {_label(other.loop, other.members)} ({r.device}, "
+            f"{r.shape}, batch {r.batch_size}): {r.it_per_s / other.it_per_s:.2f}x{interval} "
+            f"({paired.n} repeats; one data order shared by the members against one order each)"
+        )
+    return lines
 
 
 def to_json(rows: list[Row], settings: dict) -> str:
