@@ -3,6 +3,8 @@ operation of a step once over all the parameters rather than once per tensor."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -25,6 +27,7 @@ class FlatState:
         self.member_sizes = [p[0].numel() for p in tensors[0]]  # a member's part of each parameter
         self.member_lr, self.lr_version = member_lr, member_lr._version
         self.rate = self.spread(member_lr)
+        self.start: Optional[tuple[torch.Tensor, int, bool]] = None  # restarted()'s last answer
 
     @classmethod
     @torch.no_grad()
@@ -64,3 +67,15 @@ class FlatState:
             self.member_lr, self.lr_version = member_lr, member_lr._version
             self.rate = self.spread(member_lr)
         return True
+
+    def restarted(self, member_start: torch.Tensor) -> bool:
+        """Whether a member restarted (its member_start above zero), read back from the device only
+        where member_start changed since the last step (restart() writes it in place; a
+        checkpoint's groups bring a new tensor): a GPU's step must not wait for its value."""
+        if (
+            self.start is None
+            or self.start[0] is not member_start
+            or (self.start[1] != member_start._version)
+        ):
+            self.start = (member_start, member_start._version, bool(member_start.any()))
+        return self.start[2]

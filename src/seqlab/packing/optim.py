@@ -148,11 +148,11 @@ class PackedAdam(_PackedOptimizer):
                 state["step"] += 1
                 m.append(state["exp_avg"])
                 v.append(state["exp_avg_sq"])
-            step = self.state[params[0]]["step"]
+            step, flat = self.state[params[0]]["step"], self._flat(i, group, params, m, v)
             start = group.get("member_start")
             # A restarted member (restart): bias corrections of its own step count, a fresh Adam's.
-            restarted = step - start if start is not None and bool(start.any()) else None
-            self._flat_step(group, self._flat(i, group, params, m, v), step, restarted)
+            restarted = step - start if start is not None and flat.restarted(start) else None
+            self._flat_step(group, flat, step, restarted)
         return loss
 
     def _flat(self, i: int, group: dict, params: list, m: list, v: list) -> FlatState:

@@ -159,3 +159,60 @@ def test_a_packed_adam_over_one_buffer_steps_each_member_as_its_own_through_a_ch
     for k, net in enumerate(nets):
         torch.testing.assert_close(w[k].detach(), net.weight.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b[k].detach(), net.bias.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_packed_adams_step_reads_nothing_back_from_the_device(compose_cfg, monkeypatch, device):
+    """The fused loop never waits for a GPU (training.loop), so neither may PackedAdam's step:
+    whether a member restarted is asked of member_start once after it changed (a restart, a
+    checkpoint's state loaded), not at every step. On a CPU every read-back of a tensor's value
+    (bool, item, tolist) is counted; on a GPU, CUDA's sync debug mode raises at one."""
+    import torch
+
+    from seqlab.packing.optim import packed_optimizer
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg = compose_cfg("optimizer=adam")
+    w = torch.nn.Parameter(torch.randn(2, 3, 4, device=device))
+    own = [
+        instantiate(cfg.optimizer)(params=[torch.nn.Parameter(w[k].detach())], lr=lr)
+        for k, lr in enumerate((1e-2, 3e-2))
+    ]
+    optimizer = packed_optimizer(own, [w])
+    w.grad = torch.ones_like(w)
+    reads = []
+    for name in ("__bool__", "item", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _real=real, _name=name: reads.append(_name) or _real(self, *a),
+        )
+
+    def steps(n: int) -> list[str]:
+        reads.clear()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(n):
+                optimizer.step()
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        return list(reads)
+
+    optimizer.step()  # the first: the state made
+    assert steps(3) == []
+    before = w.detach().clone()
+    optimizer.restart(1, 5e-3)  # member 1 a fresh optimizer's: its first step is its rate
+    w.grad.fill_(-2.0)  # a turn: member 0's moments, four steps old, still lean the other way
+    optimizer.step()  # the restart found (once)
+    moved = w.detach() - before
+    torch.testing.assert_close(moved[1], torch.full_like(moved[1], 5e-3), rtol=1e-4, atol=0)
+    assert moved[0].abs().max().item() < 1e-2 / 2  # not its first step's full rate
+    assert steps(3) == []
+    optimizer.load_state_dict(optimizer.state_dict())
+    optimizer.step()  # once after a checkpoint's state
+    assert steps(3) == []
