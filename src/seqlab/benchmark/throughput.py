@@ -277,7 +277,7 @@ def one_order_lines(rows: list[Row]) -> list[str]:
         other = seeds.get((r.device, r.shape, r.batch_size, r.members))
         if r.loop != "packed-lr" or other is None:
             continue
-        paired = Summary(tuple(a / b for a, b in zip(r.runs, other.runs)))
+        paired = paired_ratios(r.runs, other.runs, 1)  # as a row against bare: one by one
         interval = "" if paired.lo is None else f", 95% (paired) {paired.lo:.2f}-{paired.hi:.2f}x"
         lines.append(
             f"{_label(r.loop, r.members)} over {_label(other.loop, other.members)} ({r.device}, "
