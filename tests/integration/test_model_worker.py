@@ -42,8 +42,6 @@ def _models_of(store, run):
 
 def test_a_packs_models_logged_beside_it_are_the_models_logged_in_it(run_cli, store, tmp_path):
     seen = {}
-    # The worker as a sweep's later jobs find it (started at its first wide pack's end): ready.
-    model_worker.beside("on", 2).ready.result()
     for where in ("on", "off"):
         proc = run_cli(
             *PACK_OF_2,
@@ -69,10 +67,8 @@ def test_a_packs_models_logged_beside_it_are_the_models_logged_in_it(run_cli, st
             json.loads(p.read_text()) for p in (tmp_path / f"sweep-{where}").glob("**/costs.json")
         ]
         assert len(spent) == 2
-        # The worker's own seconds, beside this process's phases: where it logged them (the first
-        # member's at least: a member's models come to it while it is free, else are logged here).
-        beside = [s["beside"].get("models", 0) > 0 for s in spent]
-        assert any(beside) if where == "on" else not any(beside), spent
+        # The worker's own seconds, beside this process's phases: only where it logged them.
+        assert all((s["beside"].get("models", 0) > 0) == (where == "on") for s in spent), spent
     for seed in ("0", "1"):
         assert seen["on", seed] == seen["off", seed]
         assert {"model", "model-onnx"} <= {name for name, _ in seen["on", seed]}
@@ -105,7 +101,6 @@ def test_a_worker_that_died_leaves_the_runs_models_to_this_process(monkeypatch, 
     monkeypatch.setattr(model_worker, "_start_worker", model_worker._ready)
     worker = model_worker.beside("on", 2)
     assert worker is not None and model_worker.beside("on", 2) is worker  # one a process
-    worker.ready.result()
     done = model_worker.submit(worker, _models(_DiesWhenUnpickled())).result()
     assert logged_here == ["r1"]  # here, once the worker was gone
     assert done.tags == {"registered_model": "models:/m/1"}

@@ -9,15 +9,10 @@ figure holds the GIL; torch.onnx.export refuses two exports at once); a process 
 member k's models while the training process writes member k + 1's records and figure.
 
 `logger.model_worker`: auto (a pack of AUTO_FROM members or more: below that its start, about
-2.4 s of imports, buys little), on, off. One worker a training process, started at the first such
-pack's end and kept for the process's later jobs (idle, it costs them nothing). Not at the pack's
-setup: there its imports held a core that the setup's copies of the data wait on, and lengthened a
-pack of 32's setup on this project's 2-core VM by 3.2-9.6 s, at nice 19 still by 0.1-5.3 s, more
-than it saved at the end. A member's models go to the worker only when it is ready and done with
-the last member's; else they are logged here, so that neither process waits on the other (on a
-busy machine the worker logs a member's models more slowly than this process would). The worker
-ignores Ctrl-C and SIGTERM (the training process decides when to stop) and ends with it; one that
-died is replaced by logging here."""
+2.4 s of imports on the idle core, buys little), on, off. One worker a training process, started
+as its first such pack sets up (its imports overlap the pack's setup, not its training) and kept
+for the process's later jobs. The worker ignores Ctrl-C and SIGTERM (the training process decides
+when to stop) and ends with it; one that died is replaced by logging here."""
 
 from __future__ import annotations
 
@@ -196,18 +191,13 @@ class ModelWorker:
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
         )
-        self.ready = self.pool.submit(_ready)  # once its imports are done
-        self.working: Optional[Future] = None  # the last models handed to it
+        self.pool.submit(_ready)  # starts it now: its imports overlap the pack's setup
 
     def submit(self, models: ModelsToLog) -> "Pending":
-        """The run's models to the worker if it is free; else logged here now (see above)."""
-        if not self.ready.done() or (self.working is not None and not self.working.done()):
-            return Pending(models)
         try:
-            self.working = self.pool.submit(_in_worker, pickle.dumps(models))
+            return Pending(models, self.pool.submit(_in_worker, pickle.dumps(models)))
         except BrokenProcessPool:  # it died after an earlier run's models: this one's here
             return _here(models)
-        return Pending(models, self.working)
 
     def current(self) -> bool:
         return self.env == {k: os.environ.get(k) for k in _CREDENTIALS}
