@@ -94,10 +94,6 @@ def test_scheduler_none_leaves_no_scheduler(compose_cfg):
         ("trainer.max_epochs=0", "trainer.max_epochs must be positive, got 0"),
         ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
         ("data=npz", "data=npz needs a file: add data.path=FILE"),
-        (
-            "logger.model_worker=sometimes",
-            "logger.model_worker must be one of auto, on, off; got 'sometimes'",
-        ),
         ("data=csv data.path=/nonexistent.csv", "data.path=/nonexistent.csv: no such file"),
     ],
 )

@@ -61,7 +61,6 @@ class RunModels:
     register_as: Optional[str]
     log_onnx: bool
     outage_wait_s: float
-    cwd: str  # the training process's folder now: a relative store or artifact path means the same
     tags: dict[str, str] = field(default_factory=dict)
 
     def wait_for_metrics(self) -> None:
@@ -100,7 +99,6 @@ class ModelsToLog:
             tracker.register_as,
             tracker.log_onnx,
             tracker.outage_wait_s,
-            os.getcwd(),
         )
         best_weights = (
             {k: v.detach().cpu() for k, v in ending.best_weights.items()}
@@ -153,12 +151,10 @@ class _Lines(logging.Handler):
 def _in_worker(payload: bytes) -> ModelsLogged:
     # Plain pickle both ways: the training process's own bytes through its own pipe (the tensors by
     # value, not through shared memory and a file-descriptor server).
-    models = pickle.loads(payload)
-    os.chdir(models.run.cwd)  # the worker outlives the job it started in (a sweep's jobs)
     lines = _Lines()
     log.addHandler(lines)
     try:
-        done = log_models(models)
+        done = log_models(pickle.loads(payload))
     finally:
         log.removeHandler(lines)
     done.lines = lines.lines
@@ -194,10 +190,7 @@ class ModelWorker:
         self.pool.submit(_ready)  # starts it now: its imports overlap the pack's setup
 
     def submit(self, models: ModelsToLog) -> "Pending":
-        try:
-            return Pending(models, self.pool.submit(_in_worker, pickle.dumps(models)))
-        except BrokenProcessPool:  # it died after an earlier run's models: this one's here
-            return _here(models)
+        return Pending(models, self.pool.submit(_in_worker, pickle.dumps(models)))
 
     def current(self) -> bool:
         return self.env == {k: os.environ.get(k) for k in _CREDENTIALS}
@@ -219,16 +212,11 @@ class Pending:
             try:
                 self.done = self.future.result()
             except BrokenProcessPool:
-                self.done = _here(self.models).done
+                global _WORKER
+                _WORKER = None
+                log.warning("model     the models' process ended; this run's models logged here")
+                self.done = log_models(self.models)
         return self.done
-
-
-def _here(models: ModelsToLog) -> Pending:
-    """A run's models logged in this process, the worker having died (the next pack starts another)."""
-    global _WORKER
-    _WORKER = None
-    log.warning("model     the models' process ended; this run's models are logged here")
-    return Pending(models)
 
 
 _WORKER: Optional[ModelWorker] = None
