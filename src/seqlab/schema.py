@@ -38,7 +38,6 @@ RerunCode = _choices("RerunCode", "recorded", "current")
 # Not Enums: YAML reads a bare 32 as a number and a bare off/on as a bool, which an Enum field refuses.
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "64-true", "64")
 CUDA_GRAPH = ("auto", "on", "off")
-MODEL_WORKER = ("auto", "on", "off")
 
 
 class ConfigError(SeqlabError):
@@ -171,9 +170,6 @@ class LoggerConfig:
         None  # also register the logged model as a new version: models:/NAME/VERSION
     )
     log_onnx: bool = True  # the network kept also as ONNX (`model-onnx`: MATLAB's importNetworkFromONNX, onnxruntime)
-    # A pack's members' models logged by a second process while this one writes the next member's
-    # records: auto (packs of 8 members or more), on, off (tracking.model_worker).
-    model_worker: str = "auto"
 
 
 @dataclass

@@ -41,7 +41,6 @@ from seqlab.packing.data import PackData
 from seqlab.packing.member_runs import (
     close,
     ended,
-    finish_all,
     finish_or_fail,
     log_datasets,
     open_runs,
@@ -64,7 +63,6 @@ from seqlab.tracking import StepMetricsRecorder
 from seqlab.tracking.connect import open_tracker
 from seqlab.tracking.costs import PROCESS
 from seqlab.tracking.lifecycle import report
-from seqlab.tracking.model_worker import ModelWorker, beside
 from seqlab.training import devices
 from seqlab.training.evaluation import LOSS_TO_MSE
 from seqlab.training.loop import FusedLoop
@@ -161,7 +159,6 @@ class Recipe:
         self.start_from = start_from
         self.stack = ExitStack()
         self.wall = 0.0
-        self.worker: Optional[ModelWorker] = None
 
     def __enter__(self) -> "Recipe":
         self.stack.__enter__()
@@ -184,11 +181,6 @@ class Recipe:
         if error is not None:
             raise error
         self.continuing = resumed is not None  # these runs' own checkpoint
-        # Where the members' models are logged at their end (tracking.model_worker): a wide pack's
-        # beside this process, started now so that its imports overlap this setup.
-        self.worker = (
-            beside(members[0].tracker.model_worker, len(members)) if job.rank == 0 else None
-        )
         self.start_from = resumed or self.start_from
         devices.use_cores(self.device, cfg.deterministic, job.cpu_share())
         # Each member built as its run alone builds it: its seed, its data, its network; its dropout
@@ -431,9 +423,10 @@ class Recipe:
         """Each member's end (the network kept, final metrics, checkpoint, curves, models,
         status); the report of a run alone."""
         job = self.job
-        results = finish_all(
-            self.members, self.module.model, self.trainer, self.device, self.wall, self.worker
-        ) + [m.job.result for m in self.module.retired]  # ended as they left their slots
+        results = [
+            finish_or_fail(m, self.module.model, self.trainer, self.device, self.wall)
+            for m in self.members
+        ] + [m.job.result for m in self.module.retired]  # ended as they left their slots
         if len(self.members) == 1 and results[0].status == "FINISHED" and job.rank == 0:
             report(job, self.members[0].tracker, results[0], self.trainer, self.device, self.wall)
         return results

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from seqlab import schema as schema_module
-from seqlab.schema import CUDA_GRAPH, MODEL_WORKER, PRECISIONS, ConfigError, TrainConfig, choice
+from seqlab.schema import CUDA_GRAPH, PRECISIONS, ConfigError, TrainConfig, choice
 
 
 def unknown_key(overrides: list[str], groups: set[str], schema: Any = None) -> Optional[str]:
@@ -256,10 +256,6 @@ def _check_metrics_and_logger(cfg: DictConfig) -> None:
     _require(
         cfg.logger.flush_every_s >= 0,
         f"logger.flush_every_s must be >= 0, got {cfg.logger.flush_every_s}",
-    )
-    _require(
-        str(cfg.logger.model_worker).lower() in MODEL_WORKER,
-        f"logger.model_worker must be one of {', '.join(MODEL_WORKER)}; got {cfg.logger.model_worker!r}",
     )
     _require(
         cfg.logger.log_checkpoints in ("best", "all", "none"),

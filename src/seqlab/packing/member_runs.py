@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import mlflow
 import torch
@@ -37,9 +36,7 @@ from seqlab.tracking.lifecycle import (
     finished_result,
     open_run,
     record_end,
-    record_models,
 )
-from seqlab.tracking.model_worker import ModelWorker, Pending
 from seqlab.tracking.senders import Undelivered
 from seqlab.training.evaluation import final_metrics
 
@@ -146,55 +143,17 @@ def stopped(members: list[Member], signal: str, step: int) -> None:
 def finish_or_fail(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> JobResult:
     """The member's run ended as its job alone ends it (FINISHED; FAILED where it failed); where its
     own run refuses (deleted in the UI, an upload its store refuses), that member ends FAILED and
-    the pack's other members still end theirs. A member that stops while the others train, and
-    every member of a job at its end (finish_all)."""
-    return finish_all([m], model, trainer, device, wall)[0]
-
-
-def finish_all(
-    members: list[Member],
-    model: Any,
-    trainer: Any,
-    device: Any,
-    wall: float,
-    worker: Optional[ModelWorker] = None,
-) -> list[JobResult]:
-    """The members' runs ended in turn, each as finish_or_fail ends it. With `worker`
-    (tracking.model_worker), a member's models are logged beside this process while the next
-    member's records and figure are written here; its run ends once they are in. Each member's own
-    validation set is split again for its end (its training set too where its end takes a pass
-    over it), and dropped after it."""
-    results: list[JobResult] = []
-    waiting: Optional[_Finishing] = None
-    for m in members:
-        if m.job.result is not None and m.job.result.status != "RUNNING":
-            begun: Any = m.job.result  # its run ended where it stopped, or before this start
-        else:
-            if m.status != "FAILED":
-                # What its end scores: the validation set, and the training set only where
-                # BatchNorm's population statistics take a pass over it (module.bn_statistics).
-                population = m.cfg.module.bn_statistics == "population"
-                m.datamodule.setup("fit" if population else "validate")
-            try:
-                begun = _own(m, lambda: _begin(m, model, trainer, device, wall, worker))
-            finally:
-                m.datamodule.release()
-        if waiting is not None:
-            results.append(_own(waiting.m, waiting.complete))
-            waiting = None
-        if isinstance(begun, _Finishing):
-            waiting = begun
-        else:
-            results.append(begun)
-    if waiting is not None:
-        results.append(_own(waiting.m, waiting.complete))
-    return results
-
-
-def _own(m: Member, step: Callable[[], Any]) -> Any:
-    """One step of the member's end; where its own run refuses, the member ends FAILED (its result)."""
+    the pack's other members still end theirs. Its own validation set is split again for its end
+    (its training set too where its end takes a pass over it), and dropped after it."""
+    if m.job.result is not None and m.job.result.status != "RUNNING":
+        return m.job.result  # its run ended where it stopped, or before this start of the pack
+    if m.status != "FAILED":
+        # What its end scores: the validation set, and the training set only where BatchNorm's
+        # population statistics take a pass over it (module.bn_statistics).
+        population = m.cfg.module.bn_statistics == "population"
+        m.datamodule.setup("fit" if population else "validate")
     try:
-        return step()
+        return _finish(m, model, trainer, device, wall)
     except Undelivered as error:  # its end waits for its store: its result is written (ended)
         log.error("member %d: %s", m.k, error)
         return m.job.result
@@ -206,40 +165,13 @@ def _own(m: Member, step: Callable[[], Any]) -> Any:
         except Exception as failure:  # noqa: BLE001 - its result is written all the same (ended)
             log.error("member %d: its run could not be ended: %s", m.k, one_line(failure))
             return m.job.result
+    finally:
+        m.datamodule.release()
 
 
-@dataclass
-class _Finishing:
-    """A member whose end's records are written and whose models are on their way (record_end)."""
-
-    m: Member
-    ending: Ending
-    models: Pending
-
-    def complete(self) -> JobResult:
-        m = self.m
-        record_models(m.tracker, self.ending, self.models)
-        m.status = "FINISHED"
-        result = finished_result(m.cfg, m.job, m.tracker, m.opening, self.ending)
-        ended(m, result)
-        if m.job.member is not None:
-            log.info(
-                "done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)",
-                m.name,
-                m.k,
-                m.job.pack_id,
-                _fmt(result.val_rmse),
-                _fmt(result.best_val_rmse),
-                _fmt(result.it_per_s, ",.0f"),
-            )
-        return result
-
-
-def _begin(
-    m: Member, model: Any, trainer: Any, device: Any, wall: float, worker: Optional[ModelWorker]
-) -> JobResult | _Finishing:
+def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> JobResult:
     """The member's run as its job alone ends it: the network kept, final metrics, checkpoint,
-    curves, its models handed over; a FAILED member's run ended."""
+    curves, model, status; its result."""
     tracker, cfg = m.tracker, m.cfg
     tracker.costs.training_s = wall  # the job's, to this member's end
     if m.status == "FAILED":
@@ -287,7 +219,21 @@ def _begin(
         time_to_target_s=m.reached.time_to_target_s if m.reached else None,
         pruned=m.pruned,
     )
-    return _Finishing(m, ending, record_end(tracker, m.job, m.name, ending, worker))
+    record_end(tracker, m.job, m.name, ending)
+    m.status = "FINISHED"
+    result = finished_result(cfg, m.job, tracker, m.opening, ending)
+    ended(m, result)
+    if m.job.member is not None:
+        log.info(
+            "done      %s (member %d of pack %s): val_rmse %s, best %s, %s it/s (the pack's)",
+            m.name,
+            m.k,
+            m.job.pack_id,
+            _fmt(result.val_rmse),
+            _fmt(result.best_val_rmse),
+            _fmt(result.it_per_s, ",.0f"),
+        )
+    return result
 
 
 def _save_checkpoint(m: Member, model: Any, trainer: Any, step: int) -> Path:

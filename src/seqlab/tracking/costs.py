@@ -25,9 +25,6 @@ FILE = "costs.json"
 class Costs:
     phases: dict[str, float] = field(default_factory=dict)  # seconds by phase, in first-seen order
     training_s: Optional[float] = None  # the fit's wall time (a pack's: every member's)
-    # Seconds spent for the run in another process, beside this one's phases (not on top of them):
-    # its models, where tracking.model_worker logged them.
-    beside: dict[str, float] = field(default_factory=dict)
     _open: list[list] = field(default_factory=list)  # [name, start, seconds in inner phases]
 
     @contextmanager
@@ -45,7 +42,6 @@ class Costs:
 
     def clear(self) -> None:
         self.phases.clear()
-        self.beside.clear()
         self.training_s = None
 
 
@@ -75,7 +71,6 @@ def write(job_dir: Path, run: Costs, job: Optional[int], pack_id: Optional[str] 
         "pack_id": pack_id,
         "training_s": run.training_s,
         "run": run.phases,
-        "beside": run.beside,
         "process": PROCESS.phases,
         "first_job_at": first_job_at,
         "written_at": time.time(),  # the run's end: what a command does after its last run is past it

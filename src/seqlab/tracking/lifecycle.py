@@ -3,8 +3,7 @@ one member, a pack's members each a run): what it opens with, its opening, its e
 result, and its end with a status. Each job is a pack of K >= 1 runs; these are the steps every one
 of them takes, in this order (seqlab.packing.member_runs):
 
-    describe_run -> open_run -> (record_config, datasets, training) -> record_end -> record_models
-    -> end_run
+    describe_run -> open_run -> (record_config, datasets, training) -> record_end -> end_run
     (-> report: a run alone's lines at its end)
 
 A failure on the way ends the run with `seqlab.ending_status(error)`: KILLED for an interruption
@@ -27,8 +26,7 @@ from seqlab.store.ui import run_link
 from seqlab.sweeps.job import Job, JobResult, SweepInfo, fmt
 from seqlab.tracking import costs
 from seqlab.tracking.describe import run_name, run_params, run_tags
-from seqlab.tracking.model_logging import Kept
-from seqlab.tracking.model_worker import ModelsToLog, ModelWorker, Pending, submit
+from seqlab.tracking.model_logging import Kept, log_networks
 from seqlab.tracking.provenance import CodeState, code_state
 from seqlab.tracking.records import Best
 
@@ -135,13 +133,10 @@ class Ending:
     model_uri: Optional[str] = None  # where record_end logged the network kept
 
 
-def record_end(
-    tracker: Any, job: Job, title: str, ending: Ending, worker: Optional[ModelWorker] = None
-) -> Pending:
+def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
     """The end's records, in the run: which network it keeps, the final metrics, the checkpoint as
-    an artifact (logger.log_checkpoint), the training curves; and its networks handed over to be
-    logged as MLflow models, by `worker` (tracking.model_worker: a pack's, beside this process) or
-    here now. `record_models` takes them back."""
+    an artifact (logger.log_checkpoint), the training curves, the networks as MLflow models; and no
+    resume point any more (training went to its end: nothing is left to continue)."""
     spent = tracker.costs
     with spent.phase("final records"):
         tracker.set_tags(ending.kept.tags())
@@ -149,31 +144,22 @@ def record_end(
     if tracker.log_checkpoint:
         with spent.phase("checkpoint"):
             store_checkpoint(tracker, ending.checkpoint)
-    with spent.phase("models"):
-        # A logged model links the run's metrics at its step: stored first, wherever it is logged.
-        tracker.wait_for_metrics()
-        models = submit(worker, ModelsToLog.of(tracker, ending))
-    with spent.phase("figures"):  # while the worker logs the models
+    with spent.phase("figures"):
         tracker.log_artifact(
             training_curves(tracker.history, job.output_dir / "training_curves.png", title=title)
         )
-    return models
-
-
-def record_models(tracker: Any, ending: Ending, models: Pending) -> None:
-    """The run's models logged (record_end's hand-over, waited for), what that said and tagged;
-    then no resume point any more (training went to its end: nothing is left to continue)."""
-    spent = tracker.costs
     with spent.phase("models"):
-        done = models.result()
-        if models.future is not None:  # the worker's own time: beside this process's
-            spent.beside["models"] = spent.beside.get("models", 0.0) + done.seconds
-    for level, line in done.lines:
-        log.log(level, line)
+        logged = log_networks(
+            tracker,
+            ending.network,
+            ending.example_x,
+            ending.kept,
+            ending.best,
+            ending.best_weights,
+            ending.logged,
+        )
+    ending.model_uri = logged.uri if logged else None
     with spent.phase("final records"):
-        if done.tags:
-            tracker.set_tags(done.tags)
-        ending.model_uri = done.logged.uri if done.logged else None
         drop_resume_point(tracker)
 
 

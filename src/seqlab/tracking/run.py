@@ -73,7 +73,6 @@ class MlflowTracker:
         outage_wait_s: float = _Defaults.outage_wait_s,
         register_as: Optional[str] = _Defaults.register_as,
         log_onnx: bool = _Defaults.log_onnx,
-        model_worker: str = _Defaults.model_worker,
         rank: int = 0,
     ) -> None:
         # A password in the address goes to MLflow's credential variables: it is sent, never shown.
@@ -95,7 +94,6 @@ class MlflowTracker:
             register_as  # the logged model also becomes a version of this registered model
         )
         self.log_onnx = log_onnx  # the network kept also as ONNX (tracking.model_logging.log_onnx)
-        self.model_worker = str(model_worker).lower()  # where a pack logs its models (seqlab.train)
         self.rank = rank
         self.samples = None  # tracking.system_metrics: this run's, while it is sampled
         self.ended = False  # this process ended its run (a heartbeat then knows an end is its own)

@@ -46,7 +46,7 @@ def test_the_first_job_of_a_process_is_noted_once_and_each_job_starts_its_costs_
     first = costs.first_job_at
     assert before <= first <= time.time()
     costs.PROCESS.phases["imports"] = 2.0
-    run = Costs({"store": 0.5}, training_s=3.0, beside={"models": 0.25})
+    run = Costs({"store": 0.5}, training_s=3.0)
     costs.write(tmp_path, run, 4, "s-p0")
     written = json.loads((tmp_path / costs.FILE).read_text())
     assert first <= written.pop("written_at") <= time.time()
@@ -55,7 +55,6 @@ def test_the_first_job_of_a_process_is_noted_once_and_each_job_starts_its_costs_
         "pack_id": "s-p0",
         "training_s": 3.0,
         "run": {"store": 0.5},
-        "beside": {"models": 0.25},
         "process": {"imports": 2.0},
         "first_job_at": first,
     }
