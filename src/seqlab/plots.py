@@ -23,6 +23,20 @@ Series = Sequence[tuple[int, float]]
 _CURVES: Optional[tuple[Figure, np.ndarray]] = None
 
 
+# The series the training-curves figure draws.
+CURVES = ("train_rmse", "val_rmse", "train_loss", "val_loss", "lr")
+
+
+def series_to_draw(history: Mapping[str, Series]) -> dict[str, list[list[float]]]:
+    """The figure's series as training_curves draws them (each enveloped): what the delivery
+    process is handed to draw it (delivery.figures), a few thousand points whatever the run's length."""
+    return {
+        name: np.column_stack(envelope(history[name])).tolist()
+        for name in CURVES
+        if history.get(name)
+    }
+
+
 def training_curves(history: Mapping[str, Series], path: Path, title: str = "") -> Path:
     # Matplotlib's own style, whatever a library set since (Optuna's plots use ggplot's): the
     # figure made in one style and its next run's lines drawn in another would mix them.

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from conftest import cli_env
 from harness.delivery import _series
@@ -188,3 +189,64 @@ def test_a_training_process_killed_outright_loses_no_journaled_row(tmp_path, sto
     assert run_id in ended and store.get_run(run_id).info.status == "KILLED"
     steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
     assert steps == list(range(1, 2001))
+
+
+def _curves_history(n: int = 3_000) -> dict:
+    steps = list(range(1, n + 1))
+    return {
+        "train_rmse": [(s, 1.0 / s**0.5) for s in steps],
+        "train_loss": [(s, 1.0 / s) for s in steps],
+        "val_rmse": [(s, 0.9 / s**0.5) for s in steps[::300]],
+        "val_loss": [(s, float("nan") if s == 301 else 0.8 / s) for s in steps[::300]],
+        "lr": [(s, 1e-3 if s < n // 2 else 1e-4) for s in steps],
+    }
+
+
+def test_a_runs_figure_is_drawn_by_its_delivery_process_as_this_process_would_draw_it(
+    tmp_path, monkeypatch
+):
+    """A run's training curves are drawn beside its models' logging, by the delivery process
+    (delivery.figures): the same picture as this process draws, its series file gone after."""
+    from matplotlib.image import imread
+
+    from seqlab.delivery.figures import Curves
+    from seqlab.plots import series_to_draw, training_curves
+
+    history = _curves_history()
+    here = training_curves(history, tmp_path / "here.png", "member 3")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    with tracker.run("r", {}):
+        # This process cannot draw it: the picture that comes back is the helper's.
+        monkeypatch.setattr(Curves, "draw", lambda self: pytest.fail("drawn in this process"))
+        png = tmp_path / "job" / "training_curves.png"
+        drawn = tracker.draw_curves(series_to_draw(history), png, "member 3").wait()
+        monkeypatch.undo()
+    assert drawn == png and np.array_equal(imread(png), imread(here))
+    assert sorted(p.name for p in png.parent.iterdir()) == ["training_curves.png"]
+
+
+def test_a_figure_the_helper_does_not_draw_is_drawn_here(tmp_path, caplog):
+    """A helper that stalls, or dies before it draws: the run's figure is drawn in this process."""
+    from matplotlib.image import imread
+
+    from seqlab.plots import series_to_draw, training_curves
+
+    history = _curves_history(400)
+    here = imread(training_curves(history, tmp_path / "here.png"))
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "writer")
+    with caplog.at_level(logging.WARNING, logger="seqlab"), tracker.run("r", {}):
+        helper = _helper(tracker)
+        for ending in ("stalled", "killed"):
+            os.kill(helper.pid, signal.SIGSTOP)  # it takes no message until killed or let go
+            png = tmp_path / ending / "training_curves.png"
+            drawing = tracker.draw_curves(series_to_draw(history), png, "")
+            started = time.monotonic()
+            if ending == "killed":
+                helper.kill()
+                helper.wait()
+            assert drawing.wait(wait_s=1.0) == png and np.array_equal(imread(png), here)
+            assert time.monotonic() - started < 15  # no longer than the wait and a figure
+            if ending == "stalled":
+                os.kill(helper.pid, signal.SIGCONT)
+        assert _helper(tracker) is not helper  # replaced as a dead helper always is
+    assert "the delivery process stopped" in caplog.text

@@ -6,6 +6,8 @@
              it was tested with), anything else through MLflow's `log_batch`
 - `helper`:  the one delivery process of a training process, which reads its runs' journals and
              delivers them; and the training side's handle on it
+- `figures`: a run's training-curves figure, which that process draws while the training process
+             logs the run's models
 
 `resume=`, a requeued job, the reaper of dead runs and a run's own end deliver a journal with the
 same code (`journal.deliver_journal`, `journal.Tail`). Light imports only: the helper process

@@ -15,11 +15,15 @@ and ignores Ctrl-C and a scheduler's SIGTERM: the training process decides when 
 
     SEQLAB_DELIVERY_URI=... python -m seqlab.delivery.helper   # JSON lines on stdin, events on stdout
 
+It also draws a run's training-curves figure while the training process logs the run's models
+(delivery.figures: the GIL-bound 0.1 s of a picture on a core that is free at a run's end).
+
 The store's address goes in the environment, not the command line, which any user of the machine
 can read with ps (an address may hold a password). Messages in: {"open": run, "folder": path},
-{"close": run} (no more rows come: deliver the rest, then forget it), {"now": 1}. Events out, one
+{"close": run} (no more rows come: deliver the rest, then forget it), {"now": 1}, {"figure":
+curves, "id": n} (delivery.figures.Curves.message: drawn after the rows waiting). Events out, one
 JSON line each: {"sent": n} after each write (the training side's wake-up; the journal's count is
-the record), {"say": text} for a line the training process logs."""
+the record), {"drawn": n[, "error": text]}, {"say": text} for a line the training process logs."""
 
 from __future__ import annotations
 
@@ -33,9 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from seqlab.delivery.figures import WAIT_S, Curves
 from seqlab.delivery.journal import MetricJournal, Tail, deliver, deliver_all, open_tail
 from seqlab.delivery.stores import open_rows, transient
 from seqlab.secrets import mask_uris
@@ -55,6 +61,9 @@ class _Helper:
         self.writer: Any = None  # opened as it starts (run; delivery.stores.open_rows)
         self.tails: dict[str, Tail] = {}
         self.closing: set[str] = set()
+        self.figures: list[
+            tuple[Any, Curves]
+        ] = []  # (id, figure) in order: one drawn between writes
         self.give_up_s = give_up_s  # after the training process is gone, a store away this long
         self.down_since: Optional[float] = None
         self.last_write = 0.0
@@ -83,6 +92,17 @@ class _Helper:
                 self.tails[run_id] = tail
         elif "close" in message:
             self.closing.add(str(message["close"]))
+        elif "figure" in message:
+            self.figures.append((message["id"], Curves.of(message["figure"])))
+
+    def draw(self) -> None:
+        """The first figure asked for, drawn; the training side told (or why not: it draws it then)."""
+        asked, curves = self.figures.pop(0)
+        try:
+            curves.draw()
+            self.say({"drawn": asked})
+        except Exception as error:  # noqa: BLE001 - the training process draws it itself
+            self.say({"drawn": asked, "error": " ".join(str(error).split())[:300]})
 
     def open_writer(self) -> None:
         self.writer = open_rows(self.tracking_uri, lambda text: self.say({"say": text}))
@@ -143,6 +163,8 @@ class _Helper:
         ended_at = None
         while True:
             wait = POLL_S if ok else RETRY_S
+            if self.figures and not eof:
+                wait = 0  # a figure waits to be drawn: messages first, then the rows, then it
             if not eof and select.select([stdin], [], [], wait)[0]:
                 data = os.read(stdin, 1 << 16)
                 if not data:
@@ -152,12 +174,14 @@ class _Helper:
                     message = json.loads(line)
                     urgent = urgent or "now" in message
                     self.take(message)
-                if not urgent and not eof and self._soon():
+                if not urgent and not eof and self._soon() and not self.figures:
                     continue  # more may come: it joins the next write
             elif eof and not ok:
                 time.sleep(RETRY_S)
             urgent = False
             ok = self.deliver()
+            if self.figures and not eof:  # no one waits for a figure once the training side is gone
+                self.draw()
             if eof and (
                 (ok and not any(t.pending or t.rows_waiting() for t in self.tails.values()))
                 or time.monotonic() - ended_at > self.give_up_s
@@ -220,6 +244,8 @@ class Delivery:
         self.down = False  # the helper said the store does not answer (and not yet that it is back)
         self.gave_up = False  # a wait ended while it was down: the next ones do not wait again
         self.heard = b""
+        self.drawn: dict[int, Optional[str]] = {}  # figures the helper said it drew: id -> error
+        self.asked = 0  # figures asked for (their ids)
         self.proc: Optional[subprocess.Popen] = None
         self._start()
         atexit.register(self.stop)
@@ -287,6 +313,8 @@ class Delivery:
             self.gave_up = self.gave_up and self.down
             if "say" in event:
                 log.warning("%s", event["say"])
+            if "drawn" in event:
+                self.drawn[event["drawn"]] = event.get("error")
         return bool(lines)
 
     def wait(self, journal: MetricJournal, stall_s: float) -> bool:
@@ -311,6 +339,13 @@ class Delivery:
                 return False
             select.select([self.proc.stdout], [], [], min(left, 0.1))
         return True
+
+    def draw(self, curves: Curves) -> "Drawing":
+        """The figure drawn by the helper, while this process goes on; `Drawing.wait` for it."""
+        self.check()
+        self.asked += 1
+        self._tell({"figure": curves.message(), "id": self.asked})
+        return Drawing(self, curves, self.proc, self.asked)
 
     def take_over(self, journal: MetricJournal) -> None:
         """A helper that does not deliver (stopped, stalled): killed, `journal` delivered from this
@@ -339,6 +374,32 @@ class Delivery:
             self.proc.stdin.close()
         except OSError:
             pass
+
+
+@dataclass
+class Drawing:
+    """A figure the helper `proc` was asked to draw."""
+
+    delivery: Delivery
+    curves: Curves
+    proc: Any
+    asked: int  # its id
+
+    def wait(self, wait_s: float = WAIT_S) -> Path:
+        """The figure's PNG once drawn: the helper's, or this process's where the helper said it
+        could not, was replaced (the request went with it) or took longer than `wait_s`."""
+        d, asked = self.delivery, self.asked
+        deadline = time.monotonic() + wait_s
+        while asked not in d.drawn:
+            d.check()
+            if asked in d.drawn or d.proc is not self.proc or time.monotonic() > deadline:
+                break
+            select.select([d.proc.stdout], [], [], 0.05)
+        error = d.drawn.pop(asked, "not drawn")
+        try:
+            return self.curves.png if error is None else self.curves.draw()
+        finally:
+            self.curves.discard()
 
 
 if __name__ == "__main__":

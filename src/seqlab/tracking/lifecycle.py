@@ -19,7 +19,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from seqlab import ending_status
-from seqlab.plots import training_curves
+from seqlab.plots import series_to_draw
 from seqlab.resume.points import drop_resume_point, store_checkpoint
 from seqlab.store.ghosts import identity
 from seqlab.store.ui import run_link
@@ -141,23 +141,29 @@ def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
     with spent.phase("final records"):
         tracker.set_tags(ending.kept.tags())
         tracker.log_metrics(ending.summary, ending.step)
+        # Stored before the figure is asked for: the delivery process draws it, and the models'
+        # wait for their metrics (model_logging) would otherwise wait for the drawing too.
+        tracker.wait_for_metrics()
     if tracker.log_checkpoint:
         with spent.phase("checkpoint"):
             store_checkpoint(tracker, ending.checkpoint)
-    with spent.phase("figures"):
-        tracker.log_artifact(
-            training_curves(tracker.history, job.output_dir / "training_curves.png", title=title)
-        )
-    with spent.phase("models"):
-        logged = log_networks(
-            tracker,
-            ending.network,
-            ending.example_x,
-            ending.kept,
-            ending.best,
-            ending.best_weights,
-            ending.logged,
-        )
+    with spent.phase("figures"):  # drawn beside the models (delivery.figures), logged after them
+        png = job.output_dir / "training_curves.png"
+        figure = tracker.draw_curves(series_to_draw(tracker.history), png, title)
+    try:
+        with spent.phase("models"):
+            logged = log_networks(
+                tracker,
+                ending.network,
+                ending.example_x,
+                ending.kept,
+                ending.best,
+                ending.best_weights,
+                ending.logged,
+            )
+    finally:  # the run keeps its figure, whatever became of its models
+        with spent.phase("figures"):
+            tracker.log_artifact(figure.wait())
     ending.model_uri = logged.uri if logged else None
     with spent.phase("final records"):
         drop_resume_point(tracker)

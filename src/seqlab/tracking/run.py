@@ -17,6 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from omegaconf import DictConfig, OmegaConf
 
 from seqlab import SeqlabError, ending_status, one_line
+from seqlab.delivery.figures import Curves
 from seqlab.delivery.journal import MetricJournal
 from seqlab.schema import LoggerConfig as _Defaults
 from seqlab.secrets import mask_flat, mask_text, mask_uris
@@ -322,6 +323,12 @@ class MlflowTracker:
         """Every metric sent so far is stored when this returns; training goes on sending after.
         `idle`: a server's backlog is waited for while it keeps taking writes (senders.JournalSender.sync)."""
         self.sender.sync(timeout_s, idle)
+
+    def draw_curves(self, series: Mapping[str, Any], png: Path, title: str) -> Any:
+        """The training-curves figure of `series` (plots.series_to_draw) drawn into `png` while the
+        caller goes on, by the delivery process where there is one (delivery.figures); `.wait()`
+        gives the PNG, drawn."""
+        return self.sender.curves(Curves.write(series, png, title))
 
     def log_artifact(self, path: Path | str, artifact_path: Optional[str] = None) -> None:
         self.sender.artifact(Path(path), artifact_path)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
 from seqlab import SeqlabError, one_line
+from seqlab.delivery.figures import Curves, DrawnHere
 from seqlab.delivery.helper import Delivery
 from seqlab.delivery.journal import MetricJournal, end_status_path
 from seqlab.delivery.stores import transient
@@ -83,6 +84,9 @@ class NullSender:
     def artifact(self, path: Path, artifact_path: Optional[str]) -> None:
         pass
 
+    def curves(self, curves: Curves) -> DrawnHere:
+        return DrawnHere(curves)
+
     def end(self, status: str, reason: Optional[str]) -> None:
         pass
 
@@ -141,6 +145,10 @@ class JournalSender:
             if not (self.server and transient(error)):
                 raise
             self.unsent_artifacts.append((path, artifact_path))  # tried again at the end
+
+    def curves(self, curves: Curves) -> Any:
+        """The run's training-curves figure, drawn by the delivery process (delivery.figures)."""
+        return self.delivery.draw(curves)
 
     def sync(self, timeout_s: float, idle: bool = False) -> bool:
         """Every metric journaled so far stored when this returns True. A local store's delivery
