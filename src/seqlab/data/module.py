@@ -208,14 +208,11 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_nonfinite = drop_nonfinite
         self.train: Optional[SeqData] = None
         self.val: Optional[SeqData] = None
-        self.samples: Optional[SeqData] = (
-            None  # a pack member's samples before the split (setup, release)
-        )
+        self.samples: Optional[SeqData] = None  # a pack member's, before the split (setup, release)
+        self.train_rows: Optional[np.ndarray] = None  # the split's training rows of the samples
         self.example_x: Optional[np.ndarray] = None
         self.train_y_mean: Optional[np.ndarray] = None  # baseline_val_rmse's (setup)
-        self.columns: Optional[str] = (
-            None  # a table's index and target columns, as the source took them
-        )
+        self.columns: Optional[str] = None  # a table's index and target columns, as taken
         self.drop_single = False
         self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
@@ -242,9 +239,8 @@ class SeqDataModule(pl.LightningDataModule):
         stage="validate" (Lightning's name for it) splits the validation set alone: what a run's
         end scores (packing.member_runs), where gathering every training input again cost a
         member's end 0.03-0.3 s of fresh memory here, for nothing it reads."""
-        again = (
-            samples is None and self.samples is not None
-        )  # split again after release(): said once already
+        # Split again after release(): said once already.
+        again = samples is None and self.samples is not None
         if samples is not None:
             self.samples = samples
         validating = stage == "validate"
@@ -265,6 +261,7 @@ class SeqDataModule(pl.LightningDataModule):
             self.train = None if validating else data.take(train_rows)
         # What the end reads of the training set, from its rows alone: the training targets' mean
         # (baseline_val_rmse) and a logged model's input example (kept by release()).
+        self.train_rows = train_rows
         self.train_y_mean = data.y[train_rows].astype(np.float64).mean(axis=0)
         self.example_x = data.x[train_rows[:EXAMPLE_SAMPLES]]
         if self.val is not None and self.val.x.shape[2] != data.x.shape[2]:
@@ -344,15 +341,21 @@ class SeqDataModule(pl.LightningDataModule):
         mean = self.train_y_mean
         return float(np.sqrt(((self.val.y.astype(np.float64) - mean) ** 2).mean()))
 
+    def training_set(self) -> tuple[SeqData, Optional[np.ndarray]]:
+        """(a set, its rows): the copy setup("fit") gathered (rows None), else the samples and the
+        training rows (a pack member: what its records read of the set needs no copy of it)."""
+        return (self.train, None) if self.train is not None else (self.samples, self.train_rows)
+
     def describe(self) -> str:
+        train, rows = self.training_set()
         steps = f"{self.n_steps} step(s)"
-        if self.train.lengths is not None:
-            steps = (
-                f"{self.train.lengths.min()}..{self.n_steps} steps (padded right to {self.n_steps})"
-            )
+        if train.lengths is not None:
+            shortest = (train.lengths if rows is None else train.lengths[rows]).min()
+            steps = f"{shortest}..{self.n_steps} steps (padded right to {self.n_steps})"
         n_val = 0 if self.val is None else len(self.val)
+        n_train = len(train) if rows is None else len(rows)
         return (
-            f"{self.name}: {len(self.train)} train / {n_val} val samples, "
+            f"{self.name}: {n_train} train / {n_val} val samples, "
             f"{steps} x {self.n_features} feature(s), {self.n_outputs} response(s)"
             + (f"; {self.columns}" if self.columns else "")
         )

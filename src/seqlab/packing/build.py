@@ -81,7 +81,9 @@ def build_member(m: Member, samples: dict[str, Any], device: Any) -> None:
     network, dropout stream and sample order, as its run alone builds them."""
     pl.seed_everything(m.cfg.seed, workers=True, verbose=False)
     m.datamodule = instantiate(m.cfg.data)
-    m.datamodule.setup("fit", samples=samples[samples_key(m.cfg.data)])
+    # Its validation set alone: the pack trains on the shared samples, and what its run records
+    # of its training set needs no copy of it (SeqDataModule.training_set).
+    m.datamodule.setup("validate", samples=samples[samples_key(m.cfg.data)])
     m.network = instantiate(
         m.cfg.model, n_features=m.datamodule.n_features, n_outputs=m.datamodule.n_outputs
     )

@@ -203,8 +203,9 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         summary["samples_per_s_median"] = timing.samples_per_s
         if k > 1:  # the pack's networks trained per second (the comparison's model-steps/s)
             summary["pack_model_steps_per_s_median"] = k * timing.it_per_s
+    tags = {}
     if cfg.metrics.target_rmse is not None:  # callbacks.timing.TimeToTarget's, at the run's end
-        tracker.set_tags(target_tags(cfg.metrics.target_rmse, m.reached))
+        tags = target_tags(cfg.metrics.target_rmse, m.reached)
     ending = Ending(
         m.network,
         m.datamodule.example_x,
@@ -218,6 +219,7 @@ def _finish(m: Member, model: Any, trainer: Any, device: Any, wall: float) -> Jo
         logged=m.logged,
         time_to_target_s=m.reached.time_to_target_s if m.reached else None,
         pruned=m.pruned,
+        tags=tags,
     )
     record_end(tracker, m.job, m.name, ending)
     m.status = "FINISHED"

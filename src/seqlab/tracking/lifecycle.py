@@ -130,6 +130,9 @@ class Ending:
     )  # logger.log_checkpoints=all: (model id, step)
     time_to_target_s: Optional[float] = None
     pruned: Optional[str] = None  # why a search's pruner stopped it
+    tags: dict[str, Any] = field(
+        default_factory=dict
+    )  # the end's own (the target's), with the kept network's
     model_uri: Optional[str] = None  # where record_end logged the network kept
 
 
@@ -139,7 +142,7 @@ def record_end(tracker: Any, job: Job, title: str, ending: Ending) -> None:
     resume point any more (training went to its end: nothing is left to continue)."""
     spent = tracker.costs
     with spent.phase("final records"):
-        tracker.set_tags(ending.kept.tags())
+        tracker.set_tags({**ending.tags, **ending.kept.tags()})  # one store call
         tracker.log_metrics(ending.summary, ending.step)
         # Stored before the figure is asked for: the delivery process draws it, and the models'
         # wait for their metrics (model_logging) would otherwise wait for the drawing too.

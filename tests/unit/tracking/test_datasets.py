@@ -30,3 +30,28 @@ def test_the_digest_sees_the_values_it_hashes_and_the_shape():
     changed[5] = 1.0
     assert numpy_digest(changed, None) != numpy_digest(x, None)
     assert numpy_digest(x[:-1], None) != numpy_digest(x, None)  # the shape, past the hashed values
+
+
+@pytest.mark.parametrize("shape", [(900, 1, 40), (900, 3, 4), (900, 1, 20_000)])
+def test_a_set_given_as_rows_of_its_samples_is_recorded_as_its_gathered_copy(shape):
+    """A pack member's training set, recorded from the samples and its rows (no copy of the set):
+    the same digest, profile and schema as MLflow gives the gathered set."""
+    from omegaconf import OmegaConf
+
+    from seqlab.tracking.datasets import dataset
+
+    rng = np.random.default_rng(1)
+    x = rng.random(shape, dtype=np.float32)
+    y = rng.random((shape[0], 2), dtype=np.float32)
+    rows = rng.permutation(shape[0])[:700]
+    cfg = OmegaConf.create(
+        {"name": "synthetic", "n_samples": 900, "seed": 3, "source": {"noise": 0.1}}
+    )
+    gathered = dataset(cfg, x[rows], y[rows], "synthetic-train")
+    given = dataset(cfg, x, y, "synthetic-train", rows)
+    assert given.digest == gathered.digest
+    assert given.profile == gathered.profile and given.schema == gathered.schema
+    assert given._to_mlflow_entity() == gathered._to_mlflow_entity()
+    changed = x.copy()
+    changed[rows[0], 0, 0] += 1.0  # the set's first value
+    assert dataset(cfg, changed, y, "synthetic-train", rows).digest != gathered.digest
