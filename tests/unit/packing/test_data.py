@@ -141,3 +141,48 @@ def test_sets_joined_once_are_taken_as_they_lie_by_the_next_job_and_kept_by_thei
     assert kept.get("0") is None and kept.get("1") is sets[1] and kept.get("2") is sets[2]
     kept.put("0", sets[0])  # "1" is now the least recently used
     assert kept.get("1") is None and kept.get("2") is sets[2]
+
+
+def test_a_packs_validation_inputs_are_kept_for_the_next_job_of_the_same_generated_sets():
+    # A study's next pack of the same seeds (another batch size) takes the last pack's gathered
+    # validation inputs as they are; a pack of the first of those members, a view of them.
+    from functools import partial
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from seqlab.data.module import SeqDataModule
+    from seqlab.data.sources import synthetic_daily_load
+    from seqlab.packing import data as pack_data
+
+    def members(k: int, batch_size: int = 8, target: str = "seqlab.data.synthetic_daily_load"):
+        out = []
+        for seed in range(k):
+            cfg = OmegaConf.create(
+                {
+                    "source": {"_target_": target},
+                    "seed": seed,
+                    "n_samples": 40,
+                    "batch_size": batch_size,
+                }
+            )
+            dm = SeqDataModule(
+                partial(synthetic_daily_load), n_samples=40, batch_size=batch_size, seed=seed
+            )
+            dm.setup("validate", samples=dm.load())
+            out.append(SimpleNamespace(cfg=SimpleNamespace(data=cfg), datamodule=dm))
+        return out
+
+    pack_data._KEPT_VAL = None
+    four = members(4)
+    first = PackData.of(four, torch.device("cpu"))
+    fresh = first.x.index_select(0, first.val_rows.reshape(-1)).view(first.val_x.shape)
+    assert torch.equal(first.val_x, fresh)
+    again = PackData.of(members(4, batch_size=16), torch.device("cpu"))  # new sets, same configs
+    assert again.val_x.data_ptr() == first.val_x.data_ptr() and torch.equal(again.val_x, fresh)
+    two = PackData.of(members(2), torch.device("cpu"))
+    assert two.val_x.data_ptr() == first.val_x.data_ptr() and torch.equal(two.val_x, fresh[:2])
+    # Samples a source of the user's own makes (a file may change): gathered anew, and not kept.
+    own = PackData.of(members(4, target="mine.load"), torch.device("cpu"))
+    assert own.val_x.data_ptr() != first.val_x.data_ptr() and torch.equal(own.val_x, fresh)
+    assert pack_data._KEPT_VAL is None
