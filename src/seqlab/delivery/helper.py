@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from seqlab.delivery.figures import WAIT_S, Curves
+from seqlab.delivery.figures import WAIT_S, Curves, DrawnHere
 from seqlab.delivery.journal import MetricJournal, Tail, deliver, deliver_all, open_tail
 from seqlab.delivery.stores import open_rows, transient
 from seqlab.secrets import mask_uris
@@ -61,9 +61,8 @@ class _Helper:
         self.writer: Any = None  # opened as it starts (run; delivery.stores.open_rows)
         self.tails: dict[str, Tail] = {}
         self.closing: set[str] = set()
-        self.figures: list[
-            tuple[Any, Curves]
-        ] = []  # (id, figure) in order: one drawn between writes
+        # (id, figure) in the order asked for: one drawn between writes
+        self.figures: list[tuple[Any, Curves]] = []
         self.give_up_s = give_up_s  # after the training process is gone, a store away this long
         self.down_since: Optional[float] = None
         self.last_write = 0.0
@@ -395,11 +394,10 @@ class Drawing:
             if asked in d.drawn or d.proc is not self.proc or time.monotonic() > deadline:
                 break
             select.select([d.proc.stdout], [], [], 0.05)
-        error = d.drawn.pop(asked, "not drawn")
-        try:
-            return self.curves.png if error is None else self.curves.draw()
-        finally:
-            self.curves.discard()
+        if d.drawn.pop(asked, "not drawn") is not None:
+            return DrawnHere(self.curves).wait()
+        self.curves.discard()
+        return self.curves.png
 
 
 if __name__ == "__main__":
