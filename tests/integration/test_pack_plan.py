@@ -32,11 +32,16 @@ def test_why_unpackable_names_the_key(compose_cfg):
 def test_replicas_make_each_job_a_pack_of_its_config_with_distinct_seeds(compose_cfg):
     from seqlab.sweeps.packs import replicated
 
-    def compose(overrides):
-        return compose_cfg(*overrides)
+    def unpackable(overrides):
+        return why_unpackable(compose_cfg(*overrides))
+
+    def seed_of(overrides):
+        return compose_cfg(*overrides).seed
+
+    compose = (unpackable, seed_of)
 
     jobs = _jobs(seed=[0, 1], **{"data.batch_size": [32]}, replicas=[1, 3])
-    out, notes = replicated(jobs, 1, compose)
+    out, notes = replicated(jobs, 1, *compose)
     # replicas=1 jobs as they were; each replicas=3 job as three, seeds seed*3 + i, packed 3 wide.
     assert out == [
         ["seed=0", "data.batch_size=32", "replicas=1"],
@@ -52,12 +57,12 @@ def test_replicas_make_each_job_a_pack_of_its_config_with_distinct_seeds(compose
     launches, _ = group(out, "off")
     assert [len(launch.members) if launch.members else 1 for launch in launches] == [1, 3, 1, 3]
     # A job that cannot pack has no replicas: it is left out with one line; a sweep of only those is refused.
-    out, notes = replicated(_jobs(perf=["naive", "fast"], replicas=[2]), 1, compose)
+    out, notes = replicated(_jobs(perf=["naive", "fast"], replicas=[2]), 1, *compose)
     assert [o for o in out if "perf=naive" in o] == [] and len(out) == 2
     assert notes == [
         "replicas  1 job(s) left out: perf=naive trains through Lightning's own loop, and replicas train packed"
     ]
     with pytest.raises(SeqlabError, match="no job of this multirun can pack"):
-        replicated(_jobs(perf=["naive"], replicas=[2]), 1, compose)
+        replicated(_jobs(perf=["naive"], replicas=[2]), 1, *compose)
     with pytest.raises(SeqlabError, match="replicas=0: give how many networks"):
-        replicated(_jobs(seed=[0]), 0, compose)
+        replicated(_jobs(seed=[0]), 0, *compose)

@@ -73,13 +73,17 @@ def pack_size(value: Any) -> Optional[int]:
 
 
 def replicated(
-    jobs: list[list[str]], default: Any, compose: Callable[[list[str]], DictConfig]
+    jobs: list[list[str]],
+    default: Any,
+    unpackable: Callable[[list[str]], Optional[str]],
+    seed_of: Callable[[list[str]], int],
 ) -> tuple[list[list[str]], list[str]]:
     """The jobs with `replicas=K` (K > 1) each as K jobs of its config, seeds seed*K+i (distinct
     across the sweep's seeds), with pack=K so that they train as one pack; and the lines that say
     which jobs were left out because their config cannot pack (replicas exist to be packed: the
     naive loop's K networks one by one would be K jobs, not a measurement of a pack).
-    `compose(overrides)`: the job's composed config."""
+    `unpackable(overrides)`: why_unpackable of the job's composed config; `seed_of(overrides)`:
+    its seed."""
     out, dropped = [], {}
     for job in jobs:
         count = given(job, "replicas", default)
@@ -91,13 +95,13 @@ def replicated(
         if k == 1:
             out.append(job)
             continue
-        cfg = compose(job)
-        why = why_unpackable(cfg)
+        why = unpackable(job)
         if why is not None:
             dropped.setdefault(why, []).append(job)
             continue
+        seed = seed_of(job)
         rest = [o for o in job if key_of(o) not in ("seed", "pack")]
-        out += [[*rest, f"seed={cfg.seed * k + i}", f"pack={k}"] for i in range(k)]
+        out += [[*rest, f"seed={seed * k + i}", f"pack={k}"] for i in range(k)]
     notes = [
         f"replicas  {len(left)} job(s) left out: {why}, and replicas train packed"
         for why, left in dropped.items()

@@ -5,10 +5,13 @@ its own client, to its own store, and a sweep's jobs in one process write to dif
 - the system-metrics samplers (public: `mlflow.start_run(log_system_metrics=True)`, fluent, a
   thread per run that reads the run back at every sample: tracking/system_metrics.py);
 - the module map of MLflow's requirement check, which a model logged with its requirements given
-  does not need (no public switch: `given_requirements`);
+  does not need, and the check's version lookups (no public switch: `given_requirements`);
 - the serving check of a logged model's input example, for a model seqlab has checked itself
   (a flavor's `validate_serving_input=False` reaches the ONNX flavor's save_model, which refuses
-  it: `serving_checked`).
+  it: `serving_checked`), or for a class of network MLflow has checked in this process
+  (`serving_checked_once`);
+- a logged model's metrics written alone to a SQL store (public: `log_batch` with each metric's
+  `model_id`, which writes the run's metric rows again: `link_model_metrics`).
 An MLflow upgrade can break them, so each call checks first that the installed MLflow is one these
 were tested with, and says so in one line if not."""
 
@@ -19,8 +22,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import mlflow
-from mlflow.entities import DatasetInput, InputTag
+from mlflow.entities import DatasetInput, InputTag, Metric
 from mlflow.models import utils as model_utils
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
 from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
@@ -68,6 +72,10 @@ def system_samplers() -> list[Any]:
     return samplers
 
 
+# MLflow's own lookup of a package's installed version, once a process per package (given_requirements)
+_installed_version = functools.cache(requirements_utils._get_installed_version)
+
+
 @contextmanager
 def given_requirements(requirements: list[str]) -> Iterator[None]:
     """A model logged with its pip requirements given (`requirements`: "name==version" or "name"),
@@ -80,16 +88,23 @@ def given_requirements(requirements: list[str]) -> Iterator[None]:
     behind for MLflow's inference of other models' requirements."""
     check_version()
 
-    if requirements_utils._MODULES_TO_PACKAGES is not None:
-        yield
-        return
-    names = [r.split("==")[0] for r in requirements]
-    requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in names}
+    # The check then looks each named package's installed version up again for every model (a scan
+    # of the installed distributions: about 10 ms a model here); a process's are looked up once.
+    looked_up = requirements_utils._get_installed_version
+    requirements_utils._get_installed_version = _installed_version
     try:
-        yield
+        if requirements_utils._MODULES_TO_PACKAGES is not None:
+            yield
+            return
+        names = [r.split("==")[0] for r in requirements]
+        requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in names}
+        try:
+            yield
+        finally:
+            requirements_utils._MODULES_TO_PACKAGES = None
+            requirements_utils._PACKAGES_TO_MODULES = None
     finally:
-        requirements_utils._MODULES_TO_PACKAGES = None
-        requirements_utils._PACKAGES_TO_MODULES = None
+        requirements_utils._get_installed_version = looked_up
 
 
 @contextmanager
@@ -106,3 +121,51 @@ def serving_checked() -> Iterator[None]:
         yield
     finally:
         model_utils._validate_serving_input = checked
+
+
+# The kinds of model (network classes) whose logged model passed MLflow's serving check in this
+# process (serving_checked_once)
+_SERVED: set = set()
+
+
+@contextmanager
+def serving_checked_once(kind: Any) -> Iterator[None]:
+    """MLflow's serving check of a logged model's input example (its files loaded back, the example
+    predicted) for the first model of `kind` in this process, until one passes it; none for the
+    next of that kind. For the call only."""
+    if kind in _SERVED:
+        with serving_checked():
+            yield
+        return
+    check_version()
+
+    check = model_utils._validate_serving_input
+
+    def checking(model_uri: Any, serving_input: Any) -> Any:
+        done = check(model_uri, serving_input)
+        _SERVED.add(kind)  # it raises where the model does not load or predict
+        return done
+
+    model_utils._validate_serving_input = checking
+    try:
+        yield
+    finally:
+        model_utils._validate_serving_input = check
+
+
+def link_model_metrics(
+    client: mlflow.MlflowClient, run_id: str, experiment_id: str, points: list[Metric]
+) -> bool:
+    """`points` (each with its model_id) as the logged model's metrics in the store of `client`
+    where it is a SQL store (this machine's mlflow.db, or a database reached directly): True. The
+    public way, `log_batch`, also inserts the run's metric rows again; the store holds them, so its
+    insert fails on their key, is rolled back and each row is looked up before the model's rows go
+    in (about 16 ms a model on the 2-core VM, two or three models a run). False elsewhere (a
+    tracking server, which the caller writes with log_batch)."""
+    check_version()
+
+    store = client._tracking_client.store
+    if not isinstance(store, SqlAlchemyStore):
+        return False
+    store._log_model_metrics(run_id, points, experiment_id=experiment_id)
+    return True

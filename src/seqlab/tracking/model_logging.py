@@ -24,7 +24,12 @@ from mlflow.models import infer_signature
 
 from seqlab import one_line
 from seqlab.delivery.stores import transient
-from seqlab.tracking.mlflow_private import given_requirements, serving_checked
+from seqlab.tracking.mlflow_private import (
+    given_requirements,
+    link_model_metrics,
+    serving_checked,
+    serving_checked_once,
+)
 from seqlab.tracking.onnx_model import OPSET, TOLERANCE, export
 from seqlab.tracking.records import Best
 
@@ -128,13 +133,14 @@ def link_metrics(tracker: Any, model_id: str, step: int) -> None:
         for m in tracker.points
         if m.step == step
     ]
-    if points:
-        # The same rows, now with the model's id: MLflow's store skips a row it holds, but two writers
-        # inserting one row at once (the delivery process still sending it) break
-        # its unique key (seen: IntegrityError on metrics, a resumed run's end under load). So the
-        # run's own sending of them is waited for first, however slow the store.
-        tracker.sync_metrics(tracker.outage_wait_s, idle=True)
-        client.log_batch(tracker.run_id, metrics=points)
+    if not points or link_model_metrics(client, tracker.run_id, tracker.experiment_id, points):
+        return
+    # A server: the same rows, now with the model's id. MLflow's store skips a row it holds, but two
+    # writers inserting one row at once (the delivery process still sending it) break its unique
+    # key (seen: IntegrityError on metrics, a resumed run's end under load). So the run's own
+    # sending of them is waited for first, however slow the store.
+    tracker.sync_metrics(tracker.outage_wait_s, idle=True)
+    client.log_batch(tracker.run_id, metrics=points)
 
 
 def log_network(
@@ -170,6 +176,11 @@ def log_network(
         with (
             run_scope(tracker.tracking_uri, tracker.experiment_id),
             given_requirements(requirements),
+            # MLflow loads each logged model's files back and predicts its input example (about 45
+            # ms a model here): a check that the pickled class loads and serves, the same for
+            # every network of one class, whose prediction of the example is the signature's
+            # above. Once a process (a pack's members, a study's jobs).
+            serving_checked_once(type(cpu)),
         ):
             model_id = _logged_model(tracker, name, tags)
             info = mlflow.pytorch.log_model(
