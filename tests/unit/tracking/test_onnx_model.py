@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from seqlab.model import CNNLSTM
+from seqlab.tracking import onnx_model
 from seqlab.tracking.onnx_model import TOLERANCE, export
+
+
+def _trained(seed: int, steps: int, features: int, outputs: int) -> CNNLSTM:
+    """A network whose BatchNorm statistics and weights are its own (seed)."""
+    torch.manual_seed(seed)
+    network = CNNLSTM(features, outputs, hidden_size=16)
+    network.train()
+    network(torch.randn(32, steps, features) * (1 + seed))
+    return network
 
 
 @pytest.mark.parametrize(
@@ -28,6 +38,44 @@ def test_the_export_predicts_as_the_network_with_any_number_of_samples(steps, fe
         exported.operators
     ) and "BatchNormalization" not in exported.operators
     assert network.training, "the network itself is left as it was (the export is of a copy)"
+
+
+@pytest.mark.parametrize("steps, features", [(1, 4), (60, 3)], ids=["seed-shape", "60-steps"])
+def test_the_next_network_of_a_shape_takes_the_kept_graph_with_its_own_weights(
+    monkeypatch, steps, features
+):
+    monkeypatch.setattr(onnx_model, "_GRAPHS", {})
+    inputs = np.random.default_rng(1).standard_normal((40, steps, features)).astype(np.float32)
+    export(_trained(0, steps, features, 2), inputs)
+    assert len(onnx_model._GRAPHS) == 1  # the exporter's weights are _weights' own: kept
+    second = _trained(1, steps, features, 2)
+
+    def traced(*_):
+        raise AssertionError("traced again")
+
+    with monkeypatch.context() as m:
+        m.setattr(onnx_model, "_traced", traced)
+        kept = export(second, inputs)
+    assert kept.max_difference <= TOLERANCE
+    onnx_model._GRAPHS.clear()
+    traced_anew = export(second, inputs)  # PyTorch's exporter on this network itself
+    assert kept.model.SerializeToString() == traced_anew.model.SerializeToString()
+    assert kept.size_bytes == traced_anew.size_bytes and kept.operators == traced_anew.operators
+    # Another shape of input, or of network, is traced for itself.
+    other = np.random.default_rng(2).standard_normal((8, steps + 1, features)).astype(np.float32)
+    assert export(second, other).max_difference <= TOLERANCE
+    assert len(onnx_model._GRAPHS) == 2
+
+
+def test_a_graph_whose_weights_are_not_the_cnn_lstms_is_not_kept(monkeypatch):
+    monkeypatch.setattr(onnx_model, "_GRAPHS", {})
+    network = _trained(0, 1, 4, 1)
+    network.bn = (
+        torch.nn.Identity()
+    )  # no BatchNorm to fold: the weights' recipe is not this graph's
+    inputs = np.random.default_rng(0).standard_normal((16, 1, 4)).astype(np.float32)
+    assert export(network, inputs).max_difference <= TOLERANCE
+    assert onnx_model._GRAPHS == {}
 
 
 def test_padded_sequences_with_the_onnx_model_are_one_line_naming_the_pytorch_model():
