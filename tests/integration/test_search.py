@@ -116,32 +116,6 @@ def test_a_search_records_every_trial_under_the_parent_with_the_best_config_and_
     assert "python train.py" in verdict
 
 
-def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
-    proc = run_process(
-        "-m",
-        "hparams_search=optuna",
-        "hydra.sweeper.n_trials=2",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        *TINY,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "2 trials at a time" in out and "parallel jobs log through http://127.0.0.1:" in out
-    (parent,), trials = _parent_and_trials(store)
-    assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1"]
-    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
-    assert {t.data.tags["trial_state"] for t in trials} <= {"COMPLETE", "PRUNED"}
-    from seqlab.sweeps.job import cpu_count
-
-    share = str(max(1, cpu_count() // 2))  # each job takes its share of the cores
-    assert all(t.data.tags["torch_threads"] == share for t in trials)
-    assert [t.state.name for t in _study(tmp_path).trials] == [
-        t.data.tags["trial_state"] for t in trials
-    ]
-    assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
-
-
 def test_an_aggressive_pruner_stops_a_hopeless_trial_at_its_first_epoch(run_cli, store, tmp_path):
     # Trial 0 trains at the config's learning rate (0.01); a trial at 1e-7 barely moves from its
     # initial weights, so after one epoch it is worse than trial 0 was, and the median pruner

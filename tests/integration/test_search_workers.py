@@ -1,6 +1,7 @@
 """Many search workers on one study: the same hparams_search command run twice at once shares the
 study without failing the other's trials and stops at n_trials; a worker that died is found by
-Optuna's trial heartbeat and its values run again, while another host's live trial is left alone."""
+Optuna's trial heartbeat and its values run again, while another host's live trial is left alone;
+one search's trials side by side through the joblib launcher."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import threading
 import time
 
 import optuna
-from conftest import runs_of, start_cli
-from harness.search import TINY, _preset
+from conftest import artifact_paths, runs_of, start_cli
+from harness.search import TINY, _parent_and_trials, _preset
+from harness.search import _study as _the_study
 
 LR = {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}
 
@@ -186,3 +188,29 @@ def test_a_trial_lives_while_its_job_trains_after_its_sweeper_is_gone(tmp_path, 
 
 def _trial(storage, trial) -> optuna.trial.FrozenTrial:
     return storage.get_trial(trial._trial_id)
+
+
+def test_trials_run_side_by_side_with_the_joblib_launcher(run_process, store, tmp_path):
+    proc = run_process(
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *TINY,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "2 trials at a time" in out and "parallel jobs log through http://127.0.0.1:" in out
+    (parent,), trials = _parent_and_trials(store)
+    assert [t.data.tags["optuna_trial"] for t in trials] == ["0", "1"]
+    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    assert {t.data.tags["trial_state"] for t in trials} <= {"COMPLETE", "PRUNED"}
+    from seqlab.sweeps.job import cpu_count
+
+    share = str(max(1, cpu_count() // 2))  # each job takes its share of the cores
+    assert all(t.data.tags["torch_threads"] == share for t in trials)
+    assert [t.state.name for t in _the_study(tmp_path).trials] == [
+        t.data.tags["trial_state"] for t in trials
+    ]
+    assert "search/best_config.yaml" in artifact_paths(store, parent.info.run_id)
