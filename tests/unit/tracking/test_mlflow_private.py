@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from mlflow.utils import requirements_utils
 
-from seqlab.tracking.mlflow_private import given_requirements, serving_checked
+from seqlab.tracking import mlflow_private
+from seqlab.tracking.mlflow_private import (
+    given_requirements,
+    link_model_metrics,
+    serving_checked,
+    serving_checked_once,
+)
 
 
 @pytest.fixture
@@ -70,3 +76,62 @@ def test_a_model_checked_already_is_logged_without_mlflows_serving_check(store, 
             assert len(loads) == 2
     finally:
         mlflow.set_tracking_uri(None)
+
+
+class _Refusing(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        raise ValueError("cannot serve")
+
+
+def test_the_serving_check_runs_for_a_kinds_first_model_until_one_passes(store, monkeypatch):
+    """serving_checked_once(kind): MLflow's check for the first model of its kind in the process;
+    none for the next of that kind; a model that failed it leaves the next one checked."""
+    monkeypatch.setattr(mlflow_private, "_SERVED", set())
+    loads = []
+    load = mlflow.pyfunc.load_model
+    monkeypatch.setattr(
+        mlflow.pyfunc, "load_model", lambda *a, **k: loads.append(a) or load(*a, **k)
+    )
+    example = np.ones((2, 3), dtype=np.float32)
+    mlflow.set_tracking_uri(store.tracking_uri)
+    try:
+        with mlflow.start_run():
+            for kind, model, checked in [
+                ("a", _Refusing(), 1),  # checked; it fails (MLflow warns), so "a" is not served
+                ("a", _Doubled(), 2),  # checked again: passes
+                ("a", _Doubled(), 2),  # not checked
+                ("b", _Doubled(), 3),  # another kind: checked
+            ]:
+                with serving_checked_once(kind):
+                    mlflow.pyfunc.log_model(name="m", python_model=model, input_example=example)
+                assert len(loads) == checked, (kind, loads)
+        assert mlflow_private._SERVED == {"a", "b"}
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_the_installed_versions_are_looked_up_once_inside_given_requirements():
+    looked_up = requirements_utils._get_installed_version
+    with given_requirements(["numpy"]):
+        assert requirements_utils._get_installed_version("numpy") == looked_up("numpy")
+        assert requirements_utils._get_installed_version is mlflow_private._installed_version
+    assert requirements_utils._get_installed_version is looked_up
+
+
+def test_a_models_metrics_go_into_a_sql_store_alone(store):
+    """link_model_metrics: the model's rows, and no second copy of the run's own."""
+    from mlflow.entities import Metric
+
+    run = store.create_run(store.get_experiment_by_name("Default").experiment_id)
+    run_id = run.info.run_id
+    store.log_metric(run_id, "val_rmse", 0.5, timestamp=1000, step=3)
+    model = store.create_logged_model(run.info.experiment_id, name="m", source_run_id=run_id)
+    points = [Metric("val_rmse", 0.5, 1000, 3, model_id=model.model_id)]
+    assert link_model_metrics(store, run_id, run.info.experiment_id, points)
+    linked = store.get_logged_model(model.model_id).metrics
+    assert [(m.key, m.value, m.step, m.run_id) for m in linked] == [("val_rmse", 0.5, 3, run_id)]
+    assert [(m.step, m.value) for m in store.get_metric_history(run_id, "val_rmse")] == [(3, 0.5)]
+    # A tracking server's client: the caller writes the rows with log_batch.
+    assert not link_model_metrics(
+        mlflow.MlflowClient("http://127.0.0.1:9"), run_id, run.info.experiment_id, points
+    )
