@@ -190,9 +190,7 @@ class SeqDataModule(pl.LightningDataModule):
         seed: int = _Defaults.seed,
         shuffle: bool = _Defaults.shuffle,
         drop_last: bool = _Defaults.drop_last,
-        x_key: Optional[
-            str
-        ] = _Defaults.x_key,  # path, x_key, y_key: read by the source through ${..}
+        x_key: Optional[str] = _Defaults.x_key,  # path, x_key, y_key: the source's, via ${..}
         y_key: Optional[str] = _Defaults.y_key,
         drop_nonfinite: bool = _Defaults.drop_nonfinite,
     ) -> None:
@@ -216,9 +214,11 @@ class SeqDataModule(pl.LightningDataModule):
         self.drop_single = False
         self.configure_batching("tensor", on_device=False, batches_per_item=1)
 
-    def load(self) -> SeqData:
-        """The source's samples, checked for NaN/Inf, before the split."""
-        data = self._finite(self.source(n_samples=self.n_samples, seed=self.seed), "data")
+    def load(self, out: Optional[np.ndarray] = None) -> SeqData:
+        """The source's samples, checked for NaN/Inf, before the split; `out`: a generated source's
+        inputs' place (packing.build.load_samples: a pack's sets drawn into one buffer)."""
+        into = {} if out is None else {"out": out}
+        data = self._finite(self.source(n_samples=self.n_samples, seed=self.seed, **into), "data")
         if data.val is not None:
             data.val = self._finite(data.val, "validation data")
         if len(data) == 0:

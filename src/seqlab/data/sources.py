@@ -96,6 +96,7 @@ def synthetic_daily_load(
     seq_len: int = 1,
     n_features: int = 1440,
     noise: float = 0.05,
+    out: Optional[np.ndarray] = None,
 ) -> SeqData:
     """Daily load curves (a base level shaped by a day cycle, plus morning and evening peaks), one
     per day, `seq_len` days per sample; the target is the next day's mean load. The level drifts
@@ -103,6 +104,9 @@ def synthetic_daily_load(
 
     layout='windows': X is (N, seq_len, n_features), one day per step (the MATLAB seed's input);
     layout='profile': X is (N, seq_len * n_features, 1), the days as one univariate series.
+
+    out: where X is drawn, float32 C-contiguous of X's shape (the same values as without it): a
+    pack's one buffer for all its sets (packing.build.load_samples), which then need no joining.
     """
     if n_samples is None:
         raise SeqlabError("data.n_samples must be set for synthetic data")
@@ -126,9 +130,12 @@ def synthetic_daily_load(
     morning, evening = uniform(0.0, 0.5), uniform(0.0, 1.0)
     days = torch.arange(seq_len, dtype=torch.float64).reshape(1, -1, 1)
 
+    if out is not None and (out.shape[0] != n or out.size != n * seq_len * n_features):
+        raise ValueError(f"out: {out.shape} does not hold {n} samples of {seq_len} x {n_features}")
+    into = None if out is None else torch.from_numpy(out).view(n, seq_len, n_features)
     # Each term added in place, broadcast from its (samples, days, 1) factor: no temporary as
     # large as x, whose fresh memory would cost as much again.
-    x = torch.randn((n, seq_len, n_features), generator=g).mul_(noise)
+    x = torch.randn((n, seq_len, n_features), generator=g, out=into).mul_(noise)
     x.addcmul_((level + trend * days).float(), cycle.float())
     x.addcmul_(morning.float(), morning_peak.float()).addcmul_(
         evening.float(), evening_peak.float()
@@ -140,8 +147,10 @@ def synthetic_daily_load(
         + evening[:, :, 0] * evening_peak.mean()
         + noise * torch.randn((n, 1), generator=g, dtype=torch.float64)
     )
-    x, y = x.numpy(), y.numpy()
-    if layout == "profile":
+    # `out` itself, not a new array over its memory: a view of the pack's buffer is what lets
+    # packing.data.joined see the sets lie one after another.
+    x, y = (x.numpy() if out is None else out), y.numpy()
+    if layout == "profile" and out is None:
         x = x.reshape(n, seq_len * n_features, 1)
     return as_sequences(x, y, "synthetic data")
 

@@ -135,12 +135,32 @@ def test_sets_joined_once_are_taken_as_they_lie_by_the_next_job_and_kept_by_thei
         != samples_key(OmegaConf.merge(cfg, {"seed": 2}))
     )
     assert generated(cfg) and not generated(OmegaConf.create({"source": {"_target_": "mine.load"}}))
+    sets = [synthetic_daily_load(6, seed) for seed in range(3)]  # each in its own memory
     kept = KeptSamples(max_bytes=2 * sets[0].x.nbytes + 100)
     for seed, s in enumerate(sets):
         kept.put(str(seed), s)
     assert kept.get("0") is None and kept.get("1") is sets[1] and kept.get("2") is sets[2]
     kept.put("0", sets[0])  # "1" is now the least recently used
     assert kept.get("1") is None and kept.get("2") is sets[2]
+
+    # Sets that lie in one buffer count it once, and only dropping all of them frees it; room for
+    # a pack's buffer is made before it is allocated, keeping the sets that pack trains.
+    pack = [synthetic_daily_load(6, seed) for seed in range(3, 6)]
+    buffer = joined(pack, "x")
+    y = pack[0].y.nbytes
+    kept = KeptSamples(max_bytes=buffer.nbytes + 4 * y + sets[0].x.nbytes)
+    for seed, s in zip(range(3, 6), pack):
+        kept.put(str(seed), s)
+    assert kept.held() == buffer.nbytes + 3 * y
+    kept.put("0", sets[0])
+    assert kept.get("3") is pack[0] and kept.get("0") is sets[0]  # it all fits
+    # "5", the oldest, is dropped and frees nothing (the buffer is 3's and 4's too); then "0".
+    kept.make_room(sets[0].x.nbytes, keep=["3", "4"])
+    assert kept.get("5") is None and kept.get("0") is None and kept.get("3") is pack[0]
+    assert kept.held() == buffer.nbytes + 2 * y
+    kept.make_room(10 * buffer.nbytes, keep=["3"])  # no room for it: all but "3" dropped
+    assert kept.get("4") is None and kept.get("3") is pack[0]
+    assert kept.held() == buffer.nbytes + y
 
 
 def test_a_packs_validation_inputs_are_kept_for_the_next_job_of_the_same_generated_sets():
@@ -186,3 +206,70 @@ def test_a_packs_validation_inputs_are_kept_for_the_next_job_of_the_same_generat
     own = PackData.of(members(4, target="mine.load"), torch.device("cpu"))
     assert own.val_x.data_ptr() != first.val_x.data_ptr() and torch.equal(own.val_x, fresh)
     assert pack_data._KEPT_VAL is None
+
+
+def test_a_packs_generated_sets_are_drawn_into_one_buffer_the_kept_ones_copied_in(monkeypatch):
+    # A pack's sets still to make are drawn straight into one buffer of all its sets (and those a
+    # previous job kept are copied in), so PackData.of takes that buffer as it is: the same values
+    # as each set made alone.
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from seqlab.data.kept import KeptSamples
+    from seqlab.data.sources import synthetic_daily_load
+    from seqlab.packing import build
+    from seqlab.packing.data import joined, samples_key
+
+    monkeypatch.setattr(build, "KEPT", KeptSamples())
+
+    def member(seed: int, n: int = 40, layout: str = "windows"):
+        data = {
+            "_target_": "seqlab.data.SeqDataModule",
+            "source": {
+                "_target_": "seqlab.data.synthetic_daily_load",
+                "_partial_": True,
+                "layout": layout,
+            },
+            "n_samples": n,
+            "seed": seed,
+            "batch_size": 8,
+        }
+        return SimpleNamespace(cfg=OmegaConf.create({"data": data}))
+
+    def loaded(members):
+        samples = build.load_samples(members)
+        return [samples[samples_key(m.cfg.data)] for m in members]
+
+    two = loaded([member(0), member(1)])
+    buffer = two[0].x.base
+    assert two[1].x.base is buffer and joined(two, "x").base is buffer  # no join: a view
+    four = loaded([member(s) for s in range(4)])
+    assert four[0] is two[0] and four[1] is two[1]  # the kept sets, now in the pack's new buffer
+    assert all(s.x.base is four[0].x.base is not buffer for s in four)
+    assert joined(four, "x").base is four[0].x.base
+    for seed, s in enumerate(four):
+        alone = synthetic_daily_load(40, seed)
+        assert np.array_equal(s.x, alone.x) and np.array_equal(s.y, alone.y)
+
+    # Sets of different shapes: each in its own memory, joined as before.
+    mixed = loaded([member(5, n=40), member(6, n=30)])
+    assert not np.shares_memory(mixed[0].x, mixed[1].x)
+    assert np.array_equal(mixed[1].x, synthetic_daily_load(30, 6).x)
+
+    # The univariate layout (X as 1440 steps of one feature) is drawn there too, the same values.
+    profile = loaded([member(s, n=6, layout="profile") for s in (7, 8)])
+    assert profile[0].x.shape == (6, 1440, 1) and profile[1].x.base is profile[0].x.base
+    assert np.array_equal(profile[1].x, synthetic_daily_load(6, 8, layout="profile").x)
+
+
+def test_synthetic_data_drawn_into_a_given_buffer_is_the_data_drawn_alone():
+    from seqlab.data.sources import synthetic_daily_load
+
+    for layout, shape in (("windows", (5, 3, 1440)), ("profile", (5, 3 * 1440, 1))):
+        out = np.empty(shape, dtype=np.float32)
+        data = synthetic_daily_load(5, 3, layout=layout, seq_len=3, out=out)
+        alone = synthetic_daily_load(5, 3, layout=layout, seq_len=3)
+        assert data.x is out and np.array_equal(out, alone.x) and np.array_equal(data.y, alone.y)
+    with pytest.raises(ValueError, match="does not hold 5 samples of 1 x 1440"):
+        synthetic_daily_load(5, 3, out=np.empty((4, 1, 1440), dtype=np.float32))

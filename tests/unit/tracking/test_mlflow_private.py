@@ -103,7 +103,13 @@ def test_the_serving_check_runs_for_a_kinds_first_model_until_one_passes(store, 
                 ("b", _Doubled(), 3),  # another kind: checked
             ]:
                 with serving_checked_once(kind):
-                    mlflow.pyfunc.log_model(name="m", python_model=model, input_example=example)
+                    # Requirements given: MLflow's inference of them starts a process a model.
+                    mlflow.pyfunc.log_model(
+                        name="m",
+                        python_model=model,
+                        input_example=example,
+                        pip_requirements=["numpy"],
+                    )
                 assert len(loads) == checked, (kind, loads)
         assert mlflow_private._SERVED == {"a", "b"}
     finally:
