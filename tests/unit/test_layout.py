@@ -218,6 +218,7 @@ def test_sweep_json_is_written_and_read_as_one_dataclass(tmp_path):
         ("seqlab.training.lightning_private", "pytorch_lightning", "pytorch-lightning"),
         ("seqlab.sweeps.optuna_private", "optuna", "optuna"),
         ("seqlab.tracking.mlflow_private", "mlflow", "mlflow"),
+        ("seqlab.tracking.omegaconf_private", "omegaconf", "omegaconf"),
         ("seqlab.packing.hydra_private", "hydra", "hydra-core"),
     ],
 )

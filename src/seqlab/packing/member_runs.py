@@ -104,10 +104,10 @@ def open_runs(
         if job.rank == 0 and m.trial_link is not None:
             m.trial = open_trial(m.trial_link)
         record_config(
-            m.cfg,
             m.job,
             m.tracker,
             m.opening.params,
+            m.opening.config,
             continued=m.resume_run_id is not None,
             code=m.opening.code,
         )

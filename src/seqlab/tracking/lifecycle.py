@@ -25,7 +25,7 @@ from seqlab.store.ghosts import identity
 from seqlab.store.ui import run_link
 from seqlab.sweeps.job import Job, JobResult, SweepInfo, fmt
 from seqlab.tracking import costs
-from seqlab.tracking.describe import run_name, run_params, run_tags
+from seqlab.tracking.describe import resolved, run_name, run_params, run_tags
 from seqlab.tracking.model_logging import Kept, log_networks
 from seqlab.tracking.provenance import CodeState, code_state
 from seqlab.tracking.records import Best
@@ -41,6 +41,7 @@ class Opening:
     tags: dict[str, str]
     params: dict[str, str]
     code: CodeState  # the project's code as git saw it at the start: its tags and its code/ artifacts agree
+    config: dict[str, Any]  # the config resolved once (describe.resolved): params and config.yaml
 
 
 def describe_run(
@@ -61,12 +62,14 @@ def describe_run(
         with tracker.costs.phase("code and environment"):
             # Read once: the run's tags and its code/ artifacts agree.
             code = code_state(Path(cfg.paths.root_dir))
-    params = run_params(cfg)  # every resolved key flattened and masked: once a run
+    config = resolved(cfg)
+    params = run_params(cfg, config)  # every resolved key flattened and masked: once a run
     return Opening(
         name,
         {**run_tags(cfg, job, device, sweep, code, params), **identity(), **more_tags},
         params,
         code,
+        config,
     )
 
 
