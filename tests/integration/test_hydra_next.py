@@ -102,3 +102,21 @@ def test_a_sweep_trains_on_hydra_1_4_without_a_warning(tmp_path):
         ]
     )
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3  # the parent and its two jobs
+    # Each job's config.yaml (tracking.omegaconf_private.config_yaml: OmegaConf's own dumper, of
+    # the config resolved once) is what OmegaConf 2.4 writes of it.
+    written = sorted(tmp_path.glob("logs/multiruns/*/*/config.yaml"))
+    check = (
+        "import sys; from omegaconf import OmegaConf\n"
+        "for path in sys.argv[1:]:\n"
+        "    text = open(path).read()\n"
+        "    assert OmegaConf.to_yaml(OmegaConf.create(text)) == text, path\n"
+    )
+    assert len(written) == 2
+    done = subprocess.run(
+        [sys.executable, "-c", check, *map(str, written)],
+        env=_next_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -17,8 +17,9 @@ from omegaconf._utils import get_omega_conf_dumper
 
 from seqlab import require_tested
 
-# The OmegaConf release this use was read against and tested with (Hydra 1.3's and 1.4's).
-TESTED = ("2.3.",)
+# The OmegaConf releases this use was read against and tested with: Hydra 1.3's pinned 2.3 and
+# Hydra 1.4's 2.4 (tests/integration/test_hydra_next.py).
+TESTED = ("2.3.", "2.4.")
 
 
 @functools.cache
