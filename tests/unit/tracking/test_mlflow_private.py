@@ -42,6 +42,10 @@ def test_given_requirements_are_checked_by_version_without_mapping_every_package
     assert requirements_utils._MODULES_TO_PACKAGES is None
 
 
+# Requirements given: MLflow's inference of them starts a process for each model (3-4 s here).
+NUMPY = ["numpy"]
+
+
 def test_a_module_map_built_before_is_left_as_it_is(monkeypatch):
     built = {"numpy": ["numpy"], "yaml": ["PyYAML"]}
     monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", built)
@@ -67,12 +71,24 @@ def test_a_model_checked_already_is_logged_without_mlflows_serving_check(store, 
     try:
         with mlflow.start_run():
             example = np.ones((2, 3), dtype=np.float32)
-            mlflow.pyfunc.log_model(name="checked", python_model=_Doubled(), input_example=example)
+            mlflow.pyfunc.log_model(
+                name="checked",
+                python_model=_Doubled(),
+                input_example=example,
+                pip_requirements=NUMPY,
+            )
             assert len(loads) == 1  # MLflow's own check, as every flavor's log_model makes it
             with serving_checked():
-                mlflow.pyfunc.log_model(name="mine", python_model=_Doubled(), input_example=example)
+                mlflow.pyfunc.log_model(
+                    name="mine",
+                    python_model=_Doubled(),
+                    input_example=example,
+                    pip_requirements=NUMPY,
+                )
             assert len(loads) == 1
-            mlflow.pyfunc.log_model(name="again", python_model=_Doubled(), input_example=example)
+            mlflow.pyfunc.log_model(
+                name="again", python_model=_Doubled(), input_example=example, pip_requirements=NUMPY
+            )
             assert len(loads) == 2
     finally:
         mlflow.set_tracking_uri(None)
@@ -103,12 +119,11 @@ def test_the_serving_check_runs_for_a_kinds_first_model_until_one_passes(store, 
                 ("b", _Doubled(), 3),  # another kind: checked
             ]:
                 with serving_checked_once(kind):
-                    # Requirements given: MLflow's inference of them starts a process a model.
                     mlflow.pyfunc.log_model(
                         name="m",
                         python_model=model,
                         input_example=example,
-                        pip_requirements=["numpy"],
+                        pip_requirements=NUMPY,
                     )
                 assert len(loads) == checked, (kind, loads)
         assert mlflow_private._SERVED == {"a", "b"}
