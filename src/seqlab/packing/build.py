@@ -111,9 +111,10 @@ def _one_buffer(
         return {}
     n, *sample = next(iter(shapes.values()))
     # Room made first: the memory of sets this pack does not train, freed just before, is warm.
-    KEPT.make_room(len(shapes) * n * math.prod(sample) * 4, keep=shapes)
+    # float32: what the generated sources draw (and the kept sets checked above hold).
+    KEPT.make_room(len(shapes) * n * math.prod(sample) * np.float32().itemsize, keep=shapes)
     # torch's allocation: its huge pages (seqlab/__init__.py).
-    buffer = torch.empty((len(shapes) * n, *sample)).numpy()
+    buffer = torch.empty((len(shapes) * n, *sample), dtype=torch.float32).numpy()
     slots = {key: buffer[i * n : (i + 1) * n] for i, key in enumerate(shapes)}
     for key, data in samples.items():
         if data is not None:
