@@ -207,6 +207,23 @@ def verdicts(measured: Measure) -> list[str]:
                 statistics.median(ratios) <= PACK_TARGET,
             )
         )
+        # What no cut outside training goes below: the pack's process started and its libraries
+        # imported (its own start and imports phases, before any run exists), then its training,
+        # over the same repeat's jobs one by one. What the target leaves of the jobs' wall time is
+        # all the pack's data, runs and records may take.
+        fixed = [p.process()["start"] + p.process()["imports"] + p.training_s() for p in packs]
+        floors = [f / a.wall_s for f, a in zip(fixed, alone)]
+        left = statistics.median(PACK_TARGET * a.wall_s - f for f, a in zip(fixed, alone))
+        spread = f"{min(floors):.2f}-{max(floors):.2f}" if len(floors) > 1 else "one repeat"
+        lines.append(
+            "pack of 8's floor, (its start, imports and training) / one by one (wall): "
+            f"{statistics.median(floors):.2f} ({spread}): "
+            + (
+                f"the target leaves {left:.1f} s for its data, runs and records"
+                if left > 0
+                else "above the target: no cut outside training reaches it"
+            )
+        )
     if measured.imports_s:
         lines.append(
             f"imports alone ({IMPORTS}): {statistics.median(measured.imports_s):.2f} s (median)"

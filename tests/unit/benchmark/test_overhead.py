@@ -72,7 +72,18 @@ def test_the_verdicts_hold_each_repeat_to_its_own_yardstick_and_give_the_range()
     )
     # 20/80, 30/90, 24/60: median 0.33
     assert lines[1] == "pack of 8 / one by one (wall): 0.33 (0.25-0.40); target <= 0.3: not met"
-    assert lines[2].startswith(
+    # The pack's start 0 (no launch time), imports 6, training 5: 11/80, 11/90, 11/60; median 0.14;
+    # 0.3 x 80 - 11 = 13, 16, 7: median 13 s left
+    assert lines[2] == (
+        "pack of 8's floor, (its start, imports and training) / one by one (wall): 0.14"
+        " (0.12-0.18): the target leaves 13.0 s for its data, runs and records"
+    )
+    # The pack's training alone over the target: no record left out would reach it.
+    slow = [Command("pack", 30.0, [_run(0, "p", 30.0, 0.1, 6.0)]) for _ in range(3)]
+    assert verdicts(Measure([*slow, *alone], [8.0, 9.0, 8.0]))[1].endswith(
+        "above the target: no cut outside training reaches it"
+    )
+    assert lines[3].startswith(
         "imports alone (import torch, pytorch_lightning, mlflow, hydra): 8.00"
     )
 
