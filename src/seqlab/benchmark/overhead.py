@@ -175,9 +175,11 @@ def verdicts(measured: Measure) -> list[str]:
         by_case.setdefault(command.case, []).append(command)
     lines = []
 
+    def spread(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else "one repeat"
+
     def line(what: str, values: list[float], target: str, met: bool) -> str:
-        spread = f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else "one repeat"
-        return f"{what}: {statistics.median(values):.2f} ({spread}); target {target}: " + (
+        return f"{what}: {statistics.median(values):.2f} ({spread(values)}); target {target}: " + (
             "met" if met else "not met"
         )
 
@@ -211,13 +213,13 @@ def verdicts(measured: Measure) -> list[str]:
         # imported (its own start and imports phases, before any run exists), then its training,
         # over the same repeat's jobs one by one. What the target leaves of the jobs' wall time is
         # all the pack's data, runs and records may take.
-        fixed = [p.process()["start"] + p.process()["imports"] + p.training_s() for p in packs]
+        processes = [p.process() for p in packs]
+        fixed = [q["start"] + q["imports"] + p.training_s() for q, p in zip(processes, packs)]
         floors = [f / a.wall_s for f, a in zip(fixed, alone)]
         left = statistics.median(PACK_TARGET * a.wall_s - f for f, a in zip(fixed, alone))
-        spread = f"{min(floors):.2f}-{max(floors):.2f}" if len(floors) > 1 else "one repeat"
         lines.append(
             "pack of 8's floor, (its start, imports and training) / one by one (wall): "
-            f"{statistics.median(floors):.2f} ({spread}): "
+            f"{statistics.median(floors):.2f} ({spread(floors)}): "
             + (
                 f"the target leaves {left:.1f} s for its data, runs and records"
                 if left > 0
