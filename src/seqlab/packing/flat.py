@@ -28,6 +28,7 @@ class FlatState:
         self.member_lr, self.lr_version = member_lr, member_lr._version
         self.rate = self.spread(member_lr)
         self.start: Optional[tuple[torch.Tensor, int, bool]] = None  # restarted()'s last answer
+        self._scratch: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     @classmethod
     @torch.no_grad()
@@ -48,6 +49,41 @@ class FlatState:
                 at += n
             buffers.append(buffer)
         return cls(tensors, buffers, member_lr)
+
+    @torch.no_grad()
+    def adam_direction(
+        self, grad: torch.Tensor, step: int, beta1: float, beta2: float, eps: float
+    ) -> torch.Tensor:
+        """torch's fused Adam kernel (the one a run alone steps with: training.perf) at rate 1 over
+        the buffers, into a zeroed buffer of its own rather than the parameters: it updates both
+        moments and leaves -m_hat / (sqrt(v_hat) + eps) there, for each member to take at its own
+        rate (PackedAdam). One pass over the buffers where torch's operations make seven: on the
+        seed's network at K = 32, 71 us a step alone against 126-171 (AMD EPYC, 2 cores)."""
+        if (
+            self._scratch is None
+        ):  # the direction's buffer and the step count, as the kernel takes it
+            self._scratch = (torch.empty_like(self.param), self.param.new_zeros(()))
+        direction, steps = self._scratch
+        direction.zero_()
+        steps.fill_(step)
+        torch._fused_adam_(
+            [direction],
+            [grad],
+            [self.exp_avg],
+            [self.exp_avg_sq],
+            [],
+            [steps],
+            amsgrad=False,
+            lr=1.0,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            weight_decay=0.0,
+            eps=eps,
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
+        )
+        return direction
 
     def spread(self, per_member: torch.Tensor) -> torch.Tensor:
         """A (K,) value at every element of member k's part of each (K, ...) parameter: a buffer."""

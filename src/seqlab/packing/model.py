@@ -316,7 +316,11 @@ class PackedCNNLSTM(nn.Module):
                     noise[j].bernoulli_(1 - p, generator=g)
                 keep.append(1 - p)
             noise.div_(h.new_tensor(keep).view(-1, 1, 1))  # each mask by its own 1 - p
-            return h * (noise if index is None else noise[index])
+            if index is not None and len(groups) > 1:
+                noise = noise[index]
+            # One mask for all (an optimizer.lr sweep of one seed): (1, batch, hidden), broadcast
+            # over the members rather than copied K times.
+            return h * noise
         if len(set(self.dropout)) == 1:
             return nn.functional.dropout(h, self.dropout[0], True)
         p = h.new_tensor(self.dropout).view(-1, 1, 1)
