@@ -281,7 +281,8 @@ class PackedCNNLSTM(nn.Module):
         self, generators: Sequence[torch.Generator]
     ) -> tuple[list[tuple[float, torch.Generator]], Optional[torch.Tensor]]:
         """The distinct (dropout rate, generator) pairs among the members, in member order, and each
-        member's place among them (None: every member has its own)."""
+        member's place among them (None: every member has its own, or all share one: an
+        optimizer.lr sweep of one seed, whose one mask broadcasts over the members)."""
         key = tuple(map(id, generators))
         if self._groups is None or self._groups[0] != key:
             pairs = list(zip(self.dropout, generators))
@@ -290,7 +291,7 @@ class PackedCNNLSTM(nn.Module):
                 places.setdefault((p, id(g)), (len(places), (p, g)))
             groups = [pair for _, pair in places.values()]
             index = None
-            if len(groups) < len(pairs):
+            if 1 < len(groups) < len(pairs):
                 index = torch.tensor([places[(p, id(g))][0] for p, g in pairs])
             self._groups = (key, groups, index)
         _, groups, index = self._groups
@@ -316,11 +317,7 @@ class PackedCNNLSTM(nn.Module):
                     noise[j].bernoulli_(1 - p, generator=g)
                 keep.append(1 - p)
             noise.div_(h.new_tensor(keep).view(-1, 1, 1))  # each mask by its own 1 - p
-            if index is not None and len(groups) > 1:
-                noise = noise[index]
-            # One mask for all (an optimizer.lr sweep of one seed): (1, batch, hidden), broadcast
-            # over the members rather than copied K times.
-            return h * noise
+            return h * (noise if index is None else noise[index])
         if len(set(self.dropout)) == 1:
             return nn.functional.dropout(h, self.dropout[0], True)
         p = h.new_tensor(self.dropout).view(-1, 1, 1)
