@@ -11,8 +11,12 @@ locks. What a child shares with the zygote is only what an import leaves behind.
 
 What is not tested through it: the interpreter's own start (test_config runs a real
 `python train.py` to see what `--help` imports and how a sweep list is checked), and the
-processes seqlab itself starts (DDP's other ranks, joblib's workers, the MLflow server, the step
-writer), which are real new Pythons wherever their parent runs.
+processes seqlab itself starts (DDP's other ranks, joblib's workers, the MLflow server), which are
+real new Pythons wherever their parent runs. One exception: a run inside a test process (its
+in-process command lines, its direct `train(cfg)` calls) starts its delivery process here
+(`popen`, tests/integration/conftest.py), `python -m seqlab.delivery.helper` with its stdin and
+stdout pipes, where a new Python would pay 0.5 s of Matplotlib's import for each figure's helper:
+a run started here (start_cli) still starts a new one.
 
     python tests/harness/zygote.py FD    # serves the SOCK_SEQPACKET socket FD until its peer closes it
 """
@@ -80,7 +84,7 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]]:
 
     signal.signal(signal.SIGCHLD, reap)
     while True:
-        message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+        message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 4)
         if not message:
             sys.exit(0)  # the test process ended
         request = json.loads(message)
@@ -92,31 +96,36 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]]:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             sock.close()
-            for fd in [*status_fds.values(), fds[2]]:
+            for fd in [*status_fds.values(), fds[3]]:
                 os.close(fd)
-            return request, fds[:2]
-        status_fds[pid] = fds[2]
-        os.close(fds[0])
-        os.close(fds[1])
+            return request, fds[:3]
+        status_fds[pid] = fds[3]
+        for fd in fds[:3]:
+            os.close(fd)
         sock.send(json.dumps(pid).encode())
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
-def _become(request: dict, out: int, err: int) -> None:
+def _become(request: dict, stdin: int, out: int, err: int) -> None:
     """This forked child becomes `python ARGV...` as the request gives it."""
     if request["new_session"]:
         os.setsid()
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    os.dup2(stdin, 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    for fd in {null, out, err} - {0, 1, 2}:
+    for fd in {stdin, out, err} - {0, 1, 2}:
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.argv = request["argv"]
-    if request["code"] is None:
+    if request.get("module"):  # python -m MODULE ARGS...
+        import runpy
+
+        sys.path[0] = os.getcwd()
+        sys.modules.pop(request["module"], None)  # imported here: run anew as __main__
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    elif request["code"] is None:
         sys.path[0] = str(Path(sys.argv[0]).resolve().parent)  # as for `python SCRIPT`
         import runpy
 
@@ -134,14 +143,21 @@ Stream = Union[None, int, IO]
 
 
 class Child:
-    """The part of subprocess.Popen that the tests use, for a child of the zygote: pid, stdout,
-    stderr, returncode, poll, wait, communicate, send_signal, terminate, kill."""
+    """The part of subprocess.Popen that the tests and seqlab's Delivery use, for a child of the
+    zygote: pid, stdin, stdout, stderr, returncode, poll, wait, communicate, send_signal,
+    terminate, kill."""
 
     def __init__(
-        self, pid: int, status_fd: int, stdout: Optional[IO], stderr: Optional[IO], args: list[str]
+        self,
+        pid: int,
+        status_fd: int,
+        stdout: Optional[IO],
+        stderr: Optional[IO],
+        args: list[str],
+        stdin: Optional[IO] = None,
     ) -> None:
         self.pid, self.args = pid, args
-        self.stdout, self.stderr = stdout, stderr
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: Optional[int] = None
         self._status = status_fd
 
@@ -228,10 +244,14 @@ class Zygote:
         stderr: Stream = None,
         code: Optional[str] = None,
         new_session: bool = False,
+        module: Optional[str] = None,
+        stdin_pipe: bool = False,
+        binary: bool = False,
     ) -> Child:
-        """Like Popen([sys.executable, *argv], ...) (or [sys.executable, "-c", code, *argv]); stdout and
-        stderr: None (this process's), subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT (stderr
-        only) or an open file."""
+        """Like Popen([sys.executable, *argv], ...) (or [sys.executable, "-c", code, *argv], or
+        [sys.executable, "-m", module, *argv]); stdout and stderr: None (this process's),
+        subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT (stderr only) or an open file; stdin
+        /dev/null, or with stdin_pipe a pipe this side writes; pipes read as text, or bytes."""
         mine: list[int] = []  # fds to close here once the zygote has its own copies
 
         def target(stream: Stream, default: int) -> tuple[int, Optional[IO]]:
@@ -240,7 +260,7 @@ class Zygote:
             if stream == subprocess.PIPE:
                 read, write = os.pipe()
                 mine.append(write)
-                return write, open(read, "r", errors="replace")
+                return write, open(read, "rb") if binary else open(read, "r", errors="replace")
             if stream == subprocess.DEVNULL:
                 fd = os.open(os.devnull, os.O_WRONLY)
                 mine.append(fd)
@@ -249,25 +269,36 @@ class Zygote:
 
         out_fd, out = target(stdout, 1)
         err_fd, err = (out_fd, None) if stderr == subprocess.STDOUT else target(stderr, 2)
+        if stdin_pipe:
+            in_fd, write = os.pipe()
+            stdin = open(write, "wb")
+        else:
+            in_fd, stdin = os.open(os.devnull, os.O_RDONLY), None
+        mine.append(in_fd)
         status_read, status_write = os.pipe()
         mine.append(status_write)
+        if module is not None:
+            argv = [module, *argv]  # sys.argv[0] becomes the module's file, as for python -m
         request = {
             "argv": argv if code is None else ["-c", *argv],
             "cwd": str(cwd),
             "env": env,
             "code": code,
+            "module": module,
             "new_session": new_session,
         }
         try:
             with self.lock:
                 socket.send_fds(
-                    self.sock, [json.dumps(request).encode()], [out_fd, err_fd, status_write]
+                    self.sock,
+                    [json.dumps(request).encode()],
+                    [in_fd, out_fd, err_fd, status_write],
                 )
                 pid = json.loads(self.sock.recv(64))
         finally:
             for fd in mine:
                 os.close(fd)
-        return Child(pid, status_read, out, err, [sys.executable, *argv])
+        return Child(pid, status_read, out, err, [sys.executable, *argv], stdin)
 
     def close(self) -> None:
         self.sock.close()
@@ -290,6 +321,25 @@ def shared() -> Zygote:
 
 def start(argv: list[str], cwd: Path, env: dict[str, str], **kwargs) -> Child:
     return shared().start(argv, cwd, env, **kwargs)
+
+
+def popen(
+    args: list[str], stdin: Stream = None, stdout: Stream = None, stderr: Stream = None, env=None
+) -> Child:
+    """subprocess.Popen for seqlab's `[sys.executable, "-m", MODULE, ...]` with bytes pipes (its
+    Delivery's helper, as `Delivery.launch`), forked from this process's zygote."""
+    executable, flag, module, *rest = args
+    assert executable == sys.executable and flag == "-m", args
+    return start(
+        rest,
+        Path.cwd(),
+        dict(os.environ if env is None else env),
+        stdout=stdout,
+        stderr=stderr,
+        module=module,
+        stdin_pipe=stdin == subprocess.PIPE,
+        binary=True,
+    )
 
 
 def run(

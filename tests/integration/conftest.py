@@ -12,6 +12,23 @@ import pytest
 from conftest import POSTGRES_PASSWORD, ROOT, cli_env
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _helpers_forked():
+    """A run inside this process (run_cli's command lines, a test's own `train(cfg)`) starts its
+    delivery process from tests/harness/zygote.py: the same `python -m seqlab.delivery.helper`,
+    without a new Python's imports (Matplotlib's alone is 0.5 s of CPU for each figure's helper,
+    and the suite starts about 200). A run in a process of its own (start_cli, run_process) still
+    starts a new Python, as a user's does."""
+    from harness import zygote
+
+    from seqlab.delivery.helper import Delivery
+
+    own = Delivery.__dict__["launch"]
+    Delivery.launch = staticmethod(zygote.popen)
+    yield
+    Delivery.launch = own
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """One MLflow tracking server for the whole test run (starting one costs seconds). Tests that

@@ -223,6 +223,9 @@ class Delivery:
 
     _running: dict[str, "Delivery"] = {}
     _owner = 0  # the process these helpers belong to (a forked child starts its own)
+    # How a helper starts: a new Python. (The tests' runs inside their own process fork it from
+    # a Python that has its imports made: tests/harness/zygote.py.)
+    launch = staticmethod(subprocess.Popen)
 
     @classmethod
     def to(cls, tracking_uri: str, give_up_s: float = 60.0) -> "Delivery":
@@ -258,7 +261,7 @@ class Delivery:
         # Its own stderr (a traceback, if it dies), read when it is found dead: not the terminal's,
         # which a helper that outlives a killed trainer would otherwise hold open for its reader.
         self.errors = tempfile.TemporaryFile(prefix="seqlab-delivery-")
-        self.proc = subprocess.Popen(
+        self.proc = self.launch(
             [sys.executable, "-m", "seqlab.delivery.helper"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
