@@ -371,6 +371,12 @@ if __name__ == "__main__":
     except (OSError, AttributeError):
         pass
     _warm_up()
+    # The imports' objects (millions: torch, Lightning, MLflow) out of the collector's reach: a
+    # child's every full collection would otherwise walk them all, and write to each one's page
+    # (copy-on-write), which made a forked delivery helper cost more CPU than a new Python.
+    import gc
+
+    gc.freeze()
     _sock.send(b"ready")
     _request, _fds = _serve(_sock)
     del _sock
