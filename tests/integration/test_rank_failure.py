@@ -109,38 +109,37 @@ def _sweep_of_ranks(tmp_path, *args: str) -> tuple[str, str]:
 def test_a_ddp_pack_trains_each_member_as_its_ddp_job_alone_with_overrides_kept_off_command_lines(
     tmp_path,
 ):
-    # Issue 32, point 5: a pack across ranks. Two seeds packed into one DDP job of two CPU
-    # processes: each member its own run (from rank 0 only), each process a half of every member's
-    # samples, and member 1 trains as the job of its seed alone (a DDP job too) does.
+    # Issue 32, point 5: a pack across ranks. One sweep of two DDP jobs of two CPU processes each:
+    # seed 0 alone, and (replicas=2) seeds 0 and 1 packed into one job: each member its own run
+    # (from rank 0 only), each process a half of every member's samples, and the packed seed 0
+    # trains as its job alone (a DDP job too) does.
     # Issue 24, point 6: a password typed on the command line stays where it was typed; the
     # processes the job starts show no overrides (ps shows command lines to every user).
     n_train, bs = 512, 32  # 640 samples, 20% for validation
     secret = f"paths.optuna_storage=postgresql://bob:{SECRET}@dbhost/optuna"
-    out, line = _sweep_of_ranks(tmp_path / "pack", "seed=0,1", "pack=2", secret)
+    out, line = _sweep_of_ranks(tmp_path, "seed=0", "replicas=1,2", secret)
     assert SECRET not in line and "trainer.devices=2" not in line, line
     assert "2 members in one step on cpu" in out
-    runs = runs_of(_store(tmp_path / "pack"), "seqlab")
+    client = _store(tmp_path)
+    runs = runs_of(client, "seqlab")
     (parent,) = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
     members = sorted(
-        (r for r in runs if r.data.tags.get("sweep_role") != "parent"),
-        key=lambda r: r.data.tags["pack_member"],
+        (r for r in runs if "pack_id" in r.data.tags), key=lambda r: r.data.tags["pack_member"]
     )  # one run a member, from rank 0 only
+    (alone,) = [r for r in runs if r not in members and r is not parent]
     assert len(members) == 2 and parent.info.status == "FINISHED"
+    assert [r.data.params["seed"] for r in members] == ["0", "1"]
+    assert alone.data.params["seed"] == "0"
     # rank 1 trained with the job's config: each process on half the samples, 512 / (32 x 2) = 8 steps an epoch
-    client = _store(tmp_path / "pack")
-    for run in members:
+    for run in [*members, alone]:
         assert run.info.status == "FINISHED" and run.data.params["trainer.devices"] == "2"
         losses = client.get_metric_history(run.info.run_id, "train_loss")
         assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
         assert all(math.isfinite(m.value) for m in losses)
         assert len(client.get_metric_history(run.info.run_id, "val_rmse")) == 2
-    job_dir = next((tmp_path / "pack" / "logs" / "multiruns").iterdir()) / "0"
-    assert (job_dir / "train_ddp_process_1.log").is_file()  # rank 1 ran as this job
-
-    _sweep_of_ranks(tmp_path / "alone", "seed=1")
-    alone = _store(tmp_path / "alone")
-    (run,) = [r for r in runs_of(alone, "seqlab") if r.data.tags.get("sweep_role") != "parent"]
+    sweep_dir = next((tmp_path / "logs" / "multiruns").iterdir())
+    assert len(list(sweep_dir.glob("*/train_ddp_process_1.log"))) == 2  # rank 1 ran as each job
     for key in ("train_loss", "val_rmse"):
-        packed = [m.value for m in client.get_metric_history(members[1].info.run_id, key)]
-        expected = [m.value for m in alone.get_metric_history(run.info.run_id, key)]
+        packed = [m.value for m in client.get_metric_history(members[0].info.run_id, key)]
+        expected = [m.value for m in client.get_metric_history(alone.info.run_id, key)]
         assert packed == pytest.approx(expected, rel=1e-4), key
