@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -120,15 +121,11 @@ def _become(request: dict, stdin: int, out: int, err: int) -> None:
     os.chdir(request["cwd"])
     sys.argv = request["argv"]
     if request.get("module"):  # python -m MODULE ARGS...
-        import runpy
-
         sys.path[0] = os.getcwd()
         sys.modules.pop(request["module"], None)  # imported here: run anew as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     elif request["code"] is None:
         sys.path[0] = str(Path(sys.argv[0]).resolve().parent)  # as for `python SCRIPT`
-        import runpy
-
         runpy.run_path(sys.argv[0], run_name="__main__")
     else:  # python -c CODE ARGS...
         sys.path[0] = ""
