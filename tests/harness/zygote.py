@@ -23,6 +23,7 @@ a run started here (start_cli) still starts a new one.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -120,7 +121,7 @@ def _become(request: dict, stdin: int, out: int, err: int) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.argv = request["argv"]
-    if request.get("module"):  # python -m MODULE ARGS...
+    if request["module"] is not None:  # python -m MODULE ARGS...
         sys.path[0] = os.getcwd()
         sys.modules.pop(request["module"], None)  # imported here: run anew as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -371,8 +372,6 @@ if __name__ == "__main__":
     # The imports' objects (millions: torch, Lightning, MLflow) out of the collector's reach: a
     # child's every full collection would otherwise walk them all, and write to each one's page
     # (copy-on-write), which made a forked delivery helper cost more CPU than a new Python.
-    import gc
-
     gc.freeze()
     _sock.send(b"ready")
     _request, _fds = _serve(_sock)
