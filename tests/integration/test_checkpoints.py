@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import time
 
 import pytest
 from conftest import ROOT, cli_env, runs_of
@@ -161,10 +162,16 @@ def test_kill_9_after_a_time_based_checkpoint_then_resume_finishes_with_every_st
     run_id = run.info.run_id
     assert run.info.status == "RUNNING"  # what kill -9 leaves
     checkpoint_step = int(run.data.tags["interrupted_at_step"])
-    steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
-    assert (
-        max(steps) > checkpoint_step
-    )  # steps after the checkpoint were stored: the resume trains them again
+    # Steps after the checkpoint were stored, so the resume trains them again. The killed run's
+    # delivery process outlives it: it delivers what the journal holds, then ends. Under load it
+    # may not have done so when kill -9 returns, so wait for it (up to a minute).
+    deadline = time.monotonic() + 60
+    while True:
+        steps = [m.step for m in store.get_metric_history(run_id, "train_loss")]
+        if max(steps) > checkpoint_step or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert max(steps) > checkpoint_step, (checkpoint_step, max(steps))
 
     resumed = run_cli(*KILLABLE, f"resume={run_id}")
     out = resumed.stdout + resumed.stderr
