@@ -178,12 +178,12 @@ class Recipe:
             self.device, error = devices.resolve(cfg.trainer.accelerator), None
         except SeqlabError as failure:  # recorded in the run, which opens first
             self.device, error = None, failure
+        threads = cfg.perf.threads or job.cpu_share()  # set before the runs' torch_threads tag
+        self.stack.enter_context(devices.use_cores(self.device, cfg.deterministic, threads))
         resumed = open_runs(job, members, self.stack, self.device)
         if error is not None:
             raise error
-        self.continuing = resumed is not None  # these runs' own checkpoint
-        self.start_from = resumed or self.start_from
-        devices.use_cores(self.device, cfg.deterministic, job.cpu_share())
+        self.continuing, self.start_from = resumed is not None, resumed or self.start_from
         # Each member built as its run alone builds it: its seed, its data, its network; its dropout
         # then draws from where the build left the global stream. Members whose samples are the
         # same read them once (load_samples) and share them.

@@ -189,6 +189,10 @@ def _check_perf(p: DictConfig) -> None:
         f"perf.checkpoint_every_n_epochs must be >= 0 (0: only at the end), got {p.checkpoint_every_n_epochs}",
     )
     _require(p.profile_steps >= 0, f"perf.profile_steps must be >= 0, got {p.profile_steps}")
+    _require(
+        p.threads is None or p.threads > 0,
+        f"perf.threads must be a positive integer (or null: one per core), got {p.threads}",
+    )
 
 
 def _check_trainer(t: DictConfig) -> None:

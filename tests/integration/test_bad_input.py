@@ -64,6 +64,10 @@ CONFIG_CASES = {
         ["seeed=3"],
         "error: seeed is not a config key; did you mean seed?",
     ),
+    "zero threads": (
+        ["perf.threads=0"],
+        "error: perf.threads must be a positive integer (or null: one per core), got 0",
+    ),
     "missing data file": (
         ["data=csv", "data.path=/nonexistent/load.csv"],
         "error: data.path=/nonexistent/load.csv: no such file",

@@ -266,6 +266,18 @@ def test_every_metric_and_tag_the_readme_lists_is_recorded(compose_cfg, store, t
     assert tags["torch_threads"] == str(torch.get_num_threads())
 
 
+def test_perf_threads_is_the_runs_thread_count_and_the_process_gets_its_own_back(
+    compose_cfg, store
+):
+    # Two commands at once on one machine: each given its share of the cores (docs/performance.md).
+    before = torch.get_num_threads()
+    train(compose_cfg(*TINY, "perf.threads=1", "logger.system_metrics=false"))
+    (run,) = runs_of(store, "seqlab")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["torch_threads"] == "1"
+    assert torch.get_num_threads() == before  # a notebook's next run starts from torch's own
+
+
 @pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
 def test_logger_system_metrics_switches_the_system_metrics(compose_cfg, store, on):
     train(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import platform
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -76,11 +77,22 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def use_cores(device: Device, deterministic: bool, threads: Optional[int]) -> None:
-    """cuDNN's autotuner on a GPU unless the run must be deterministic; `threads`: the cores a job
-    running beside others takes (each its part, instead of all of them, torch's default, which
-    would oversubscribe the machine and slow every job down)."""
-    if device.accelerator == "gpu":
+@contextmanager
+def use_cores(
+    device: Optional[Device], deterministic: bool, threads: Optional[int]
+) -> Iterator[None]:
+    """For a job: cuDNN's autotuner on a GPU unless the run must be deterministic; `threads`: the
+    cores the job takes (perf.threads, or its part while a parallel launcher runs others beside
+    it) instead of all of them, torch's default, which beside other jobs oversubscribes the
+    machine and slows every job down; None: torch's default (device None: a device that could not
+    be had, whose error follows). The process's own thread count comes back after the job (a
+    notebook's or a test's next run starts from it)."""
+    if device is not None and device.accelerator == "gpu":
         torch.backends.cudnn.benchmark = not deterministic
+    before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
