@@ -178,7 +178,7 @@ class Recipe:
             self.device, error = devices.resolve(cfg.trainer.accelerator), None
         except SeqlabError as failure:  # recorded in the run, which opens first
             self.device, error = None, failure
-        threads = cfg.perf.threads or job.cpu_share()  # set before the runs' torch_threads tag
+        threads = cfg.perf.threads or job.cpu_share(cfg.trainer)  # before the torch_threads tag
         self.stack.enter_context(devices.use_cores(self.device, cfg.deterministic, threads))
         resumed = open_runs(job, members, self.stack, self.device)
         if error is not None:

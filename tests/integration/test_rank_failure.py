@@ -13,6 +13,8 @@ import psutil
 import pytest
 from conftest import runs_of, start_cli
 
+from seqlab.sweeps.job import cpu_count
+
 
 def _rank_process(parent: psutil.Process, rank: int, timeout_s: float = 120) -> psutil.Process:
     deadline = time.monotonic() + timeout_s
@@ -133,6 +135,8 @@ def test_a_ddp_pack_trains_each_member_as_its_ddp_job_alone_with_overrides_kept_
     # rank 1 trained with the job's config: each process on half the samples, 512 / (32 x 2) = 8 steps an epoch
     for run in [*members, alone]:
         assert run.info.status == "FINISHED" and run.data.params["trainer.devices"] == "2"
+        # Each of the two processes on its half of the cores (Lightning's share, given first).
+        assert run.data.tags["torch_threads"] == str(max(1, cpu_count() // 2))
         losses = client.get_metric_history(run.info.run_id, "train_loss")
         assert [m.step for m in losses] == list(range(1, 2 * n_train // (bs * 2) + 1))
         assert all(math.isfinite(m.value) for m in losses)

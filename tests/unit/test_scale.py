@@ -152,6 +152,23 @@ def test_multi_process_training_needs_the_cli(compose_cfg):
         train(cfg)
 
 
+def test_a_jobs_processes_share_the_cores(compose_cfg, monkeypatch):
+    from pathlib import Path
+
+    from seqlab.ddp.ranks import local_processes
+    from seqlab.sweeps import job as jobs
+
+    monkeypatch.setattr(jobs, "cpu_count", lambda: 16)
+    ddp = compose_cfg("trainer.devices=4", "trainer.strategy=ddp").trainer
+    listed = compose_cfg("trainer.devices=[0,1]", "trainer.strategy=ddp").trainer
+    assert [local_processes(t) for t in (compose_cfg().trainer, ddp, listed)] == [1, 4, 2]
+    alone, beside = jobs.Job(Path(".")), jobs.Job(Path("."), concurrent_jobs=2)
+    assert alone.cpu_share(compose_cfg().trainer) is None  # torch's default: every core
+    assert alone.cpu_share(ddp) == 4  # 4 DDP processes on 16 cores, as Lightning gives them
+    assert beside.cpu_share(compose_cfg().trainer) == 8  # two parallel jobs
+    assert beside.cpu_share(listed) == 4  # two jobs of two processes each
+
+
 def test_an_unknown_strategy_is_refused_up_front(run_cli):
     proc = run_cli(*TINY, "trainer.strategy=ddp_spawn")
     assert proc.returncode == 1

@@ -63,6 +63,17 @@ def multi_process(trainer_cfg: Any) -> bool:
     return trainer_cfg.strategy != "auto" or trainer_cfg.num_nodes > 1 or not one_device
 
 
+def local_processes(trainer_cfg: Any) -> int:
+    """The training processes a job starts on each machine: trainer.devices where it gives a count
+    (a number or a list of devices) and the job is DDP; 1 where Lightning decides ("auto", -1)."""
+    devices = trainer_cfg.devices
+    if not multi_process(trainer_cfg):
+        return 1
+    if OmegaConf.is_list(devices):
+        return len(devices)
+    return int(devices) if str(devices).isdigit() else 1
+
+
 @contextmanager
 def process_group_scope(trainer_cfg: Any) -> Iterator[None]:
     """A DDP job leaves its process group and the launcher's variables (MASTER_PORT, ...) behind;

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from seqlab import SeqlabError
-from seqlab.ddp.ranks import handed_pack, process_rank
+from seqlab.ddp.ranks import handed_pack, local_processes, process_rank
 from seqlab.secrets import guard, mask_text, private
 from seqlab.sweeps.trial import current
 from seqlab.validation import validate
@@ -61,10 +61,14 @@ class Job:
         if self.rank == 0:
             result.write(self.output_dir)
 
-    def cpu_share(self) -> Optional[int]:
-        """The cores this job takes while a parallel launcher runs others beside it (None: it
-        runs alone and takes torch's default, all of them)."""
-        return max(1, cpu_count() // self.concurrent_jobs) if self.concurrent_jobs > 1 else None
+    def cpu_share(self, trainer_cfg: Any) -> Optional[int]:
+        """The cores each of this job's processes takes while a parallel launcher runs others
+        beside it, or while it trains as several DDP processes on this machine (None: one process
+        alone, which takes torch's default, all of them). Lightning's launcher gives DDP
+        processes this share too (cores / processes), but only as it starts training, after the
+        runs' torch_threads tag is written."""
+        processes = self.concurrent_jobs * local_processes(trainer_cfg)
+        return max(1, cpu_count() // processes) if processes > 1 else None
 
     @property
     def multirun(self) -> bool:
