@@ -192,9 +192,10 @@ class PerfConfig:
     progress: Progress = Progress.line
     checkpoint_every_n_epochs: int = 0
     profile_steps: int = 0  # > 0: profile this many training steps (debug=profile)
-    # CPU threads for torch's operations; null: torch's default (one per core), or a parallel
-    # launcher's share of the cores. Two commands at once on one machine each take every core and
-    # wait on each other's: give each its share (docs/performance.md, "Two runs at once").
+    # CPU threads for torch's operations; null: torch's default (one per core), or the process's
+    # share beside a parallel launcher's other jobs and its job's other DDP processes. Two commands
+    # at once on one machine each take every core and wait on each other's: give each its share
+    # (docs/performance.md, "Two runs at once").
     threads: Optional[int] = None
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytorch_lightning as pl
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -428,15 +427,11 @@ class Recipe:
         # operations, done while the delivery process stores and draws on the other core: on two
         # threads each waits for a busy core (a 0.5 ms forward took up to 40 ms so on the 2-core VM,
         # on one thread at most 4 ms; the pack of 32's models 155 -> 110-145 ms a member).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with devices.torch_threads(1):
             results = [
                 finish_or_fail(m, self.module.model, self.trainer, self.device, self.wall)
                 for m in self.members
             ] + [m.job.result for m in self.module.retired]  # ended as they left their slots
-        finally:
-            torch.set_num_threads(threads)
         if len(self.members) == 1 and results[0].status == "FINISHED" and job.rank == 0:
             report(job, self.members[0].tracker, results[0], self.trainer, self.device, self.wall)
         return results

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from hydra import compose, initialize_config_dir
 
 from seqlab import SeqlabError
 from seqlab.data import TensorBatches
+from seqlab.ddp.ranks import local_processes
 from seqlab.hydra_version import VERSION_BASE
 from seqlab.store.server_command import check_backend
+from seqlab.sweeps import job as jobs
 
 
 # -- the tracking server ------------------------------------------------------------------------
@@ -153,11 +156,6 @@ def test_multi_process_training_needs_the_cli(compose_cfg):
 
 
 def test_a_jobs_processes_share_the_cores(compose_cfg, monkeypatch):
-    from pathlib import Path
-
-    from seqlab.ddp.ranks import local_processes
-    from seqlab.sweeps import job as jobs
-
     monkeypatch.setattr(jobs, "cpu_count", lambda: 16)
     ddp = compose_cfg("trainer.devices=4", "trainer.strategy=ddp").trainer
     listed = compose_cfg("trainer.devices=[0,1]", "trainer.strategy=ddp").trainer

@@ -78,17 +78,9 @@ def synchronize(device: torch.device) -> None:
 
 
 @contextmanager
-def use_cores(
-    device: Optional[Device], deterministic: bool, threads: Optional[int]
-) -> Iterator[None]:
-    """For a job: cuDNN's autotuner on a GPU unless the run must be deterministic; `threads`: the
-    cores the job takes (perf.threads, or its part while a parallel launcher runs others beside
-    it) instead of all of them, torch's default, which beside other jobs oversubscribes the
-    machine and slows every job down; None: torch's default (device None: a device that could not
-    be had, whose error follows). The process's own thread count comes back after the job (a
-    notebook's or a test's next run starts from it)."""
-    if device is not None and device.accelerator == "gpu":
-        torch.backends.cudnn.benchmark = not deterministic
+def torch_threads(threads: Optional[int]) -> Iterator[None]:
+    """torch's CPU threads set to `threads` (None: left as they are) while inside, the process's
+    own count given back after."""
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -96,3 +88,20 @@ def use_cores(
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def use_cores(
+    device: Optional[Device], deterministic: bool, threads: Optional[int]
+) -> Iterator[None]:
+    """For a job: cuDNN's autotuner on a GPU unless the run must be deterministic; `threads`: the
+    cores each of the job's processes takes (perf.threads, or its share beside the other jobs of a
+    parallel launcher and its own DDP processes: sweeps.job.Job.cpu_share) instead of all of
+    them, torch's default, which beside other processes oversubscribes the machine and slows
+    every one down; None: torch's default (device None: a device that could not be had, whose
+    error follows). The process's own thread count comes back after the job (a notebook's or a
+    test's next run starts from it)."""
+    if device is not None and device.accelerator == "gpu":
+        torch.backends.cudnn.benchmark = not deterministic
+    with torch_threads(threads):
+        yield
